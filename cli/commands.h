@@ -1,0 +1,17 @@
+// Each command group registers its subcommands on the root app. One file per group.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include "context.h"
+
+namespace gpuckpt::cli {
+
+void add_image_commands(CLI::App& app, Context& ctx);    // pack, unpack, inspect, verify
+void add_process_commands(CLI::App& app, Context& ctx);  // dump, restore, migrate
+void add_device_commands(CLI::App& app, Context& ctx);   // devices
+void add_roofline_commands(CLI::App& app, Context& ctx); // roofline
+void add_bench_commands(CLI::App& app, Context& ctx);    // bench io|coldstart|restore|migrate
+void add_report_commands(CLI::App& app, Context& ctx);   // report
+
+}  // namespace gpuckpt::cli

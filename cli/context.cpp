@@ -1,0 +1,90 @@
+#include "context.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <mutex>
+
+namespace gpuckpt::cli {
+
+namespace {
+std::mutex g_progress_mu;
+bool g_progress_drawn = false;
+}  // namespace
+
+std::string human_bytes(std::uint64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+std::string human_seconds(double s) {
+  char buf[32];
+  if (s < 1e-3)
+    std::snprintf(buf, sizeof buf, "%.0f us", s * 1e6);
+  else if (s < 1)
+    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f s", s);
+  return buf;
+}
+
+ProgressFn Context::progress() const {
+  if (quiet || json || !::isatty(STDERR_FILENO)) return {};
+  return [last = std::make_shared<std::chrono::steady_clock::time_point>()](const Progress& p) {
+    const auto now = std::chrono::steady_clock::now();
+    std::lock_guard lock(g_progress_mu);
+    if (now - *last < std::chrono::milliseconds(100) && p.done_bytes != p.total_bytes) return;
+    *last = now;
+    const double gbps = p.elapsed_seconds > 0 ? p.done_bytes / p.elapsed_seconds / 1e9 : 0;
+    std::string total = p.total_bytes ? " / " + human_bytes(p.total_bytes) : "";
+    std::fprintf(stderr, "\r\033[K%-10s %s%s  %.2f GB/s", p.phase.c_str(),
+                 human_bytes(p.done_bytes).c_str(), total.c_str(), gbps);
+    std::fflush(stderr);
+    g_progress_drawn = true;
+  };
+}
+
+void Context::progress_done() const {
+  std::lock_guard lock(g_progress_mu);
+  if (g_progress_drawn) {
+    std::fputs("\r\033[K", stderr);
+    std::fflush(stderr);
+    g_progress_drawn = false;
+  }
+}
+
+void Context::emit(const nlohmann::json& j) const { std::cout << j.dump(2) << std::endl; }
+
+nlohmann::json to_json(const Timeline& t) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : t.stages()) {
+    stages.push_back({{"name", s.name},
+                      {"seconds", s.seconds},
+                      {"start", s.start_offset},
+                      {"bytes", s.bytes},
+                      {"gbps", s.gbps()}});
+  }
+  return {{"total_seconds", t.total_seconds()}, {"stages", stages}};
+}
+
+void print_stages(const Timeline& t) {
+  std::printf("%-22s %12s %14s %10s\n", "stage", "time", "bytes", "GB/s");
+  for (const auto& s : t.stages()) {
+    std::printf("%-22s %12s %14s %10s\n", s.name.c_str(), human_seconds(s.seconds).c_str(),
+                s.bytes ? human_bytes(s.bytes).c_str() : "-",
+                s.bytes && s.seconds > 0 ? std::to_string(s.gbps()).substr(0, 6).c_str() : "-");
+  }
+  std::printf("%-22s %12s\n", "total (wall clock)", human_seconds(t.total_seconds()).c_str());
+}
+
+}  // namespace gpuckpt::cli

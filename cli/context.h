@@ -1,0 +1,32 @@
+// State shared by all subcommands: output mode, progress drawing, JSON emission.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "gpuckpt/gpuckpt.h"
+
+namespace gpuckpt::cli {
+
+struct Context {
+  bool json = false;       // machine-readable output on stdout, nothing else there
+  bool quiet = false;      // no progress
+  std::string log_level = "info";
+
+  // A progress sink that draws "phase  1.2 GiB / 4.0 GiB  2.3 GB/s" on stderr when it is a
+  // TTY (and not --quiet); otherwise a no-op.
+  ProgressFn progress() const;
+  // Ends a progress line, if one was drawn.
+  void progress_done() const;
+  // Prints `j` as one JSON document on stdout.
+  void emit(const nlohmann::json& j) const;
+};
+
+// JSON for engine results, shared by the commands.
+nlohmann::json to_json(const Timeline& t);
+std::string human_bytes(std::uint64_t b);
+std::string human_seconds(double s);
+// Prints a per-stage table (name, seconds, bytes, GB/s) to stdout.
+void print_stages(const Timeline& t);
+
+}  // namespace gpuckpt::cli

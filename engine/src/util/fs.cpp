@@ -1,0 +1,131 @@
+#include "util/fs.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <random>
+
+#include "gpuckpt/error.h"
+#include "util/unique_fd.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt {
+
+void fsync_dir(const fs::path& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!fd) throw_errno(Errc::kIo, "open directory " + dir.string());
+  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync directory " + dir.string());
+}
+
+fs::path temp_sibling(const fs::path& final_path) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  const fs::path parent = final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
+  for (int i = 0; i < 100; ++i) {
+    char suffix[17];
+    std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
+    fs::path p = parent / ("." + final_path.filename().string() + ".tmp-" + suffix);
+    std::error_code ec;
+    if (!fs::exists(p, ec)) return p;
+  }
+  throw Error(Errc::kInternal, "cannot find a free temporary name beside " + final_path.string());
+}
+
+void write_file_atomic(const fs::path& path, std::string_view data) {
+  const fs::path tmp = temp_sibling(path);
+  {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
+    if (!fd) throw_errno(Errc::kIo, "create " + tmp.string());
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        ::unlink(tmp.c_str());
+        throw_errno(Errc::kIo, "write " + tmp.string(), err);
+      }
+      off += static_cast<size_t>(n);
+    }
+    if (::fsync(fd.get()) != 0) {
+      int err = errno;
+      ::unlink(tmp.c_str());
+      throw_errno(Errc::kIo, "fsync " + tmp.string(), err);
+    }
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    throw_errno(Errc::kIo, "rename to " + path.string(), err);
+  }
+  fsync_dir(path.parent_path().empty() ? fs::path(".") : path.parent_path());
+}
+
+std::string read_file(const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw_errno(Errc::kInvalidInput, "open " + path.string());
+  std::string out;
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw_errno(Errc::kIo, "read " + path.string());
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+TempDir::TempDir(const fs::path& parent, std::string_view prefix) {
+  std::string tmpl = (parent / (std::string(prefix) + "-XXXXXX")).string();
+  if (::mkdtemp(tmpl.data()) == nullptr) throw_errno(Errc::kIo, "mkdtemp in " + parent.string());
+  path_ = tmpl;
+}
+
+TempDir TempDir::at(const fs::path& path) {
+  if (::mkdir(path.c_str(), 0755) != 0) throw_errno(Errc::kIo, "mkdir " + path.string());
+  TempDir t;
+  t.path_ = path;
+  return t;
+}
+
+TempDir::TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+
+TempDir& TempDir::operator=(TempDir&& o) noexcept {
+  if (this != &o) {
+    std::error_code ec;
+    if (!path_.empty()) fs::remove_all(path_, ec);
+    path_ = std::move(o.path_);
+    o.path_.clear();
+  }
+  return *this;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty()) fs::remove_all(path_, ec);
+}
+
+fs::path TempDir::release() {
+  fs::path p = std::move(path_);
+  path_.clear();
+  return p;
+}
+
+std::uint64_t tree_bytes(const fs::path& dir) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) return fs::file_size(dir);
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
+  }
+  return total;
+}
+
+}  // namespace gpuckpt

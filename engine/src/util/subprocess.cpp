@@ -1,0 +1,218 @@
+#include "util/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "gpuckpt/error.h"
+
+namespace fs = std::filesystem;
+
+extern char** environ;
+
+namespace gpuckpt {
+
+std::string ExitStatus::describe() const {
+  return exited ? "exit code " + std::to_string(code)
+                : "killed by signal " + std::to_string(code) + " (" + strsignal(code) + ")";
+}
+
+namespace {
+ExitStatus decode(int status) {
+  if (WIFEXITED(status)) return {true, WEXITSTATUS(status)};
+  return {false, WIFSIGNALED(status) ? WTERMSIG(status) : -1};
+}
+}  // namespace
+
+Child::Child(Child&& o) noexcept : pid_(std::exchange(o.pid_, -1)), out_(std::move(o.out_)) {}
+
+Child& Child::operator=(Child&& o) noexcept {
+  if (this != &o) {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    pid_ = std::exchange(o.pid_, -1);
+    out_ = std::move(o.out_);
+  }
+  return *this;
+}
+
+Child::~Child() {
+  if (pid_ > 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+ExitStatus Child::wait() {
+  int status = 0;
+  while (::waitpid(pid_, &status, 0) < 0) {
+    if (errno != EINTR) throw_errno(Errc::kInternal, "waitpid");
+  }
+  pid_ = -1;
+  return decode(status);
+}
+
+std::optional<ExitStatus> Child::wait_for(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto sleep = std::chrono::microseconds(200);
+  for (;;) {
+    int status = 0;
+    pid_t r = ::waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      pid_ = -1;
+      return decode(status);
+    }
+    if (r < 0 && errno != EINTR) throw_errno(Errc::kInternal, "waitpid");
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::microseconds(20000));
+  }
+}
+
+void Child::kill(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
+pid_t Child::release() { return std::exchange(pid_, -1); }
+
+Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
+  if (argv.empty()) throw Error(Errc::kInternal, "spawn: empty argv");
+  // Everything the child needs is prepared before fork(): after it only async-signal-safe calls.
+  std::vector<char*> cargv;
+  for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+  for (const auto& kv : opts.env) {
+    const auto key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(envs, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
+    envs.push_back(kv);
+  }
+  std::vector<char*> cenv;
+  for (auto& s : envs) cenv.push_back(s.data());
+  cenv.push_back(nullptr);
+
+  int outpipe[2] = {-1, -1};
+  if (opts.capture_stdout && ::pipe2(outpipe, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
+  int errpipe[2];  // reports exec failure to the parent
+  if (::pipe2(errpipe, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
+
+  pid_t pid = ::fork();
+  if (pid < 0) throw_errno(Errc::kInternal, "fork");
+  if (pid == 0) {
+    ::close(errpipe[0]);
+    if (opts.new_session) ::setsid();
+    if (!opts.cwd.empty() && ::chdir(opts.cwd.c_str()) != 0) goto fail;
+    if (opts.null_stdin) {
+      int fd = ::open("/dev/null", O_RDONLY);
+      if (fd < 0 || ::dup2(fd, 0) < 0) goto fail;
+    }
+    if (opts.capture_stdout) {
+      if (::dup2(outpipe[1], 1) < 0) goto fail;
+    } else if (!opts.stdout_file.empty()) {
+      int fd = ::open(opts.stdout_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0 || ::dup2(fd, 1) < 0) goto fail;
+    }
+    if (!opts.stderr_file.empty()) {
+      int fd = ::open(opts.stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      if (fd < 0 || ::dup2(fd, 2) < 0) goto fail;
+    }
+    ::execvpe(cargv[0], cargv.data(), cenv.data());
+  fail:
+    int err = errno;
+    (void)!::write(errpipe[1], &err, sizeof err);
+    ::_exit(127);
+  }
+  ::close(errpipe[1]);
+  if (opts.capture_stdout) ::close(outpipe[1]);
+  int child_err = 0;
+  ssize_t n;
+  do {
+    n = ::read(errpipe[0], &child_err, sizeof child_err);
+  } while (n < 0 && errno == EINTR);
+  ::close(errpipe[0]);
+  if (n == sizeof child_err) {
+    ::waitpid(pid, nullptr, 0);
+    if (opts.capture_stdout) ::close(outpipe[0]);
+    throw_errno(Errc::kInvalidInput, "cannot run " + argv[0], child_err);
+  }
+  Child c;
+  c.pid_ = pid;
+  if (opts.capture_stdout) c.out_.reset(outpipe[0]);
+  return c;
+}
+
+RunResult run_capture(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                      const SpawnOptions& opts_in) {
+  SpawnOptions opts = opts_in;
+  opts.capture_stdout = true;
+  Child c = spawn(argv, opts);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  RunResult r;
+  char buf[65536];
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) {
+      c.kill(SIGKILL);
+      c.wait();
+      throw Error(Errc::kTimeout, argv[0] + " did not finish within " +
+                                      std::to_string(timeout.count()) + " ms");
+    }
+    pollfd p{c.stdout_fd(), POLLIN, 0};
+    int pr = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (pr < 0 && errno != EINTR) throw_errno(Errc::kInternal, "poll");
+    if (pr <= 0) continue;
+    ssize_t n = ::read(c.stdout_fd(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    r.output.append(buf, static_cast<size_t>(n));
+  }
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  auto st = c.wait_for(std::max(left, std::chrono::milliseconds(1)));
+  if (!st) {
+    c.kill(SIGKILL);
+    c.wait();
+    throw Error(Errc::kTimeout, argv[0] + " did not exit within " +
+                                    std::to_string(timeout.count()) + " ms");
+  }
+  r.status = *st;
+  return r;
+}
+
+std::optional<fs::path> find_executable(const std::string& name) {
+  if (name.find('/') != std::string::npos) {
+    if (::access(name.c_str(), X_OK) == 0) return fs::path(name);
+    return std::nullopt;
+  }
+  const char* path = std::getenv("PATH");
+  std::string p = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= p.size()) {
+    size_t end = p.find(':', start);
+    if (end == std::string::npos) end = p.size();
+    fs::path cand = fs::path(p.substr(start, end - start)) / name;
+    if (::access(cand.c_str(), X_OK) == 0) return cand;
+    start = end + 1;
+  }
+  return std::nullopt;
+}
+
+fs::path self_exe_dir() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return fs::current_path();
+  return p.parent_path();
+}
+
+}  // namespace gpuckpt

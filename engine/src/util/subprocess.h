@@ -1,0 +1,74 @@
+// Child processes (criu, the kernels runner, services under test) with RAII: a Child that is
+// destroyed while still running is killed and reaped, so no error path leaks processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "util/unique_fd.h"
+
+namespace gpuckpt {
+
+struct SpawnOptions {
+  std::vector<std::string> env;           // extra "KEY=VALUE" entries on top of environ
+  bool capture_stdout = false;            // stdout -> pipe (Child::stdout_fd)
+  std::filesystem::path stdout_file;      // else: stdout -> this file (appended), if set
+  std::filesystem::path stderr_file;      // stderr -> this file, if set; else inherited
+  bool null_stdin = true;                 // stdin from /dev/null
+  bool new_session = false;               // setsid(): detach from our terminal/job control
+  std::filesystem::path cwd;
+};
+
+struct ExitStatus {
+  bool exited = false;  // normal exit (else killed by a signal)
+  int code = 0;         // exit code, or signal number
+  bool ok() const { return exited && code == 0; }
+  std::string describe() const;
+};
+
+class Child {
+ public:
+  Child() = default;
+  Child(Child&& o) noexcept;
+  Child& operator=(Child&& o) noexcept;
+  ~Child();
+
+  pid_t pid() const { return pid_; }
+  int stdout_fd() const { return out_.get(); }
+  bool running() const { return pid_ > 0; }
+
+  ExitStatus wait();
+  // Returns nullopt if the child is still running after `timeout`.
+  std::optional<ExitStatus> wait_for(std::chrono::milliseconds timeout);
+  void kill(int sig);
+  pid_t release();  // forget the child (it keeps running; the caller owns it)
+
+ private:
+  friend Child spawn(const std::vector<std::string>&, const SpawnOptions&);
+  pid_t pid_ = -1;
+  UniqueFd out_;
+};
+
+// Throws Error(kInvalidInput) if argv[0] cannot be executed.
+Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts = {});
+
+struct RunResult {
+  ExitStatus status;
+  std::string output;  // captured stdout
+};
+// Runs to completion, capturing stdout; kills it and throws Error(kTimeout) past `timeout`.
+RunResult run_capture(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                      const SpawnOptions& opts = {});
+
+// Finds an executable: an absolute/relative path as is, else searched in PATH.
+std::optional<std::filesystem::path> find_executable(const std::string& name);
+
+// Directory holding the running executable (/proc/self/exe), to find sibling binaries.
+std::filesystem::path self_exe_dir();
+
+}  // namespace gpuckpt

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One command on a fresh Debian 12 machine: installs every dependency from Debian's packages
+# (CRIU from Debian 13 into a private prefix, see docs/CRIU.md), builds gpuckpt, and runs the
+# demo (cold start vs restore of the demo server, with the transient report).
+#   scripts/setup.sh            # install, build, run the demo
+#   scripts/setup.sh --no-demo  # install and build only (CI)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+build=${GPUCKPT_BUILD_DIR:-$here/build}
+demo=1
+for a in "$@"; do
+  case $a in
+    --no-demo) demo=0 ;;
+    *) echo "usage: $0 [--no-demo]" >&2; exit 2 ;;
+  esac
+done
+
+[ "$(id -u)" = 0 ] || { echo "setup.sh: run as root (apt-get, CRIU)" >&2; exit 1; }
+
+pkgs=(build-essential cmake ninja-build pkg-config git
+      liburing-dev libzstd-dev zstd libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
+      nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
+      librsvg2-bin clang-format)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ ! -f /usr/local/cuda/include/cuda.h ] && [ -z "${CUDA_HOME:-}" ]; then
+  echo "setup.sh: the CUDA toolkit (cuda.h, nvcc) is expected at /usr/local/cuda or \$CUDA_HOME" >&2
+  exit 1
+fi
+
+"$here/scripts/install-criu.sh"
+
+cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j "$(nproc)"
+
+if [ $demo = 1 ]; then
+  "$here/scripts/demo.sh"
+fi

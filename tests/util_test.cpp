@@ -1,0 +1,103 @@
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <thread>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/timing.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+
+TEST(Timeline, ScopesRecordDurationOrderAndBytes) {
+  Timeline t;
+  {
+    auto s = t.scope("first");
+    s.set_bytes(42);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  { auto s = t.scope("second"); }
+  ASSERT_EQ(t.stages().size(), 2u);
+  EXPECT_EQ(t.stages()[0].name, "first");
+  EXPECT_EQ(t.stages()[0].bytes, 42u);
+  EXPECT_GE(t.stages()[0].seconds, 0.015);
+  EXPECT_GE(t.stages()[1].start_offset, t.stages()[0].start_offset + t.stages()[0].seconds);
+  EXPECT_NE(t.find("second"), nullptr);
+  EXPECT_EQ(t.find("third"), nullptr);
+  EXPECT_GE(t.total_seconds(), t.stages()[0].seconds);
+}
+
+TEST(Timeline, ScopeRecordsEvenWhenAnExceptionUnwinds) {
+  Timeline t;
+  try {
+    auto s = t.scope("failing");
+    throw std::runtime_error("boom");
+  } catch (const std::runtime_error&) {
+  }
+  ASSERT_EQ(t.stages().size(), 1u);
+  EXPECT_EQ(t.stages()[0].name, "failing");
+}
+
+TEST(Fs, WriteFileAtomicLeavesNoTemporaries) {
+  auto dir = test::scratch_dir();
+  write_file_atomic(dir.path() / "a.json", "{\"x\":1}");
+  write_file_atomic(dir.path() / "a.json", "{\"x\":2}");
+  EXPECT_EQ(read_file(dir.path() / "a.json"), "{\"x\":2}");
+  int entries = 0;
+  for (auto& e : fs::directory_iterator(dir.path())) {
+    (void)e;
+    ++entries;
+  }
+  EXPECT_EQ(entries, 1);
+}
+
+TEST(Fs, TempDirIsRemovedUnlessReleased) {
+  auto parent = test::scratch_dir();
+  fs::path gone, kept;
+  {
+    TempDir a(parent.path(), "a");
+    TempDir b(parent.path(), "b");
+    gone = a.path();
+    kept = b.release();
+    EXPECT_TRUE(fs::is_directory(gone));
+  }
+  EXPECT_FALSE(fs::exists(gone));
+  EXPECT_TRUE(fs::is_directory(kept));
+}
+
+TEST(Subprocess, CapturesOutputAndExitCode) {
+  auto r = run_capture({"sh", "-c", "echo hello; exit 3"}, std::chrono::seconds(10));
+  EXPECT_EQ(r.output, "hello\n");
+  EXPECT_TRUE(r.status.exited);
+  EXPECT_EQ(r.status.code, 3);
+}
+
+TEST(Subprocess, MissingProgramIsAClearError) {
+  try {
+    spawn({"/nonexistent/program"});
+    FAIL() << "spawn should throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("/nonexistent/program"), std::string::npos);
+  }
+}
+
+TEST(Subprocess, TimeoutKillsTheChild) {
+  auto start = std::chrono::steady_clock::now();
+  try {
+    run_capture({"sleep", "30"}, std::chrono::milliseconds(200));
+    FAIL() << "should time out";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kTimeout);
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(Cli, VersionAndUsageErrors) {
+  auto v = test::run_cli({"--version"});
+  EXPECT_EQ(v.exit_code, 0);
+  EXPECT_NE(v.out.find("gpuckpt"), std::string::npos);
+  auto bad = test::run_cli({"no-such-command"});
+  EXPECT_EQ(bad.exit_code, 2);
+}
