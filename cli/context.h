@@ -12,6 +12,9 @@ struct Context {
   bool json = false;       // machine-readable output on stdout, nothing else there
   bool quiet = false;      // no progress
   std::string log_level = "info";
+  // Exit status for a command that reports a failure through its own output (e.g. `devices`
+  // with no GPU prints its JSON document and exits 7); main() returns it.
+  int exit_code = 0;
 
   // A progress sink that draws "phase  1.2 GiB / 4.0 GiB  2.3 GB/s" on stderr when it is a
   // TTY (and not --quiet); otherwise a no-op.

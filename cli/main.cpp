@@ -52,5 +52,5 @@ int main(int argc, char** argv) {
     std::cerr << "gpuckpt: internal error: " << e.what() << "\n";
     return static_cast<int>(Errc::kInternal);
   }
-  return 0;
+  return ctx.exit_code;
 }

@@ -1,0 +1,72 @@
+// The CUDA driver checkpoint API (cuCheckpointProcess*) on another process, with errors that
+// say what to do. States: running -lock-> locked -checkpoint-> checkpointed -restore-> locked
+// -unlock-> running. Used by dump/restore, the CRIU plugin and `gpuckpt cuda-checkpoint`.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string_view>
+
+#include "gpuckpt/device.h"
+
+namespace gpuckpt::device {
+
+enum class CudaProcState { kRunning, kLocked, kCheckpointed, kFailed };
+// "running", "locked", "checkpointed", "failed".
+std::string_view to_string(CudaProcState);
+
+// Whether the driver with the checkpoint API is usable here; if not, *why says why (no driver,
+// no GPU, too old).
+bool checkpoint_api_available(std::string* why = nullptr);
+
+// nullopt: `pid` is not a CUDA process (no CUDA context). Throws Error(kNoDevice) if the API is
+// unavailable, Error(kProcess) if pid does not exist (or names a thread, not a process).
+std::optional<CudaProcState> process_state(pid_t pid);
+
+// running -> locked. Further CUDA calls of the process block; submitted work completes.
+// Error(kTimeout) when the lock is not obtained within `timeout` (the process keeps running);
+// a zero timeout waits indefinitely.
+void lock(pid_t pid, std::chrono::milliseconds timeout);
+// locked -> checkpointed: VRAM -> host memory of the process; its GPU memory is released.
+void checkpoint(pid_t pid);
+// checkpointed -> locked, on the same GPUs (empty map) or remapped ones (UUID pairs; needs the
+// CUDA 13.0 driver, every checkpointed GPU listed, targets of the same chip type).
+void restore(pid_t pid, const GpuMap& map);
+// locked -> running.
+void unlock(pid_t pid);
+// cuCheckpointProcessGetRestoreThreadId: the thread the driver uses to restore `pid` (CRIU
+// must let it run while the rest of the process is frozen).
+pid_t restore_thread_id(pid_t pid);
+
+// RAII: locks in the constructor; the destructor unlocks if still locked (e.g. a dump failed
+// midway), restoring first if it was checkpointed, so an error never leaves a process frozen on
+// the GPU. Call unlock() on success, or release() when nothing must be undone (the process was
+// dumped and killed, or it is meant to stay checkpointed).
+class ProcessLock {
+ public:
+  ProcessLock(pid_t pid, std::chrono::milliseconds timeout);
+  ProcessLock(ProcessLock&& o) noexcept;
+  ProcessLock& operator=(ProcessLock&&) = delete;
+  ProcessLock(const ProcessLock&) = delete;
+  ProcessLock& operator=(const ProcessLock&) = delete;
+  ~ProcessLock();
+
+  pid_t pid() const { return pid_; }
+  // What this lock last put the process in: kLocked, kCheckpointed, or kRunning once unlocked
+  // or released.
+  CudaProcState state() const { return state_; }
+
+  void checkpoint();                     // locked -> checkpointed
+  void restore(const GpuMap& map = {});  // checkpointed -> locked
+  void unlock();                         // -> running (restores first if checkpointed)
+  void release() noexcept;               // forget the process: the destructor does nothing
+
+ private:
+  pid_t pid_ = 0;
+  CudaProcState state_ = CudaProcState::kRunning;
+  bool owned_ = false;
+};
+
+}  // namespace gpuckpt::device

@@ -1,0 +1,291 @@
+// The device layer without a GPU (this is what CI sees): every entry point answers with a clear
+// reason instead of crashing, and GPU maps are parsed and checked without a driver.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "device/cuda_checkpoint.h"
+#include "device/cuda_driver.h"
+#include "device/gpu_map.h"
+#include "gpuckpt/device.h"
+#include "gpuckpt/error.h"
+
+using namespace gpuckpt;
+using ::testing::HasSubstr;
+
+namespace {
+
+const char* kUuidA = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9";
+const char* kUuidB = "GPU-11111111-2222-3333-4444-555555555555";
+const char* kUuidC = "GPU-abcdefab-cdef-abcd-efab-cdefabcdefab";
+
+GpuInfo gpu(int index, const std::string& name, const std::string& uuid, int major = 9,
+            int minor = 0) {
+  GpuInfo g;
+  g.index = index;
+  g.name = name;
+  g.uuid = uuid;
+  g.compute_major = major;
+  g.compute_minor = minor;
+  return g;
+}
+
+// A machine with two H200s and an A100, as list_devices() would describe it.
+DeviceList fake_machine() {
+  DeviceList d;
+  d.driver.loaded = true;
+  d.gpus = {gpu(0, "NVIDIA H200", kUuidA), gpu(1, "NVIDIA H200", kUuidB),
+            gpu(2, "NVIDIA A100-SXM4-80GB", kUuidC, 8, 0)};
+  return d;
+}
+
+DeviceList no_driver() {
+  DeviceList d;
+  d.driver.error = "NVIDIA driver not installed (test)";
+  return d;
+}
+
+template <typename F>
+Error expect_error(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  }
+  ADD_FAILURE() << "expected gpuckpt::Error";
+  return Error(Errc::kOk, "");
+}
+
+// Skips tests of the no-driver behaviour on machines where the driver works.
+#define SKIP_IF_CHECKPOINT_API()                                                        \
+  do {                                                                                  \
+    if (device::checkpoint_api_available())                                             \
+      GTEST_SKIP() << "the CUDA checkpoint API is available here: the no-driver paths " \
+                      "are covered by CI machines without a GPU";                       \
+  } while (0)
+
+}  // namespace
+
+TEST(DeviceNoDriver, ListDevicesReportsWhyWithoutThrowing) {
+  DeviceList d;
+  ASSERT_NO_THROW(d = list_devices());
+  if (d.driver.loaded) GTEST_SKIP() << "a CUDA driver with a GPU is present";
+  EXPECT_TRUE(d.gpus.empty());
+  EXPECT_FALSE(d.driver.error.empty());
+  EXPECT_FALSE(d.driver.checkpoint_api);
+  EXPECT_FALSE(d.driver.gpu_remap);
+  EXPECT_EQ(d.driver.library, "libcuda.so.1");
+  // A second call answers the same (the driver is probed once per process).
+  EXPECT_EQ(list_devices().driver.error, d.driver.error);
+}
+
+TEST(DeviceNoDriver, CheckpointApiIsUnavailableWithAReason) {
+  SKIP_IF_CHECKPOINT_API();
+  std::string why;
+  EXPECT_FALSE(device::checkpoint_api_available(&why));
+  EXPECT_FALSE(why.empty());
+  EXPECT_FALSE(device::checkpoint_api_available());  // the reason pointer is optional
+}
+
+TEST(DeviceNoDriver, EveryCheckpointCallThrowsNoDeviceWithTheReason) {
+  SKIP_IF_CHECKPOINT_API();
+  std::string why;
+  device::checkpoint_api_available(&why);
+  const pid_t self = ::getpid();
+  std::vector<std::pair<const char*, std::function<void()>>> calls = {
+      {"process_state", [&] { device::process_state(self); }},
+      {"lock", [&] { device::lock(self, std::chrono::milliseconds(100)); }},
+      {"checkpoint", [&] { device::checkpoint(self); }},
+      {"restore", [&] { device::restore(self, GpuMap{}); }},
+      {"unlock", [&] { device::unlock(self); }},
+      {"restore_thread_id", [&] { device::restore_thread_id(self); }},
+      {"ProcessLock", [&] { device::ProcessLock l(self, std::chrono::milliseconds(100)); }},
+      {"run_cuda_action", [&] {
+         CudaActionOptions o;
+         o.pid = self;
+         run_cuda_action(o);
+       }}};
+  for (auto& [name, call] : calls) {
+    SCOPED_TRACE(name);
+    const Error e = expect_error(call);
+    EXPECT_EQ(e.code(), Errc::kNoDevice);
+    EXPECT_THAT(e.what(), HasSubstr(why));
+  }
+  // Also for a pid that does not exist: "no GPU" is the more fundamental answer.
+  EXPECT_EQ(expect_error([] { device::process_state(999999999); }).code(), Errc::kNoDevice);
+}
+
+TEST(DeviceNoDriver, RemapNeedsTheDriverToo) {
+  SKIP_IF_CHECKPOINT_API();
+  GpuMap m;
+  m.pairs = {{kUuidA, kUuidB}};
+  EXPECT_EQ(expect_error([&] { device::restore(::getpid(), m); }).code(), Errc::kNoDevice);
+}
+
+TEST(CudaProcState, Names) {
+  EXPECT_EQ(device::to_string(device::CudaProcState::kRunning), "running");
+  EXPECT_EQ(device::to_string(device::CudaProcState::kLocked), "locked");
+  EXPECT_EQ(device::to_string(device::CudaProcState::kCheckpointed), "checkpointed");
+  EXPECT_EQ(device::to_string(device::CudaProcState::kFailed), "failed");
+}
+
+TEST(CudaAction, ParsesEveryNameAndRejectsOthers) {
+  for (auto a :
+       {CudaAction::kState, CudaAction::kLock, CudaAction::kCheckpoint, CudaAction::kRestore,
+        CudaAction::kUnlock, CudaAction::kSuspend, CudaAction::kResume})
+    EXPECT_EQ(parse_cuda_action(to_string(a)), a);
+  const Error e = expect_error([] { parse_cuda_action("toggle"); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("toggle"));
+}
+
+TEST(GpuUuid, FormatsAndParsesTheNvidiaSmiForm) {
+  unsigned char b[16];
+  for (int i = 0; i < 16; ++i) b[i] = static_cast<unsigned char>(i * 17 + 3);
+  const std::string s = device::format_gpu_uuid(b);
+  EXPECT_EQ(s, "GPU-03142536-4758-697a-8b9c-adbecfe0f102");
+  unsigned char back[16] = {};
+  ASSERT_TRUE(device::parse_gpu_uuid(s, back));
+  EXPECT_EQ(std::memcmp(b, back, 16), 0);
+  // Upper case is accepted; malformed forms are not.
+  EXPECT_TRUE(device::parse_gpu_uuid("GPU-03142536-4758-697A-8B9C-ADBECFE0F102", back));
+  for (const char* bad :
+       {"", "GPU-", "03142536-4758-697a-8b9c-adbecfe0f102",
+        "GPU-03142536-4758-697a-8b9c-adbecfe0f10", "GPU-03142536-4758-697a-8b9c-adbecfe0f1022",
+        "GPU-0314253604758-697a-8b9c-adbecfe0f102", "GPU-0314253g-4758-697a-8b9c-adbecfe0f102",
+        "MIG-03142536-4758-697a-8b9c-adbecfe0f102"})
+    EXPECT_FALSE(device::parse_gpu_uuid(bad, back)) << bad;
+}
+
+TEST(GpuMap, ParsesUuidPairsWithoutADriver) {
+  // The public entry point: UUID-only maps never need the driver.
+  const GpuMap m =
+      parse_gpu_map(std::string(kUuidA) + "=" + kUuidB + " , " + kUuidB + "=" + kUuidA);
+  ASSERT_EQ(m.pairs.size(), 2u);
+  EXPECT_EQ(m.pairs[0], std::make_pair(std::string(kUuidA), std::string(kUuidB)));
+  EXPECT_EQ(m.pairs[1], std::make_pair(std::string(kUuidB), std::string(kUuidA)));
+  EXPECT_EQ(parse_gpu_map(m.to_string()).pairs, m.pairs);
+}
+
+TEST(GpuMap, NormalisesUuidCase) {
+  std::string upper = kUuidC;
+  for (size_t i = 4; i < upper.size(); ++i) upper[i] = static_cast<char>(std::toupper(upper[i]));
+  const GpuMap m = device::parse_gpu_map(upper + "=" + kUuidC, no_driver);
+  ASSERT_EQ(m.pairs.size(), 1u);
+  EXPECT_EQ(m.pairs[0].first, kUuidC);
+}
+
+TEST(GpuMap, EmptySpecMeansSameGpus) {
+  EXPECT_TRUE(parse_gpu_map("").empty());
+  EXPECT_TRUE(parse_gpu_map("  ").empty());
+}
+
+TEST(GpuMap, RejectsBadSyntaxAsUsageErrors) {
+  const std::string a = kUuidA, b = kUuidB;
+  for (const std::string& bad :
+       {a, a + "=", "=" + b, a + "=" + b + "=" + a, a + "=" + b + ",", a + "=" + b + ",,",
+        std::string("foo=bar"), a + "=GPU-1234", std::string("MIG-") + (a.c_str() + 4) + "=" + b,
+        std::string("-1=0"), std::string(",")}) {
+    SCOPED_TRACE(bad);
+    const Error e = expect_error([&] { device::parse_gpu_map(bad, no_driver); });
+    EXPECT_EQ(e.code(), Errc::kUsage);
+    EXPECT_GT(std::string(e.what()).size(), 20u);
+  }
+}
+
+TEST(GpuMap, RefusesDuplicateSourcesAndTargets) {
+  const std::string a = kUuidA, b = kUuidB, c = kUuidC;
+  Error e =
+      expect_error([&] { device::parse_gpu_map(a + "=" + b + "," + a + "=" + c, no_driver); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("twice"));
+  e = expect_error([&] { device::parse_gpu_map(a + "=" + c + "," + b + "=" + c, no_driver); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("two GPUs onto"));
+}
+
+TEST(GpuMap, ResolvesIndicesAgainstTheLocalGpus) {
+  const GpuMap m = device::parse_gpu_map("0=1,1=0", fake_machine);
+  ASSERT_EQ(m.pairs.size(), 2u);
+  EXPECT_EQ(m.pairs[0], std::make_pair(std::string(kUuidA), std::string(kUuidB)));
+  EXPECT_EQ(m.pairs[1], std::make_pair(std::string(kUuidB), std::string(kUuidA)));
+  // Mixed forms.
+  EXPECT_EQ(device::parse_gpu_map(std::string(kUuidB) + "=0", fake_machine).pairs[0].second,
+            kUuidA);
+}
+
+TEST(GpuMap, IndicesNeedAGpuAndMustExist) {
+  Error e = expect_error([] { device::parse_gpu_map("0=1", no_driver); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("no NVIDIA GPU"));
+  EXPECT_THAT(e.what(), HasSubstr("UUID"));
+  e = expect_error([] { device::parse_gpu_map("0=7", fake_machine); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("out of range"));
+}
+
+TEST(GpuMap, RefusesRemappingOntoAnotherChipType) {
+  const Error e = expect_error([] { device::parse_gpu_map("0=2", fake_machine); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("same chip type"));
+  EXPECT_THAT(e.what(), HasSubstr("A100"));
+  // Same chip: fine.
+  EXPECT_NO_THROW(device::parse_gpu_map("1=0", fake_machine));
+}
+
+TEST(GpuMap, ValidatesAgainstTheGpusOfTheCheckpoint) {
+  const std::vector<GpuInfo> checkpointed = {
+      gpu(0, "NVIDIA H200", "GPU-99999999-9999-9999-9999-999999999999")};
+  const auto local = fake_machine().gpus;
+  GpuMap ok;
+  ok.pairs = {{checkpointed[0].uuid, kUuidB}};
+  EXPECT_NO_THROW(device::validate_gpu_map(ok, checkpointed, local));
+
+  GpuMap unknown_source;
+  unknown_source.pairs = {{kUuidA, kUuidB}};
+  Error e = expect_error([&] { device::validate_gpu_map(unknown_source, checkpointed, local); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("not a GPU of the checkpoint"));
+
+  GpuMap missing_target;
+  missing_target.pairs = {{checkpointed[0].uuid, "GPU-88888888-8888-8888-8888-888888888888"}};
+  e = expect_error([&] { device::validate_gpu_map(missing_target, checkpointed, local); });
+  EXPECT_THAT(e.what(), HasSubstr("not a GPU of this machine"));
+
+  GpuMap other_chip;
+  other_chip.pairs = {{checkpointed[0].uuid, kUuidC}};
+  e = expect_error([&] { device::validate_gpu_map(other_chip, checkpointed, local); });
+  EXPECT_THAT(e.what(), HasSubstr("same chip type"));
+}
+
+TEST(GpuMap, ChipTypeComparesNameAndComputeCapability) {
+  EXPECT_TRUE(device::same_chip_type(gpu(0, "NVIDIA H200", kUuidA), gpu(1, "NVIDIA H200", kUuidB)));
+  EXPECT_FALSE(
+      device::same_chip_type(gpu(0, "NVIDIA H200", kUuidA), gpu(1, "NVIDIA H100", kUuidB)));
+  EXPECT_FALSE(
+      device::same_chip_type(gpu(0, "NVIDIA H200", kUuidA), gpu(1, "NVIDIA H200", kUuidB, 9, 1)));
+}
+
+TEST(KernelModuleVersion, ParsesProprietaryAndOpenModules) {
+  EXPECT_EQ(device::parse_kernel_module_version(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 "
+                "UTC 2024"),
+            "550.54.15");
+  EXPECT_EQ(device::parse_kernel_module_version(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release "
+                "Build  (dvs-builder@U16-I3-B03-4-3)  Sun Jul 27 06:54:38 UTC 2025"),
+            "580.65.06");
+  EXPECT_EQ(device::parse_kernel_module_version(""), "");
+  EXPECT_EQ(device::parse_kernel_module_version("garbage"), "");
+}
+
+TEST(CudaVersion, Formats) {
+  EXPECT_EQ(cuda_version_string(13000), "CUDA 13.0");
+  EXPECT_EQ(cuda_version_string(12080), "CUDA 12.8");
+  EXPECT_EQ(cuda_version_string(0), "unknown");
+}
