@@ -1,5 +1,6 @@
 // gpuckpt-demo-server: a stand-in for an LLM serving process, for cold-start and
 // checkpoint/restore tests without a GPU. See tools/README.md for the protocol.
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -151,6 +152,12 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
 
     while (!g_stop) {
+      // Bounded wait instead of a bare accept(): a SIGTERM that lands between the g_stop check
+      // and accept() would otherwise be missed until the next client.
+      pollfd p{listener.get(), POLLIN, 0};
+      const int ready = ::poll(&p, 1, 100);
+      if (ready < 0 && errno != EINTR) gpuckpt::throw_errno(Errc::kIo, "poll");
+      if (ready <= 0) continue;
       UniqueFd client(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (!client) {
         if (errno == EINTR || errno == ECONNABORTED) continue;
