@@ -1,9 +1,307 @@
-// TODO(owner): bench transient.
+// `gpuckpt bench coldstart | restore | migrate`: the three transient wall-clock numbers of the
+// report, per stage, each up to the service's first answer through the readiness probe. Their
+// --json output is what `gpuckpt report --coldstart/--restore/--migrate` reads.
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <memory>
+
 #include "commands.h"
 
 namespace gpuckpt::cli {
-void add_bench_transient(CLI::App& bench, Context& ctx) {
-  (void)bench;
-  (void)ctx;
+
+namespace {
+
+struct ProbeArgs {
+  std::string spec, request;
+  double timeout_s = 120;
+
+  void add(CLI::App* c, bool required) {
+    auto* o = c->add_option("--probe", spec,
+                            "Readiness probe: unix:PATH, tcp:HOST:PORT" +
+                                std::string(required ? " or stdout:TEXT" : ""));
+    if (required) o->required();
+    c->add_option("--request", request,
+                  "Line sent once connected; the reply line is the first answer");
+    c->add_option("--probe-timeout", timeout_s, "Seconds to wait for the first answer")
+        ->check(CLI::PositiveNumber);
+  }
+  ReadinessProbe probe() const {
+    ReadinessProbe p;
+    if (spec.empty()) {
+      if (!request.empty()) throw Error(Errc::kUsage, "--request needs --probe");
+      return p;
+    }
+    p = parse_probe(spec);
+    p.request = request;
+    p.timeout = std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
+    return p;
+  }
+};
+
+struct CriuArgs {
+  std::string binary;
+  std::vector<std::string> extra;
+  void add(CLI::App* c) {
+    c->add_option("--criu", binary,
+                  "criu binary (default: $GPUCKPT_CRIU, else the install prefix)");
+    c->add_option("--criu-opt", extra, "Extra argument passed verbatim to criu (repeatable)")
+        ->allow_extra_args(false);
+  }
+  CriuSettings settings() const {
+    CriuSettings s;
+    s.binary = binary;
+    s.extra_args = extra;
+    return s;
+  }
+};
+
+std::string probe_text(const ReadinessProbe& p) {
+  switch (p.kind) {
+    case ReadinessProbe::Kind::kUnix:
+      return "unix:" + p.target;
+    case ReadinessProbe::Kind::kTcp:
+      return "tcp:" + p.target;
+    case ReadinessProbe::Kind::kStdoutLine:
+      return "stdout:" + p.target;
+    case ReadinessProbe::Kind::kNone:
+      break;
+  }
+  return "";
 }
+
+// Ends a restored process that is not necessarily our child (CRIU restores it detached):
+// SIGTERM, then SIGKILL after `grace`, waiting on a pidfd for it to be gone.
+void end_process(pid_t pid, std::chrono::milliseconds grace) {
+  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return;  // already gone
+  auto gone_within = [&](int ms) {
+    pollfd p{pidfd, POLLIN, 0};
+    return ::poll(&p, 1, ms) > 0;
+  };
+  ::kill(pid, SIGTERM);
+  if (!gone_within(static_cast<int>(grace.count()))) {
+    ::kill(pid, SIGKILL);
+    if (!gone_within(10000)) spdlog::warn("restored pid {} did not end after SIGKILL", pid);
+  }
+  ::close(pidfd);
+  ::waitpid(pid, nullptr, WNOHANG);  // reap it if it happens to be our child
+}
+
+void print_runs(const char* what, const std::vector<Timeline>& runs) {
+  const Timeline& m = median_run(runs);
+  if (runs.size() > 1) {
+    std::printf("%s: %zu runs:", what, runs.size());
+    for (const auto& t : runs) std::printf(" %s", human_seconds(t.total_seconds()).c_str());
+    std::printf("\n%s, median run %s:\n", what, human_seconds(m.total_seconds()).c_str());
+  } else {
+    std::printf("%s: %s\n", what, human_seconds(m.total_seconds()).c_str());
+  }
+  print_stages(m);
+}
+
+// ---- coldstart ------------------------------------------------------------------------------
+
+// The service runs in its own session, so a Ctrl-C on gpuckpt's terminal does not reach it:
+// if gpuckpt is interrupted mid-run, this handler kills the service's group, then dies of the
+// same signal.
+std::atomic<pid_t> g_service_pgid{0};
+
+void on_interrupt(int sig) {
+  if (const pid_t pg = g_service_pgid.load(); pg > 0) ::kill(-pg, SIGKILL);
+  ::signal(sig, SIG_DFL);
+  ::raise(sig);
+}
+
+class InterruptGuard {
+ public:
+  InterruptGuard() {
+    struct sigaction sa {};
+    sa.sa_handler = on_interrupt;
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~InterruptGuard() {
+    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
+  }
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction old_[3];
+};
+
+struct ColdArgs {
+  ProbeArgs probe;
+  int runs = 3;
+  double stop_timeout_s = 10;
+  std::string log;
+  std::vector<std::string> command;
+};
+
+void run_coldstart(const ColdArgs& a, Context& ctx) {
+  ColdStartOptions o;
+  o.argv = a.command;
+  o.probe = a.probe.probe();
+  o.stop_timeout = std::chrono::milliseconds(static_cast<long>(a.stop_timeout_s * 1000));
+  o.log_file = a.log;
+  o.on_running = [](pid_t pgid) { g_service_pgid = pgid; };
+  InterruptGuard guard;
+  std::vector<Timeline> runs;
+  for (int i = 0; i < a.runs; ++i) {
+    runs.push_back(measure_cold_start(o));
+    spdlog::info("cold start run {}/{}: {}", i + 1, a.runs,
+                 human_seconds(runs.back().total_seconds()));
+  }
+  if (ctx.json) {
+    const nlohmann::json extra = {{"command", a.command}, {"probe", probe_text(o.probe)}};
+    ctx.emit(nlohmann::json::parse(bench_json("coldstart", runs, extra.dump())));
+    return;
+  }
+  print_runs("cold start (decision -> first answer)", runs);
+}
+
+// ---- restore --------------------------------------------------------------------------------
+
+struct RestoreArgs {
+  std::string checkpoint, gpu_map, staging = "/dev/shm";
+  ProbeArgs probe;
+  CriuArgs criu;
+  int runs = 1;
+  bool keep = false, new_pidns = false;
+  double stop_timeout_s = 10;
+};
+
+void run_restore(const RestoreArgs& a, Context& ctx) {
+  RestoreOptions o;
+  o.checkpoint = a.checkpoint;
+  if (!a.gpu_map.empty()) o.gpu_map = parse_gpu_map(a.gpu_map);
+  o.staging_root = a.staging;
+  o.probe = a.probe.probe();
+  if (o.probe.kind == ReadinessProbe::Kind::kStdoutLine)
+    throw Error(Errc::kUsage,
+                "a restored process's stdout is not ours to read: use a unix: or "
+                "tcp: probe");
+  o.new_pid_ns = a.new_pidns;
+  o.criu = a.criu.settings();
+  const auto grace = std::chrono::milliseconds(static_cast<long>(a.stop_timeout_s * 1000));
+  std::vector<Timeline> runs;
+  RestoreResult last;
+  for (int i = 0; i < a.runs; ++i) {
+    last = restore(o);
+    runs.push_back(last.timeline);
+    spdlog::info("restore run {}/{}: {}", i + 1, a.runs,
+                 human_seconds(last.timeline.total_seconds()));
+    // The next run restores the same pid: this one must be gone first. The last one stays
+    // up with --keep.
+    if (i + 1 < a.runs || !a.keep)
+      end_process(last.pidns_init > 0 ? last.pidns_init : last.pid, grace);
+  }
+  if (ctx.json) {
+    nlohmann::json extra = {
+        {"checkpoint", a.checkpoint}, {"probe", probe_text(o.probe)}, {"gpu", last.gpu}};
+    if (a.keep) extra["pid"] = last.pid;
+    if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = last.first_answer;
+    ctx.emit(nlohmann::json::parse(bench_json("restore", runs, extra.dump())));
+    return;
+  }
+  print_runs("restore (interruption -> serving)", runs);
+  if (a.keep) std::printf("the restored process runs as pid %d\n", last.pid);
+}
+
+// ---- migrate --------------------------------------------------------------------------------
+
+struct MigrateArgs {
+  int pid = 0;
+  std::string to, gpu_map, staging = "/dev/shm";
+  bool keep_checkpoint = false;
+  ProbeArgs probe;
+  CriuArgs criu;
+};
+
+void run_migrate(const MigrateArgs& a, Context& ctx) {
+  MigrateOptions o;
+  o.pid = a.pid;
+  o.to_dir = a.to;
+  if (!a.gpu_map.empty()) o.gpu_map = parse_gpu_map(a.gpu_map);
+  o.probe = a.probe.probe();
+  if (o.probe.kind == ReadinessProbe::Kind::kStdoutLine)
+    throw Error(Errc::kUsage,
+                "a migrated process's stdout is not ours to read: use a unix: or "
+                "tcp: probe");
+  o.keep_checkpoint = a.keep_checkpoint;
+  o.staging_root = a.staging;
+  o.criu = a.criu.settings();
+  const MigrateResult r = migrate(o);
+  if (ctx.json) {
+    nlohmann::json extra = {
+        {"old_pid", r.old_pid}, {"new_pid", r.new_pid}, {"probe", probe_text(o.probe)}};
+    if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = r.first_answer;
+    ctx.emit(nlohmann::json::parse(bench_json("migrate", {r.timeline}, extra.dump())));
+    return;
+  }
+  print_runs("migration (decision -> answering elsewhere)", {r.timeline});
+  std::printf("pid %d now runs as pid %d\n", r.old_pid, r.new_pid);
+}
+
+}  // namespace
+
+void add_bench_transient(CLI::App& bench, Context& ctx) {
+  {
+    auto a = std::make_shared<ColdArgs>();
+    auto* c = bench.add_subcommand(
+        "coldstart",
+        "Time a service from start to first answer: what a restore is compared "
+        "against (gpuckpt bench coldstart --probe tcp:127.0.0.1:8000 -- CMD ARGS...)");
+    a->probe.add(c, true);
+    c->add_option("--runs", a->runs, "Repetitions (min/median reported)")
+        ->check(CLI::Range(1, 1000));
+    c->add_option("--stop-timeout", a->stop_timeout_s,
+                  "Seconds between SIGTERM and SIGKILL when stopping the service after a run")
+        ->check(CLI::PositiveNumber);
+    c->add_option("--log", a->log, "Append the service's output to this file");
+    c->add_option("command", a->command, "The service command, after --")->required();
+    c->fallthrough();  // global flags (--json) may follow, if `bench` passes them on too
+    c->callback([a, &ctx] { run_coldstart(*a, ctx); });
+  }
+  {
+    auto a = std::make_shared<RestoreArgs>();
+    auto* c =
+        bench.add_subcommand("restore", "Time a restore from CKPT to first answer, per stage");
+    c->add_option("checkpoint", a->checkpoint, "Checkpoint made by gpuckpt dump")->required();
+    c->add_option("--gpu-map", a->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
+    c->add_option("--staging", a->staging, "Where the images are unpacked for CRIU (tmpfs)");
+    c->add_flag("--new-pidns", a->new_pidns, "Restore into a new pid namespace");
+    c->add_option("--runs", a->runs, "Repetitions; each restored process is ended before the next")
+        ->check(CLI::Range(1, 1000));
+    c->add_flag("--keep", a->keep, "Leave the last restored process running");
+    c->add_option("--stop-timeout", a->stop_timeout_s,
+                  "Seconds between SIGTERM and SIGKILL when ending a restored process")
+        ->check(CLI::PositiveNumber);
+    a->probe.add(c, false);
+    a->criu.add(c);
+    c->fallthrough();  // global flags (--json) may follow, if `bench` passes them on too
+    c->callback([a, &ctx] { run_restore(*a, ctx); });
+  }
+  {
+    auto a = std::make_shared<MigrateArgs>();
+    auto* c = bench.add_subcommand(
+        "migrate", "Migrate a process through DIR and time decision to first answer, per stage");
+    c->add_option("--pid", a->pid, "Process to migrate")->required()->check(CLI::PositiveNumber);
+    c->add_option("--to", a->to, "Directory the checkpoint is written to and restored from")
+        ->required();
+    c->add_option("--gpu-map", a->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
+    c->add_option("--staging", a->staging, "tmpfs staging directory for CRIU's images");
+    c->add_flag("--keep-checkpoint", a->keep_checkpoint, "Keep the checkpoint afterwards");
+    a->probe.add(c, false);
+    a->criu.add(c);
+    c->fallthrough();  // global flags (--json) may follow, if `bench` passes them on too
+    c->callback([a, &ctx] { run_migrate(*a, ctx); });
+  }
+}
+
 }  // namespace gpuckpt::cli

@@ -9,6 +9,7 @@ void add_bench_transient(CLI::App& bench, Context& ctx);  // bench_transient.cpp
 void add_bench_commands(CLI::App& app, Context& ctx) {
   auto* bench = app.add_subcommand("bench", "Benchmarks, reported as ratios against the usual tools");
   bench->require_subcommand(1);
+  bench->fallthrough();  // global flags (--json) may follow `bench` and its subcommands
   add_bench_io(*bench, ctx);
   add_bench_transient(*bench, ctx);
 }

@@ -1,30 +1,67 @@
 // Roofline ceilings measured by our own kernels (GPU) or loops (CPU), never looked up.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace gpuckpt {
 
 struct Ceilings {
-  std::string target;       // "gpu" or "cpu"
-  std::string device_name;  // e.g. "NVIDIA H200" or the CPU model
-  double bandwidth_gbps = 0;              // peak streaming memory bandwidth, GB/s
-  double fp32_gflops = 0;                 // peak FMA throughput, GFLOP/s
-  std::optional<double> tensor_gflops;    // bf16/fp16 tensor-core peak, GFLOP/s (GPU only)
+  std::string target;                   // "gpu" or "cpu"
+  std::string device_name;              // e.g. "NVIDIA H200" or the CPU model
+  double bandwidth_gbps = 0;            // peak streaming memory bandwidth, GB/s
+  double fp32_gflops = 0;               // peak FMA throughput, GFLOP/s
+  std::optional<double> tensor_gflops;  // bf16/fp16 tensor-core peak, GFLOP/s (GPU only)
+  std::string method;                   // how the numbers were measured, one line
+  std::string note;          // why this target was chosen (e.g. the auto fallback's reason)
+  std::string details_json;  // a JSON object with the per-kernel numbers; "{}" when none
   double ridge_point() const { return bandwidth_gbps > 0 ? fp32_gflops / bandwidth_gbps : 0; }
 };
 
 enum class RooflineTarget { kAuto, kCpu, kGpu };
-Ceilings measure_ceilings(RooflineTarget target = RooflineTarget::kAuto);
+// "auto" | "cpu" | "gpu"; throws Error(kUsage).
+RooflineTarget parse_roofline_target(const std::string& s);
+
+struct MeasureOptions {
+  bool quick = false;    // smaller arrays, fewer repetitions (< 1 s on a CPU); for tests
+  unsigned threads = 0;  // CPU worker threads; 0 = every CPU this process may run on
+  int gpu_index = 0;     // CUDA device measured by gpuckpt-roofline-gpu
+  std::chrono::seconds gpu_timeout{300};
+};
+
+// kGpu runs gpuckpt-roofline-gpu (next to the running binary, or $GPUCKPT_ROOFLINE_GPU) and
+// throws Error(kNoDevice) without a GPU, Error(kDevice) if it fails. kCpu measures this host's
+// cores. kAuto is the GPU when that binary succeeds, else the CPU, with the reason in `note`.
+Ceilings measure_ceilings(RooflineTarget target = RooflineTarget::kAuto,
+                          const MeasureOptions& opts = {});
 
 struct RooflinePlacement {
-  double intensity = 0;       // FLOP/byte
+  double intensity = 0;  // FLOP/byte
   double attainable_gflops = 0;
   bool memory_bound = false;
   std::optional<double> achieved_gflops;  // when measured
+  std::string label;                      // what was placed: "workload" or a built-in kernel's name
 };
+// attainable = min(peak FP32, intensity x bandwidth); memory-bound left of the ridge point.
+// Throws Error(kUsage) for a non-positive intensity or a negative achieved rate.
 RooflinePlacement place_on_roofline(const Ceilings& c, double intensity,
                                     std::optional<double> achieved_gflops = {});
+
+// A built-in CPU kernel run to completion, to place on the CPU roofline.
+struct KernelMeasurement {
+  std::string name;         // "triad", "fma", "matmul"
+  std::string description;  // what it computes and how its bytes are counted
+  double intensity = 0;     // FLOP per byte of compulsory memory traffic
+  double achieved_gflops = 0;
+  double seconds = 0;                  // best repetition
+  std::uint64_t flops = 0, bytes = 0;  // per repetition
+};
+std::vector<std::string> cpu_kernel_names();
+// Throws Error(kUsage) for an unknown name.
+KernelMeasurement run_cpu_kernel(const std::string& name, const MeasureOptions& opts = {});
 
 }  // namespace gpuckpt

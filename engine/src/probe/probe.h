@@ -1,0 +1,26 @@
+// Readiness probe internals shared by the engine (restore, migrate, the cold-start benchmark).
+// The public entry points, parse_probe() and wait_ready(), are declared in gpuckpt/process.h.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <string>
+
+#include "gpuckpt/process.h"
+
+namespace gpuckpt {
+
+// Reads `fd` (e.g. a child's stdout pipe) until a line containing `text` appears and returns
+// that line without its newline; a partial last line counts too, so a prompt without '\n'
+// matches. Bytes read past the match are consumed and discarded. Throws Error(kTimeout) past
+// `timeout`, Error(kProcess) when the writer closes the pipe first.
+std::string wait_for_line(int fd, const std::string& text, std::chrono::milliseconds timeout);
+
+// wait_ready() that calls `between_attempts` after each failed attempt; it may throw to give up
+// early (e.g. when the service being probed has exited, there is no point polling on).
+std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>& between_attempts);
+
+// "unix:/run/llm.sock", "tcp:127.0.0.1:8000", "stdout:ready", "none": for messages.
+std::string describe_probe(const ReadinessProbe& probe);
+
+}  // namespace gpuckpt

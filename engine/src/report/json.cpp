@@ -1,0 +1,298 @@
+// The JSON documents of the roofline, the benchmarks and the report, written and read back.
+// Timelines use the same shape as the CLI's --json everywhere:
+//   {"total_seconds": T, "stages": [{"name", "seconds", "start", "bytes", "gbps"}...]}
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/report.h"
+
+namespace gpuckpt {
+
+namespace {
+
+using Json = nlohmann::ordered_json;  // members in the order written: diffs and eyes like it
+
+[[noreturn]] void bad(const std::string& source, const std::string& what) {
+  throw Error(Errc::kInvalidInput, source + ": " + what);
+}
+
+Json parse(const std::string& text, const std::string& source) {
+  try {
+    return Json::parse(text);
+  } catch (const Json::exception& e) {
+    bad(source, std::string("not valid JSON (") + e.what() + ")");
+  }
+}
+
+// An error document printed by `gpuckpt ... --json` that failed: say so rather than "bad input".
+void reject_error_document(const Json& j, const std::string& source) {
+  if (j.is_object() && j.contains("ok") && j["ok"] == false) {
+    std::string msg = "unknown error";
+    if (j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+        j["error"]["message"].is_string())
+      msg = j["error"]["message"].get<std::string>();
+    bad(source, "is the error report of a failed gpuckpt command: " + msg);
+  }
+}
+
+double number(const Json& j, const char* key, const std::string& source, bool required = true,
+              double fallback = 0) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (required) bad(source, std::string("missing number '") + key + "'");
+    return fallback;
+  }
+  if (!j[key].is_number() || !std::isfinite(j[key].get<double>()))
+    bad(source, std::string("'") + key + "' is not a number");
+  return j[key].get<double>();
+}
+
+std::string string(const Json& j, const char* key) {
+  return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+}
+
+Json timeline_to_json(const Timeline& t) {
+  Json stages = Json::array();
+  for (const auto& s : t.stages())
+    stages.push_back({{"name", s.name},
+                      {"seconds", s.seconds},
+                      {"start", s.start_offset},
+                      {"bytes", s.bytes},
+                      {"gbps", s.gbps()}});
+  return {{"total_seconds", t.total_seconds()}, {"stages", stages}};
+}
+
+Timeline timeline_from_json(const Json& j, const std::string& source) {
+  if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array())
+    bad(source, "a timeline needs a 'stages' array");
+  Timeline t;
+  using D = Timeline::Clock::duration;
+  const auto at = [&](double s) {
+    return t.origin() + std::chrono::round<D>(std::chrono::duration<double>(s));
+  };
+  for (const auto& s : j["stages"]) {
+    if (!s.is_object() || !s.contains("name") || !s["name"].is_string() ||
+        s["name"].get<std::string>().empty())
+      bad(source, "every stage needs a non-empty 'name'");
+    const std::string name = s["name"].get<std::string>();
+    const double seconds = number(s, "seconds", source + " stage " + name);
+    if (seconds < 0) bad(source, "stage " + name + " has a negative duration");
+    double bytes = number(s, "bytes", source, false, 0);
+    if (bytes < 0) bad(source, "stage " + name + " has negative bytes");
+    const auto b = static_cast<std::uint64_t>(bytes);
+    if (s.contains("start") && !s["start"].is_null()) {
+      const double start = number(s, "start", source + " stage " + name);
+      if (start < 0) bad(source, "stage " + name + " starts before the timeline");
+      t.add(name, at(start), at(start + seconds), b);
+    } else {
+      t.add_measured(name, seconds, b);  // no offset given: after the previous stages
+    }
+  }
+  return t;
+}
+
+Json ceilings_to_json(const Ceilings& c) {
+  Json details = Json::object();
+  if (!c.details_json.empty()) {
+    try {
+      details = Json::parse(c.details_json);
+    } catch (const Json::exception&) {
+      details = {{"text", c.details_json}};
+    }
+  }
+  return {{"target", c.target},
+          {"device_name", c.device_name},
+          {"bandwidth_gbps", c.bandwidth_gbps},
+          {"fp32_gflops", c.fp32_gflops},
+          {"tensor_gflops", c.tensor_gflops ? Json(*c.tensor_gflops) : Json(nullptr)},
+          {"ridge_point", c.ridge_point()},
+          {"method", c.method},
+          {"note", c.note},
+          {"details", details}};
+}
+
+Ceilings ceilings_from_json(const Json& j, const std::string& source) {
+  if (!j.is_object()) bad(source, "'ceilings' is not an object");
+  Ceilings c;
+  c.target = string(j, "target");
+  if (c.target != "cpu" && c.target != "gpu") bad(source, "ceilings 'target' must be cpu or gpu");
+  c.device_name = string(j, "device_name");
+  c.bandwidth_gbps = number(j, "bandwidth_gbps", source);
+  c.fp32_gflops = number(j, "fp32_gflops", source);
+  if (!(c.bandwidth_gbps > 0) || !(c.fp32_gflops > 0))
+    bad(source, "ceilings must have a positive bandwidth and FP32 peak");
+  if (j.contains("tensor_gflops") && !j["tensor_gflops"].is_null())
+    c.tensor_gflops = number(j, "tensor_gflops", source);
+  c.method = string(j, "method");
+  c.note = string(j, "note");
+  c.details_json = j.contains("details") && j["details"].is_object() ? j["details"].dump() : "{}";
+  return c;
+}
+
+Json placement_to_json(const RooflinePlacement& p) {
+  return {{"label", p.label},
+          {"intensity", p.intensity},
+          {"attainable_gflops", p.attainable_gflops},
+          {"memory_bound", p.memory_bound},
+          {"achieved_gflops", p.achieved_gflops ? Json(*p.achieved_gflops) : Json(nullptr)}};
+}
+
+RooflinePlacement placement_from_json(const Json& j, const std::string& source) {
+  if (!j.is_object()) bad(source, "'placement' is not an object");
+  RooflinePlacement p;
+  p.label = string(j, "label");
+  p.intensity = number(j, "intensity", source);
+  if (!(p.intensity > 0)) bad(source, "placement 'intensity' must be positive");
+  p.attainable_gflops = number(j, "attainable_gflops", source);
+  p.memory_bound = j.value("memory_bound", false);
+  if (j.contains("achieved_gflops") && !j["achieved_gflops"].is_null())
+    p.achieved_gflops = number(j, "achieved_gflops", source);
+  return p;
+}
+
+Json runs_json(const std::optional<Timeline>& t, const std::vector<double>& runs) {
+  if (!t) return nullptr;
+  return {{"timeline", timeline_to_json(*t)}, {"runs", runs}};
+}
+
+void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
+                    std::vector<double>& runs, const std::string& source) {
+  if (!j.contains(key) || j[key].is_null()) return;
+  const Json& m = j[key];
+  if (!m.is_object() || !m.contains("timeline"))
+    bad(source, std::string("'") + key + "' lacks a timeline");
+  t = timeline_from_json(m["timeline"], source + " " + key);
+  runs.clear();
+  if (m.contains("runs") && m["runs"].is_array())
+    for (const auto& v : m["runs"])
+      if (v.is_number()) runs.push_back(v.get<double>());
+}
+
+}  // namespace
+
+std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
+                          const std::optional<KernelMeasurement>& kernel) {
+  Json j = {{"ok", true},
+            {"kind", "roofline"},
+            {"ceilings", ceilings_to_json(c)},
+            {"placement", placement ? placement_to_json(*placement) : Json(nullptr)},
+            {"kernel", nullptr}};
+  if (kernel)
+    j["kernel"] = {{"name", kernel->name},           {"description", kernel->description},
+                   {"intensity", kernel->intensity}, {"achieved_gflops", kernel->achieved_gflops},
+                   {"seconds", kernel->seconds},     {"flops", kernel->flops},
+                   {"bytes", kernel->bytes}};
+  return j.dump(2);
+}
+
+void load_roofline_json(const std::string& text, TransientReport& r, const std::string& source) {
+  const Json j = parse(text, source);
+  reject_error_document(j, source);
+  if (!j.is_object() || string(j, "kind") != "roofline" || !j.contains("ceilings"))
+    bad(source, "not a roofline document (expected the output of `gpuckpt roofline --json`)");
+  r.ceilings = ceilings_from_json(j["ceilings"], source);
+  r.workload.reset();
+  if (j.contains("placement") && !j["placement"].is_null())
+    r.workload = placement_from_json(j["placement"], source);
+}
+
+const Timeline& median_run(const std::vector<Timeline>& runs) {
+  if (runs.empty()) throw Error(Errc::kInternal, "median_run: no runs");
+  std::vector<const Timeline*> sorted;
+  for (const auto& t : runs) sorted.push_back(&t);
+  std::stable_sort(sorted.begin(), sorted.end(), [](const Timeline* a, const Timeline* b) {
+    return a->total_seconds() < b->total_seconds();
+  });
+  return *sorted[(sorted.size() - 1) / 2];
+}
+
+std::string bench_json(const std::string& kind, const std::vector<Timeline>& runs,
+                       const std::string& extra_json) {
+  if (runs.empty()) throw Error(Errc::kInternal, "bench_json: no runs");
+  std::vector<double> totals;
+  Json all = Json::array();
+  for (const auto& t : runs) {
+    totals.push_back(t.total_seconds());
+    all.push_back(timeline_to_json(t));
+  }
+  std::vector<double> sorted = totals;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  Json j = {{"ok", true},
+            {"kind", kind},
+            {"timeline", timeline_to_json(median_run(runs))},
+            {"runs", all},
+            {"summary",
+             {{"runs", n},
+              {"min_seconds", sorted.front()},
+              {"median_seconds", median},
+              {"max_seconds", sorted.back()}}}};
+  const Json extra = Json::parse(extra_json);
+  for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
+  return j.dump(2);
+}
+
+std::string load_bench_json(const std::string& text, TransientReport& r,
+                            const std::string& expected_kind, const std::string& source) {
+  const Json j = parse(text, source);
+  reject_error_document(j, source);
+  if (!j.is_object()) bad(source, "not a JSON object");
+  const std::string kind = string(j, "kind");
+  if (kind != "coldstart" && kind != "restore" && kind != "migrate")
+    bad(source,
+        "not a benchmark document (expected 'kind' coldstart, restore or migrate; "
+        "the output of `gpuckpt bench ... --json`)");
+  if (!expected_kind.empty() && kind != expected_kind)
+    bad(source, "is a '" + kind + "' benchmark, expected '" + expected_kind + "'");
+  if (!j.contains("timeline")) bad(source, "missing 'timeline'");
+  Timeline t = timeline_from_json(j["timeline"], source);
+  std::vector<double> totals;
+  if (j.contains("runs") && j["runs"].is_array())
+    for (const auto& run : j["runs"])
+      totals.push_back(timeline_from_json(run, source).total_seconds());
+  if (totals.empty()) totals.push_back(t.total_seconds());
+  if (kind == "coldstart") {
+    r.cold_start = std::move(t);
+    r.cold_start_runs = std::move(totals);
+  } else if (kind == "restore") {
+    r.restore = std::move(t);
+    r.restore_runs = std::move(totals);
+  } else {
+    r.migration = std::move(t);
+    r.migration_runs = std::move(totals);
+  }
+  return kind;
+}
+
+std::string render_json(const TransientReport& r) {
+  const auto speedup = restore_speedup(r);
+  Json j = {{"ok", true},
+            {"kind", "transient_report"},
+            {"ceilings", r.ceilings.target.empty() ? Json(nullptr) : ceilings_to_json(r.ceilings)},
+            {"workload", r.workload ? placement_to_json(*r.workload) : Json(nullptr)},
+            {"cold_start", runs_json(r.cold_start, r.cold_start_runs)},
+            {"restore", runs_json(r.restore, r.restore_runs)},
+            {"migration", runs_json(r.migration, r.migration_runs)},
+            {"restore_speedup", speedup ? Json(*speedup) : Json(nullptr)}};
+  return j.dump(2);
+}
+
+TransientReport parse_report_json(const std::string& text, const std::string& source) {
+  const Json j = parse(text, source);
+  reject_error_document(j, source);
+  if (!j.is_object() || string(j, "kind") != "transient_report")
+    bad(source, "not a transient report (expected the output of `gpuckpt report --json`)");
+  TransientReport r;
+  if (j.contains("ceilings") && !j["ceilings"].is_null())
+    r.ceilings = ceilings_from_json(j["ceilings"], source);
+  if (j.contains("workload") && !j["workload"].is_null())
+    r.workload = placement_from_json(j["workload"], source);
+  runs_from_json(j, "cold_start", r.cold_start, r.cold_start_runs, source);
+  runs_from_json(j, "restore", r.restore, r.restore_runs, source);
+  runs_from_json(j, "migration", r.migration, r.migration_runs, source);
+  return r;
+}
+
+}  // namespace gpuckpt

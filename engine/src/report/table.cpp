@@ -1,0 +1,96 @@
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "gpuckpt/report.h"
+#include "report/format.h"
+
+namespace gpuckpt {
+
+using namespace report;
+
+std::optional<double> restore_speedup(const TransientReport& r) {
+  if (!r.cold_start || !r.restore) return std::nullopt;
+  const double c = r.cold_start->total_seconds(), s = r.restore->total_seconds();
+  if (!(c > 0) || !(s > 0)) return std::nullopt;
+  return c / s;
+}
+
+namespace {
+
+std::string pad(const std::string& s, size_t w) {
+  return s.size() >= w ? s : s + std::string(w - s.size(), ' ');
+}
+std::string lpad(const std::string& s, size_t w) {
+  return s.size() >= w ? s : std::string(w - s.size(), ' ') + s;
+}
+
+void transient(std::ostringstream& o, const char* title, const std::optional<Timeline>& t,
+               const std::vector<double>& runs) {
+  if (!t) {
+    o << title << ": not measured\n";
+    return;
+  }
+  o << pad(std::string(title) + ":", 46) << lpad(fmt_seconds(t->total_seconds()), 10);
+  if (runs.size() > 1) {
+    std::vector<double> s = runs;
+    std::sort(s.begin(), s.end());
+    o << "  (median run of " << s.size() << "; min " << fmt_seconds(s.front()) << ", max "
+      << fmt_seconds(s.back()) << ")";
+  }
+  o << "\n";
+  for (const auto& st : t->stages()) {
+    o << "  " << pad(st.name, 24) << lpad(fmt_seconds(st.seconds), 10) << "  at "
+      << lpad(fmt_seconds(st.start_offset), 9);
+    if (st.bytes) {
+      char b[64];
+      std::snprintf(b, sizeof b, "  %.1f MiB", static_cast<double>(st.bytes) / (1 << 20));
+      o << b;
+      if (st.seconds > 0) o << "  " << fmt_gbps(st.gbps());
+    }
+    o << "\n";
+  }
+}
+
+}  // namespace
+
+std::string render_table(const TransientReport& r) {
+  std::ostringstream o;
+  const Ceilings& c = r.ceilings;
+  if (c.target.empty()) {
+    o << "roofline: not measured\n";
+  } else {
+    o << "roofline (" << c.target << "): " << c.device_name << "\n";
+    o << "  " << pad("memory bandwidth", 22) << fmt_gbps(c.bandwidth_gbps) << "\n";
+    o << "  " << pad("FP32 peak", 22) << fmt_gflops(c.fp32_gflops) << "\n";
+    if (c.tensor_gflops)
+      o << "  " << pad("tensor peak", 22) << fmt_gflops(*c.tensor_gflops) << "\n";
+    o << "  " << pad("ridge point", 22) << fmt_intensity(c.ridge_point()) << "\n";
+    if (!c.method.empty()) o << "  " << pad("measured", 22) << c.method << "\n";
+    if (!c.note.empty()) o << "  " << pad("note", 22) << c.note << "\n";
+  }
+  if (r.workload) {
+    const auto& w = *r.workload;
+    o << "  " << pad(w.label.empty() ? "workload" : w.label, 22) << fmt_intensity(w.intensity)
+      << ": " << (w.memory_bound ? "memory-bound" : "compute-bound") << ", attainable "
+      << fmt_gflops(w.attainable_gflops);
+    if (w.achieved_gflops) {
+      o << ", achieved " << fmt_gflops(*w.achieved_gflops);
+      if (w.attainable_gflops > 0) {
+        char b[32];
+        std::snprintf(b, sizeof b, " (%.0f%% of attainable)",
+                      100 * *w.achieved_gflops / w.attainable_gflops);
+        o << b;
+      }
+    }
+    o << "\n";
+  }
+  o << "\n";
+  transient(o, "cold start (decision -> first token)", r.cold_start, r.cold_start_runs);
+  transient(o, "restore (interruption -> serving)", r.restore, r.restore_runs);
+  transient(o, "migration (decision -> answering elsewhere)", r.migration, r.migration_runs);
+  if (const auto s = restore_speedup(r)) o << "\n" << speedup_sentence(*s) << "\n";
+  return o.str();
+}
+
+}  // namespace gpuckpt

@@ -1,0 +1,19 @@
+// What the roofline needs to know about this host's CPUs, read from /proc and /sys.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gpuckpt {
+
+// "model name" from /proc/cpuinfo (x86), else another identifying field, else "unknown CPU".
+std::string cpu_model_name();
+// CPUs this process may run on (sched_getaffinity), in ascending order.
+std::vector<int> allowed_cpus();
+// Total last-level cache in bytes over all its instances (0 if sysfs does not say).
+std::uint64_t last_level_cache_bytes();
+// MemAvailable from /proc/meminfo in bytes (0 if unknown).
+std::uint64_t mem_available_bytes();
+
+}  // namespace gpuckpt
