@@ -1,9 +1,242 @@
-// TODO(owner): process commands.
+// `gpuckpt dump | restore | migrate`: whole-process checkpoint/restore (docs/PROCESS.md).
+#include <cstdio>
+#include <memory>
+
 #include "commands.h"
 
 namespace gpuckpt::cli {
-void add_process_commands(CLI::App& app, Context& ctx) {
-  (void)app;
-  (void)ctx;
+
+namespace {
+
+// CRIU options every process command shares.
+struct CriuFlags {
+  std::string binary;
+  std::vector<std::string> extra;
+  int timeout_s = 1800;
+  bool no_check = false;
+
+  void add(CLI::App* c) {
+    c->add_option("--criu", binary,
+                  "criu binary (default: $GPUCKPT_CRIU, else the install prefix)");
+    c->add_option(
+         "--criu-opt", extra,
+         "Extra argument passed verbatim to criu (repeatable), e.g. --criu-opt=--tcp-established")
+        ->allow_extra_args(false);
+    c->add_option("--criu-timeout", timeout_s, "Kill criu if a run takes longer (seconds)")
+        ->check(CLI::PositiveNumber);
+    c->add_flag("--no-criu-check", no_check, "Skip the `criu check` preflight");
+  }
+  CriuSettings settings() const {
+    CriuSettings s;
+    s.binary = binary;
+    s.extra_args = extra;
+    s.timeout = std::chrono::seconds(timeout_s);
+    s.check = !no_check;
+    return s;
+  }
+};
+
+struct ProbeFlags {
+  std::string spec, request;
+  double timeout_s = 60;
+
+  void add(CLI::App* c) {
+    c->add_option("--probe", spec,
+                  "Readiness probe timed as first_answer: unix:PATH, tcp:HOST:PORT");
+    c->add_option("--request", request, "Line sent by the probe after connecting (e.g. PING)");
+    c->add_option("--probe-timeout", timeout_s, "Seconds to wait for the first answer")
+        ->check(CLI::PositiveNumber);
+  }
+  ReadinessProbe probe() const {
+    ReadinessProbe p;
+    if (spec.empty()) {
+      if (!request.empty()) throw Error(Errc::kUsage, "--request needs --probe");
+      return p;
+    }
+    p = parse_probe(spec);
+    if (!request.empty()) p.request = request;
+    p.timeout = std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
+    return p;
+  }
+};
+
+void print_header(const char* fmt, auto... args) {
+  std::printf(fmt, args...);
+  std::printf("\n");
 }
+
+}  // namespace
+
+void add_process_commands(CLI::App& app, Context& ctx) {
+  // ---- dump ---------------------------------------------------------------------------------
+  {
+    auto* c = app.add_subcommand("dump", "Checkpoint a live process (CUDA state included) to CKPT");
+    struct Opts {
+      int pid = 0;
+      std::string output, staging = "/dev/shm";
+      bool leave_running = false, force = false;
+      int level = 1;
+      int lock_timeout_ms = 10000;
+      CriuFlags criu;
+    };
+    auto o = std::make_shared<Opts>();
+    c->add_option("--pid", o->pid, "Process to checkpoint")->required()->check(CLI::PositiveNumber);
+    c->add_option("-o,--output", o->output, "Checkpoint to write")->required();
+    c->add_flag("--leave-running", o->leave_running,
+                "Snapshot: the process continues after the dump (default: it ends once the "
+                "checkpoint is written)");
+    c->add_flag("--force", o->force, "Replace an existing checkpoint");
+    c->add_option("--staging", o->staging, "Where CRIU writes its images first (tmpfs)");
+    c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+    c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
+        ->check(CLI::PositiveNumber);
+    o->criu.add(c);
+    c->callback([o, &ctx] {
+      DumpOptions d;
+      d.pid = o->pid;
+      d.output = o->output;
+      d.leave_running = o->leave_running;
+      d.staging_root = o->staging;
+      d.pack.zstd_level = o->level;
+      d.pack.force = o->force;
+      d.pack.progress = ctx.progress();
+      d.lock_timeout = std::chrono::milliseconds(o->lock_timeout_ms);
+      d.criu = o->criu.settings();
+      const DumpResult r = dump(d);
+      ctx.progress_done();
+      if (ctx.json) {
+        ctx.emit({{"ok", true},
+                  {"pid", d.pid},
+                  {"comm", r.comm},
+                  {"checkpoint", d.output},
+                  {"leave_running", d.leave_running},
+                  {"image_bytes", r.image_bytes},
+                  {"checkpoint_bytes", r.checkpoint_bytes},
+                  {"gpu", r.gpu},
+                  {"gpu_uuids", r.gpu_uuids},
+                  {"criu_version", r.criu_version},
+                  {"timeline", to_json(r.timeline)}});
+        return;
+      }
+      print_header("dumped pid %d (%s) to %s: %s of CRIU images, %s on storage%s%s", d.pid,
+                   r.comm.c_str(), d.output.c_str(), human_bytes(r.image_bytes).c_str(),
+                   human_bytes(r.checkpoint_bytes).c_str(), r.gpu ? ", with CUDA state" : "",
+                   d.leave_running ? "; the process continues" : "; the process has ended");
+      print_stages(r.timeline);
+    });
+  }
+
+  // ---- restore ------------------------------------------------------------------------------
+  {
+    auto* c =
+        app.add_subcommand("restore", "Restore a process from CKPT (optionally onto other GPUs)");
+    struct Opts {
+      std::string checkpoint, gpu_map, staging = "/dev/shm";
+      bool new_pidns = false;
+      ProbeFlags probe;
+      CriuFlags criu;
+    };
+    auto o = std::make_shared<Opts>();
+    c->add_option("checkpoint", o->checkpoint, "Checkpoint made by gpuckpt dump")->required();
+    c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
+    c->add_option("--staging", o->staging, "Where the images are unpacked for CRIU (tmpfs)");
+    c->add_flag("--new-pidns", o->new_pidns,
+                "Restore into a new pid namespace (the checkpointed pid may be in use here)");
+    o->probe.add(c);
+    o->criu.add(c);
+    c->callback([o, &ctx] {
+      RestoreOptions r;
+      r.checkpoint = o->checkpoint;
+      if (!o->gpu_map.empty()) r.gpu_map = parse_gpu_map(o->gpu_map);
+      r.staging_root = o->staging;
+      r.unpack.progress = ctx.progress();
+      r.probe = o->probe.probe();
+      r.new_pid_ns = o->new_pidns;
+      r.criu = o->criu.settings();
+      const RestoreResult res = restore(r);
+      ctx.progress_done();
+      if (ctx.json) {
+        nlohmann::json j{{"ok", true},
+                         {"pid", res.pid},
+                         {"ns_pid", res.ns_pid},
+                         {"gpu", res.gpu},
+                         {"timeline", to_json(res.timeline)}};
+        if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
+        if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
+        ctx.emit(j);
+        return;
+      }
+      print_header(
+          "restored %s as pid %d%s%s", r.checkpoint.c_str(), res.pid,
+          res.pidns_init > 0
+              ? (" (pid " + std::to_string(res.ns_pid) + " in its own pid namespace)").c_str()
+              : "",
+          res.gpu ? ", with CUDA state" : "");
+      if (r.probe.kind != ReadinessProbe::Kind::kNone)
+        print_header("first answer: %s", res.first_answer.c_str());
+      print_stages(res.timeline);
+    });
+  }
+
+  // ---- migrate ------------------------------------------------------------------------------
+  {
+    auto* c = app.add_subcommand(
+        "migrate",
+        "Move a process through a checkpoint in DIR; the old one ends only after the "
+        "new one answers, and is resumed if anything fails");
+    struct Opts {
+      int pid = 0;
+      std::string to, gpu_map, staging = "/dev/shm";
+      bool keep = false;
+      int level = 1;
+      int lock_timeout_ms = 10000;
+      ProbeFlags probe;
+      CriuFlags criu;
+    };
+    auto o = std::make_shared<Opts>();
+    c->add_option("--pid", o->pid, "Process to migrate")->required()->check(CLI::PositiveNumber);
+    c->add_option("--to", o->to, "Directory the checkpoint is written to and restored from")
+        ->required();
+    c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
+    c->add_flag("--keep-checkpoint", o->keep, "Keep the checkpoint after a successful migration");
+    c->add_option("--staging", o->staging, "tmpfs staging directory for CRIU's images");
+    c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+    c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
+        ->check(CLI::PositiveNumber);
+    o->probe.add(c);
+    o->criu.add(c);
+    c->callback([o, &ctx] {
+      MigrateOptions m;
+      m.pid = o->pid;
+      m.to_dir = o->to;
+      if (!o->gpu_map.empty()) m.gpu_map = parse_gpu_map(o->gpu_map);
+      m.probe = o->probe.probe();
+      m.keep_checkpoint = o->keep;
+      m.staging_root = o->staging;
+      m.pack.zstd_level = o->level;
+      m.pack.progress = ctx.progress();
+      m.lock_timeout = std::chrono::milliseconds(o->lock_timeout_ms);
+      m.criu = o->criu.settings();
+      const MigrateResult res = migrate(m);
+      ctx.progress_done();
+      if (ctx.json) {
+        nlohmann::json j{{"ok", true},
+                         {"pid", res.new_pid},
+                         {"old_pid", res.old_pid},
+                         {"timeline", to_json(res.timeline)}};
+        if (o->keep) j["checkpoint"] = res.checkpoint;
+        if (m.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
+        ctx.emit(j);
+        return;
+      }
+      print_header(
+          "migrated pid %d -> pid %d%s", res.old_pid, res.new_pid,
+          o->keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
+      if (m.probe.kind != ReadinessProbe::Kind::kNone)
+        print_header("first answer: %s", res.first_answer.c_str());
+      print_stages(res.timeline);
+    });
+  }
+}
+
 }  // namespace gpuckpt::cli

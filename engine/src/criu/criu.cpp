@@ -1,0 +1,253 @@
+#include "criu/criu.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <ctime>
+#include <deque>
+#include <fstream>
+#include <sstream>
+
+#include "gpuckpt/error.h"
+#include "util/fs.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt::criu {
+
+namespace {
+
+const char* env_or_null(const char* name) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : nullptr;
+}
+
+fs::path find_plugin_dir() {
+  if (const char* d = env_or_null("GPUCKPT_CRIU_PLUGIN_DIR")) return d;
+  const fs::path candidates[] = {
+      self_exe_dir() / ".." / "lib" / "gpuckpt" / "criu",
+      fs::path(GPUCKPT_INSTALL_LIB_DIR) / "criu",
+  };
+  for (const auto& c : candidates) {
+    std::error_code ec;
+    if (fs::exists(c / kPluginFile, ec)) return fs::weakly_canonical(c, ec);
+  }
+  return {};
+}
+
+std::string tail_of(const fs::path& file, std::size_t max_lines) {
+  std::ifstream in(file);
+  std::deque<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    last.push_back(line);
+    if (last.size() > max_lines) last.pop_front();
+  }
+  std::string out;
+  for (const auto& l : last) out += "  " + l + "\n";
+  return out;
+}
+
+// Runs argv with stdout and stderr appended to `out_file`, killing it past `timeout`.
+ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_file,
+                      const std::vector<std::string>& env, std::chrono::seconds timeout,
+                      const std::string& what) {
+  SpawnOptions so;
+  so.env = env;
+  so.stdout_file = out_file;
+  so.stderr_file = out_file;
+  Child c = spawn(argv, so);
+  if (auto st = c.wait_for(timeout)) return *st;
+  // CRIU has no clean cancel: SIGTERM first so that it can detach from the tasks if it is
+  // between stages, then SIGKILL. A task killed mid-dump is resumed by the kernel when its
+  // tracer dies; see docs/PROCESS.md ("timeouts").
+  c.kill(SIGTERM);
+  if (!c.wait_for(std::chrono::seconds(5))) {
+    c.kill(SIGKILL);
+    c.wait();
+  }
+  throw Error(Errc::kTimeout, what + " did not finish within " + std::to_string(timeout.count()) +
+                                  " s and was killed");
+}
+
+}  // namespace
+
+Installation locate(const fs::path& override_binary) {
+  Installation inst;
+  if (!override_binary.empty())
+    inst.binary = override_binary;
+  else if (const char* e = env_or_null("GPUCKPT_CRIU"))
+    inst.binary = e;
+  else
+    inst.binary = fs::path(GPUCKPT_CRIU_PREFIX) / "bin" / "criu";
+  if (::access(inst.binary.c_str(), X_OK) != 0) {
+    throw Error(Errc::kCriu, "CRIU not found at " + inst.binary.string() +
+                                 "; run scripts/install-criu.sh (or set GPUCKPT_CRIU to a criu "
+                                 "binary)");
+  }
+  inst.plugin_dir = find_plugin_dir();
+  return inst;
+}
+
+std::string version(const Installation& inst) {
+  RunResult r;
+  try {
+    r = run_capture({inst.binary.string(), "--version"}, std::chrono::seconds(30));
+  } catch (const Error& e) {
+    throw Error(Errc::kCriu, "cannot run " + inst.binary.string() + ": " + e.what());
+  }
+  if (!r.status.ok())
+    throw Error(Errc::kCriu, inst.binary.string() + " --version failed (" + r.status.describe() +
+                                 "):\n" + r.output);
+  std::istringstream in(r.output);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("Version:", 0) == 0) {
+      auto v = line.substr(8);
+      v.erase(0, v.find_first_not_of(" \t"));
+      return v;
+    }
+  }
+  throw Error(Errc::kCriu,
+              "unexpected output of " + inst.binary.string() + " --version: " + r.output);
+}
+
+void check(const Installation& inst, std::chrono::seconds timeout) {
+  TempDir tmp(fs::temp_directory_path(), "gpuckpt-criu-check");
+  const fs::path out = tmp.path() / "check.out";
+  const ExitStatus st = run_logged({inst.binary.string(), "check"}, out, {}, timeout, "criu check");
+  if (!st.ok()) {
+    throw Error(Errc::kCriu, "criu check failed (" + st.describe() +
+                                 "): this kernel or CRIU "
+                                 "installation cannot checkpoint processes:\n" +
+                                 tail_of(out, 12) + "See docs/CRIU.md.");
+  }
+}
+
+std::vector<std::string> dump_argv(const Installation& inst, const DumpArgs& a,
+                                   const fs::path& log) {
+  std::vector<std::string> v{inst.binary.string(),
+                             "dump",
+                             "-t",
+                             std::to_string(a.pid),
+                             "-D",
+                             a.images_dir.string(),
+                             "-v4",
+                             "-o",
+                             log.string(),
+                             "--timeout",
+                             std::to_string(a.freeze_timeout.count())};
+  if (a.shell_job) v.push_back("--shell-job");
+  if (a.final_state == FinalState::kRunning) v.push_back("--leave-running");
+  if (a.final_state == FinalState::kStopped) v.push_back("--leave-stopped");
+  if (!inst.plugin_dir.empty()) v.insert(v.end(), {"--libdir", inst.plugin_dir.string()});
+  v.insert(v.end(), a.extra_args.begin(), a.extra_args.end());
+  return v;
+}
+
+std::vector<std::string> restore_argv(const Installation& inst, const RestoreArgs& a,
+                                      const fs::path& log) {
+  std::vector<std::string> v{inst.binary.string(),
+                             "restore",
+                             "-D",
+                             a.images_dir.string(),
+                             "-d",  // detach: criu exits once the tree runs
+                             "--pidfile",
+                             a.pidfile.string(),
+                             "-v4",
+                             "-o",
+                             log.string()};
+  if (a.shell_job) v.push_back("--shell-job");
+  if (!inst.plugin_dir.empty()) v.insert(v.end(), {"--libdir", inst.plugin_dir.string()});
+  v.insert(v.end(), a.extra_args.begin(), a.extra_args.end());
+  return v;
+}
+
+std::string log_excerpt(const fs::path& log, std::size_t max_lines) {
+  std::ifstream in(log);
+  if (!in) return "  (no log at " + log.string() + ")\n";
+  std::deque<std::string> errors;
+  for (std::string line; std::getline(in, line);) {
+    // CRIU's log lines look like "(00.012345) Error (criu/cr-dump.c:2088): ...".
+    // CRIU logs a harmless "Can't setup RLIMIT_NOFILE" error on every run here: not a cause.
+    if ((line.find("Error") != std::string::npos || line.find("FAIL") != std::string::npos) &&
+        line.find("RLIMIT_NOFILE") == std::string::npos) {
+      errors.push_back(line);
+      if (errors.size() > max_lines) errors.pop_front();
+    }
+  }
+  if (errors.empty()) return tail_of(log, max_lines);
+  std::string out;
+  for (const auto& l : errors) out += "  " + l + "\n";
+  return out;
+}
+
+fs::path preserve_log(const fs::path& log, const std::string& tag) {
+  const char* t = std::getenv("TMPDIR");
+  const fs::path dir = t && *t ? t : "/tmp";
+  const fs::path copy = dir / ("gpuckpt-" + tag + "-" + std::to_string(::time(nullptr)) + "-" +
+                               std::to_string(::getpid()) + ".log");
+  std::error_code ec;
+  fs::copy_file(log, copy, fs::copy_options::overwrite_existing, ec);
+  return ec ? log : copy;
+}
+
+void check_exit(const std::string& what, const ExitStatus& st, const fs::path& log) {
+  if (st.ok()) return;
+  throw Error(Errc::kCriu, what + " failed (" + st.describe() + "):\n" + log_excerpt(log) +
+                               "full log: " + log.string());
+}
+
+namespace {
+
+Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs::path& log,
+           const std::vector<std::string>& env, std::chrono::seconds timeout) {
+  Run r{argv, log, {}, {}};
+  const fs::path out = log.parent_path() / ("criu-" + op + ".out");
+  r.start = std::chrono::steady_clock::now();
+  ExitStatus st;
+  try {
+    st = run_logged(argv, out, env, timeout, "criu " + op);
+  } catch (const Error& e) {
+    if (e.code() != Errc::kTimeout) throw;
+    const fs::path kept = preserve_log(log, "criu-" + op);
+    throw Error(Errc::kTimeout,
+                std::string(e.what()) + ":\n" + log_excerpt(kept) + "full log: " + kept.string());
+  }
+  r.end = std::chrono::steady_clock::now();
+  if (!st.ok()) {
+    const fs::path kept = preserve_log(log, "criu-" + op);
+    std::string msg = "criu " + op + " failed (" + st.describe() + "):\n" + log_excerpt(kept);
+    std::error_code ec;
+    if (fs::file_size(out, ec) > 0 && !ec) msg += "criu output:\n" + tail_of(out, 5);
+    throw Error(Errc::kCriu, msg + "full log: " + kept.string());
+  }
+  return r;
+}
+
+}  // namespace
+
+Run dump(const Installation& inst, const DumpArgs& a) {
+  const fs::path log = a.images_dir / "dump.log";
+  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout);
+}
+
+Run restore(const Installation& inst, const RestoreArgs& a) {
+  // The log goes beside the pidfile, outside the images (which CRIU only reads).
+  const fs::path log = a.pidfile.parent_path() / "restore.log";
+  return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout);
+}
+
+bool needs_shell_job(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  const auto close = s.rfind(')');  // comm may contain spaces and parentheses
+  if (close == std::string::npos) return false;
+  std::istringstream f(s.substr(close + 2));
+  char state;
+  long ppid, pgrp, session, tty_nr;
+  if (!(f >> state >> ppid >> pgrp >> session >> tty_nr)) return false;
+  return session != pid || pgrp != pid || tty_nr != 0;
+}
+
+}  // namespace gpuckpt::criu

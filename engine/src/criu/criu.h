@@ -1,0 +1,98 @@
+// Running the CRIU binary: locating it (and gpuckpt's CRIU plugin), the preflight check, and
+// `criu dump` / `criu restore` with a bounded run time, the log kept, and a failure turned into
+// Error(kCriu) that quotes the log's error lines. Which options are passed, and why: docs/CRIU.md
+// and docs/PROCESS.md.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "util/subprocess.h"
+
+namespace gpuckpt::criu {
+
+// File name of gpuckpt's CRIU plugin inside its plugin directory (criu --libdir).
+inline constexpr const char* kPluginFile = "gpuckpt_criu_plugin.so";
+
+struct Installation {
+  std::filesystem::path binary;      // criu (the prefix's wrapper script)
+  std::filesystem::path plugin_dir;  // directory holding kPluginFile; empty if none was found
+};
+
+// Resolves the CRIU binary: `override_binary` if given, else $GPUCKPT_CRIU, else
+// GPUCKPT_CRIU_PREFIX/bin/criu. The plugin directory: $GPUCKPT_CRIU_PLUGIN_DIR, else
+// <exe dir>/../lib/gpuckpt/criu (build and install trees), else the install prefix's. Does not
+// run anything; throws Error(kCriu) "CRIU not found at ...; run scripts/install-criu.sh" when
+// the binary is missing.
+Installation locate(const std::filesystem::path& override_binary = {});
+
+// `criu --version` -> "4.1.1". Throws Error(kCriu) if it does not run.
+std::string version(const Installation& inst);
+
+// `criu check`: throws Error(kCriu) with CRIU's own explanation when the kernel or the
+// installation cannot checkpoint.
+void check(const Installation& inst, std::chrono::seconds timeout = std::chrono::seconds(60));
+
+// What happens to the dumped tree after `criu dump`.
+enum class FinalState { kKilled, kRunning, kStopped };
+
+struct DumpArgs {
+  pid_t pid = 0;
+  std::filesystem::path images_dir;  // must exist; CRIU writes its images here
+  FinalState final_state = FinalState::kStopped;
+  bool shell_job = false;               // the task's session/tty are outside the dumped tree
+  std::vector<std::string> extra_args;  // passed through verbatim (e.g. --tcp-established)
+  std::vector<std::string> env;         // "KEY=VALUE" for criu and the plugin inside it
+  std::chrono::seconds timeout{1800};
+  std::chrono::seconds freeze_timeout{10};  // criu --timeout: bounds the freezing stage
+};
+
+struct RestoreArgs {
+  std::filesystem::path images_dir;
+  std::filesystem::path pidfile;  // criu writes the restored root task's pid here
+  bool shell_job = false;
+  std::vector<std::string> extra_args;
+  std::vector<std::string> env;
+  std::chrono::seconds timeout{1800};
+};
+
+// Argument vectors, exposed so that a restore can be launched from inside another pid
+// namespace (process/pidns.h) with exactly the same options.
+std::vector<std::string> dump_argv(const Installation& inst, const DumpArgs& a,
+                                   const std::filesystem::path& log);
+std::vector<std::string> restore_argv(const Installation& inst, const RestoreArgs& a,
+                                      const std::filesystem::path& log);
+
+struct Run {
+  std::vector<std::string> argv;
+  std::filesystem::path log;  // CRIU's -v4 log
+  std::chrono::steady_clock::time_point start, end;
+  double seconds() const { return std::chrono::duration<double>(end - start).count(); }
+};
+
+// Run criu; on a non-zero exit or a timeout, throws Error(kCriu / kTimeout) whose message has
+// the log's last error lines. The log is written to images_dir/{dump,restore}.log; on failure
+// it is first copied to $TMPDIR (the images dir is usually a temporary staging directory) and
+// the message names that copy.
+Run dump(const Installation& inst, const DumpArgs& a);
+Run restore(const Installation& inst, const RestoreArgs& a);
+
+// Turns a finished criu run into success or the Error described above. `what` = "criu dump".
+void check_exit(const std::string& what, const ExitStatus& st, const std::filesystem::path& log);
+
+// The log's error lines (at most `max_lines`, the last ones), or its last lines if it has none.
+std::string log_excerpt(const std::filesystem::path& log, std::size_t max_lines = 8);
+
+// Copies a log out of a directory that is about to be removed; returns the copy's path (or the
+// original path if copying failed).
+std::filesystem::path preserve_log(const std::filesystem::path& log, const std::string& tag);
+
+// Whether the pid's session/process group lead is outside a tree rooted at it, or it has a
+// controlling terminal: then CRIU needs --shell-job.
+bool needs_shell_job(pid_t pid);
+
+}  // namespace gpuckpt::criu

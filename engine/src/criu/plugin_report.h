@@ -1,0 +1,64 @@
+// The contract between gpuckpt and its CRIU plugin (criu_plugin/): the environment variables
+// gpuckpt sets for criu (the plugin runs inside criu and inherits them), and the small JSON
+// report the plugin writes, which gpuckpt reads into the dump/restore timeline. Compiled into
+// both the engine and the plugin.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpuckpt::criu {
+
+// Where the plugin writes its report. Unset: "<images dir>/gpuckpt-plugin-<stage>.json".
+inline constexpr const char* kEnvReport = "GPUCKPT_PLUGIN_REPORT";
+// "running" (criu --leave-running), "stopped" (--leave-stopped) or "killed": after a dump the
+// plugin resumes the device only when the task keeps running.
+inline constexpr const char* kEnvFinalState = "GPUCKPT_DUMP_FINAL_STATE";
+// cuCheckpointProcessLock timeout, milliseconds.
+inline constexpr const char* kEnvLockTimeoutMs = "GPUCKPT_LOCK_TIMEOUT_MS";
+// Restore-time GPU remapping, "OLD_UUID=NEW_UUID[,...]" (indices already resolved).
+inline constexpr const char* kEnvGpuMap = "GPUCKPT_GPU_MAP";
+
+inline constexpr const char* kDumpReportName = "gpuckpt-plugin-dump.json";
+inline constexpr const char* kRestoreReportName = "gpuckpt-plugin-restore.json";
+
+struct PluginHook {
+  std::string name;  // device_lock, device_checkpoint, device_resume, device_restore, unlock
+  pid_t pid = 0;
+  std::int64_t start_ns = 0;  // CLOCK_MONOTONIC, comparable with std::chrono::steady_clock
+  std::int64_t end_ns = 0;
+  bool ok = true;
+  bool skipped = false;  // nothing to do (no CUDA state / no checkpoint API): timed only
+  std::string error;
+  double seconds() const { return static_cast<double>(end_ns - start_ns) / 1e9; }
+};
+
+struct PluginReport {
+  int version = 1;
+  std::string stage;           // "dump" or "restore"
+  bool api_available = false;  // CUDA driver with the checkpoint API loaded
+  std::string api_error;       // why not
+  bool cuda = false;           // some dumped/restored task had CUDA state
+  std::vector<pid_t> cuda_pids;
+  std::string gpu_map;  // restore: the map the plugin applied
+  std::vector<PluginHook> hooks;
+  int criu_result = 0;    // ret passed to the plugin's exit hook (0 = success)
+  bool finished = false;  // the exit hook ran
+
+  const PluginHook* find(const std::string& name) const;
+  bool all_ok() const;
+  std::string first_error() const;
+};
+
+std::string to_json_text(const PluginReport& r);
+// Throws Error(kCriu) on malformed JSON.
+PluginReport parse_plugin_report(const std::string& text);
+// nullopt if the file does not exist.
+std::optional<PluginReport> read_plugin_report(const std::filesystem::path& path);
+
+}  // namespace gpuckpt::criu

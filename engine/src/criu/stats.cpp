@@ -1,0 +1,176 @@
+#include "criu/stats.h"
+
+#include <cstring>
+
+#include "gpuckpt/error.h"
+#include "util/fs.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt::criu {
+
+namespace {
+
+constexpr std::uint32_t kImgServiceMagic = 0x55105940;  // head magic of CRIU's service images
+constexpr std::uint32_t kStatsMagic = 0x57093306;
+
+[[noreturn]] void bad(const std::string& why) {
+  throw Error(Errc::kCriu, "malformed CRIU stats image: " + why);
+}
+
+std::uint32_t u32_at(std::string_view s, std::size_t off) {
+  if (off + 4 > s.size()) bad("truncated header");
+  std::uint32_t v;
+  std::memcpy(&v, s.data() + off, 4);  // CRIU writes host byte order (little-endian here)
+  return v;
+}
+
+// Minimal protobuf wire-format reader: varints and length-delimited fields only.
+class Reader {
+ public:
+  explicit Reader(std::string_view s) : s_(s) {}
+  bool done() const { return pos_ >= s_.size(); }
+  std::uint64_t varint() {
+    std::uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= s_.size()) bad("truncated varint");
+      const auto b = static_cast<std::uint8_t>(s_[pos_++]);
+      v |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return v;
+    }
+    bad("overlong varint");
+  }
+  std::string_view bytes() {
+    const auto n = varint();
+    if (n > s_.size() - pos_) bad("truncated field");
+    auto v = s_.substr(pos_, n);
+    pos_ += n;
+    return v;
+  }
+  void skip(unsigned wire_type) {
+    switch (wire_type) {
+      case 0:
+        varint();
+        break;
+      case 1:
+        advance(8);
+        break;
+      case 2:
+        bytes();
+        break;
+      case 5:
+        advance(4);
+        break;
+      default:
+        bad("unsupported wire type " + std::to_string(wire_type));
+    }
+  }
+
+ private:
+  void advance(std::size_t n) {
+    if (n > s_.size() - pos_) bad("truncated field");
+    pos_ += n;
+  }
+  std::string_view s_;
+  std::size_t pos_ = 0;
+};
+
+// Returns the sub-message `field` (1 = dump, 2 = restore) of the image's stats_entry.
+std::string_view entry_field(std::string_view image, unsigned field) {
+  if (u32_at(image, 0) != kImgServiceMagic) bad("not a CRIU service image");
+  if (u32_at(image, 4) != kStatsMagic) bad("not a stats image");
+  const std::uint32_t len = u32_at(image, 8);
+  if (12 + static_cast<std::size_t>(len) > image.size()) bad("truncated entry");
+  Reader r(image.substr(12, len));
+  while (!r.done()) {
+    const auto key = r.varint();
+    if ((key >> 3) == field && (key & 7) == 2) return r.bytes();
+    r.skip(key & 7);
+  }
+  bad(field == 1 ? "no dump entry" : "no restore entry");
+}
+
+std::optional<std::string> read_if_exists(const fs::path& p) {
+  std::error_code ec;
+  if (!fs::exists(p, ec)) return std::nullopt;
+  return read_file(p);
+}
+
+}  // namespace
+
+DumpStats decode_dump_stats(std::string_view image) {
+  DumpStats s;
+  Reader r(entry_field(image, 1));
+  while (!r.done()) {
+    const auto key = r.varint();
+    if ((key & 7) != 0) {
+      r.skip(key & 7);
+      continue;
+    }
+    const auto v = r.varint();
+    switch (key >> 3) {
+      case 1:
+        s.freezing_us = static_cast<std::uint32_t>(v);
+        break;
+      case 2:
+        s.frozen_us = static_cast<std::uint32_t>(v);
+        break;
+      case 3:
+        s.memdump_us = static_cast<std::uint32_t>(v);
+        break;
+      case 4:
+        s.memwrite_us = static_cast<std::uint32_t>(v);
+        break;
+      case 5:
+        s.pages_scanned = v;
+        break;
+      case 7:
+        s.pages_written = v;
+        break;
+      default:
+        break;
+    }
+  }
+  return s;
+}
+
+RestoreStats decode_restore_stats(std::string_view image) {
+  RestoreStats s;
+  Reader r(entry_field(image, 2));
+  while (!r.done()) {
+    const auto key = r.varint();
+    if ((key & 7) != 0) {
+      r.skip(key & 7);
+      continue;
+    }
+    const auto v = r.varint();
+    switch (key >> 3) {
+      case 3:
+        s.forking_us = static_cast<std::uint32_t>(v);
+        break;
+      case 4:
+        s.restore_us = static_cast<std::uint32_t>(v);
+        break;
+      case 5:
+        s.pages_restored = v;
+        break;
+      default:
+        break;
+    }
+  }
+  return s;
+}
+
+std::optional<DumpStats> read_dump_stats(const fs::path& images_dir) {
+  auto data = read_if_exists(images_dir / "stats-dump");
+  if (!data) return std::nullopt;
+  return decode_dump_stats(*data);
+}
+
+std::optional<RestoreStats> read_restore_stats(const fs::path& images_dir) {
+  auto data = read_if_exists(images_dir / "stats-restore");
+  if (!data) return std::nullopt;
+  return decode_restore_stats(*data);
+}
+
+}  // namespace gpuckpt::criu

@@ -1,0 +1,36 @@
+// CRIU's own stage timings: the `stats-dump` / `stats-restore` images it writes at the end of a
+// successful dump/restore. They are small protobuf messages (images/stats.proto); we decode the
+// few varint fields we use by hand rather than depend on protobuf or on `crit` (python).
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string_view>
+
+namespace gpuckpt::criu {
+
+struct DumpStats {
+  std::uint32_t freezing_us = 0;  // seizing the tasks (includes the PAUSE_DEVICES hook)
+  std::uint32_t frozen_us = 0;    // from "all frozen" to the end of the dump
+  std::uint32_t memdump_us = 0;   // draining memory through the parasite
+  std::uint32_t memwrite_us = 0;  // writing the page images
+  std::uint64_t pages_scanned = 0;
+  std::uint64_t pages_written = 0;
+};
+
+struct RestoreStats {
+  std::uint32_t forking_us = 0;  // recreating the task tree
+  std::uint32_t restore_us = 0;  // restoring the tasks' state
+  std::uint64_t pages_restored = 0;
+};
+
+// nullopt if the file is absent; throws Error(kCriu) if it is malformed.
+std::optional<DumpStats> read_dump_stats(const std::filesystem::path& images_dir);
+std::optional<RestoreStats> read_restore_stats(const std::filesystem::path& images_dir);
+
+// Exposed for tests: decode the image bytes (magics + one length-prefixed stats_entry).
+DumpStats decode_dump_stats(std::string_view image);
+RestoreStats decode_restore_stats(std::string_view image);
+
+}  // namespace gpuckpt::criu

@@ -1,0 +1,180 @@
+#include "process/proc_info.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt::process {
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+std::string trim(std::string s) {
+  const auto b = s.find_first_not_of(" \t\r\n");
+  if (b == std::string::npos) return {};
+  const auto e = s.find_last_not_of(" \t\r\n");
+  return s.substr(b, e - b + 1);
+}
+
+// Socket inodes the process holds, from its fd links "socket:[12345]".
+std::set<unsigned long> socket_inodes(pid_t pid) {
+  std::set<unsigned long> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code ec2;
+    const auto target = fs::read_symlink(e.path(), ec2).string();
+    if (!ec2 && target.rfind("socket:[", 0) == 0)
+      out.insert(std::stoul(target.substr(8, target.size() - 9)));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<ProcInfo> read_proc(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  const fs::path dir = "/proc/" + std::to_string(pid);
+  const std::string stat = slurp(dir / "stat");
+  if (stat.empty()) return std::nullopt;
+  ProcInfo p;
+  p.pid = pid;
+  const auto open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos) return std::nullopt;
+  p.comm = stat.substr(open + 1, close - open - 1);
+  std::istringstream f(stat.substr(close + 2));
+  f >> p.state >> p.ppid >> p.pgrp >> p.sid >> p.tty_nr;
+  const std::string cmd = slurp(dir / "cmdline");
+  for (std::size_t start = 0; start < cmd.size();) {
+    auto end = cmd.find('\0', start);
+    if (end == std::string::npos) end = cmd.size();
+    p.cmdline.push_back(cmd.substr(start, end - start));
+    start = end + 1;
+  }
+  std::error_code ec;
+  p.exe = fs::read_symlink(dir / "exe", ec).string();
+  return p;
+}
+
+bool alive(pid_t pid) {
+  auto p = read_proc(pid);
+  return p && p->state != 'Z' && p->state != 'X';
+}
+
+bool wait_ended(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto sleep = std::chrono::milliseconds(1);
+  while (alive(pid)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(sleep);
+    sleep = std::min(sleep * 2, std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+std::uint64_t dumpable_memory_bytes(pid_t pid) {
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/status"));
+  std::uint64_t kib = 0;
+  for (std::string line; std::getline(in, line);) {
+    for (const char* key : {"RssAnon:", "RssShmem:", "VmSwap:"}) {
+      if (line.rfind(key, 0) == 0) kib += std::stoull(line.substr(std::strlen(key)));
+    }
+  }
+  return kib * 1024;
+}
+
+std::vector<std::string> nvidia_gpu_uuids(pid_t pid) {
+  // Minor numbers of the per-GPU device files the process has open (not nvidiactl/nvidia-uvm).
+  std::set<int> minors;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code ec2;
+    const auto target = fs::read_symlink(e.path(), ec2).string();
+    if (ec2 || target.rfind("/dev/nvidia", 0) != 0) continue;
+    const auto num = target.substr(11);
+    if (!num.empty() && num.find_first_not_of("0123456789") == std::string::npos)
+      minors.insert(std::stoi(num));
+  }
+  std::vector<std::string> uuids;
+  if (minors.empty()) return uuids;
+  for (const auto& gpu : fs::directory_iterator("/proc/driver/nvidia/gpus", ec)) {
+    std::istringstream info(slurp(gpu.path() / "information"));
+    int minor = -1;
+    std::string uuid;
+    for (std::string line; std::getline(info, line);) {
+      const auto colon = line.find(':');
+      if (colon == std::string::npos) continue;
+      const auto key = trim(line.substr(0, colon)), val = trim(line.substr(colon + 1));
+      if (key == "Device Minor") minor = std::stoi(val);
+      if (key == "GPU UUID") uuid = val;
+    }
+    if (minors.count(minor) && !uuid.empty()) uuids.push_back(uuid);
+  }
+  return uuids;
+}
+
+std::vector<pid_t> pids_with_comm(const std::string& comm) {
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const auto name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = std::stoi(name);
+    if (auto p = read_proc(pid); p && p->comm == comm && p->state != 'Z') out.push_back(pid);
+  }
+  return out;
+}
+
+bool has_tcp_listener(pid_t pid) {
+  const auto inodes = socket_inodes(pid);
+  if (inodes.empty()) return false;
+  for (const char* table : {"tcp", "tcp6"}) {
+    std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/net/" + table));
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      // sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+      std::istringstream f(line);
+      std::string sl, local, remote, st, q, tr, retr, uid, tmo;
+      unsigned long inode = 0;
+      if (!(f >> sl >> local >> remote >> st >> q >> tr >> retr >> uid >> tmo >> inode)) continue;
+      if (st == "0A" && inodes.count(inode)) return true;  // 0A = TCP_LISTEN
+    }
+  }
+  return false;
+}
+
+std::vector<UnixListener> unix_listeners(pid_t pid) {
+  const auto inodes = socket_inodes(pid);
+  std::vector<UnixListener> out;
+  if (inodes.empty()) return out;
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/net/unix"));
+  std::string line;
+  std::getline(in, line);  // Num RefCount Protocol Flags Type St Inode Path
+  while (std::getline(in, line)) {
+    std::istringstream f(line);
+    std::string num, ref, proto, flags, type, st, path;
+    unsigned long inode = 0;
+    if (!(f >> num >> ref >> proto >> flags >> type >> st >> inode)) continue;
+    std::getline(f, path);
+    path = trim(path);
+    constexpr unsigned long kAcceptCon = 0x10000;  // __SO_ACCEPTCON: listening
+    if (path.empty() || !inodes.count(inode) || !(std::stoul(flags, nullptr, 16) & kAcceptCon))
+      continue;
+    out.push_back({path, path[0] == '@'});
+  }
+  return out;
+}
+
+}  // namespace gpuckpt::process

@@ -1,0 +1,57 @@
+// What /proc says about a target process: identity for the checkpoint's record, liveness for
+// the orchestration (a zombie counts as ended), and the NVIDIA GPUs it has open.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpuckpt::process {
+
+struct ProcInfo {
+  pid_t pid = 0;
+  std::string comm;
+  std::vector<std::string> cmdline;
+  char state = '?';  // R, S, D, T (stopped), t (traced), Z (zombie), ...
+  pid_t ppid = 0, pgrp = 0, sid = 0;
+  int tty_nr = 0;
+  std::string exe;  // empty when unreadable
+};
+
+// nullopt: no such process.
+std::optional<ProcInfo> read_proc(pid_t pid);
+
+// Alive = exists and is not a zombie.
+bool alive(pid_t pid);
+
+// Sends `sig` (0 = none) and polls until the process is gone or a zombie. Returns false on
+// timeout. For processes that are not our children (we cannot reap them).
+bool wait_ended(pid_t pid, std::chrono::milliseconds timeout);
+
+// Bytes of the process's memory CRIU will write as page images: anonymous and shmem pages,
+// resident or swapped (RssAnon + RssShmem + VmSwap of every thread group member).
+std::uint64_t dumpable_memory_bytes(pid_t pid);
+
+// UUIDs of the NVIDIA GPUs whose device files (/dev/nvidiaN) the process holds open, from
+// /proc/driver/nvidia/gpus/*/information. Empty without the NVIDIA driver.
+std::vector<std::string> nvidia_gpu_uuids(pid_t pid);
+
+// Pids whose comm is `comm` (for tests and diagnostics).
+std::vector<pid_t> pids_with_comm(const std::string& comm);
+
+// True if the process holds a listening TCP socket (same-host migration cannot keep the old
+// process frozen while a new one binds the same port; see docs/PROCESS.md).
+bool has_tcp_listener(pid_t pid);
+
+// Listening unix sockets of the process: filesystem paths, or abstract names ("@name").
+struct UnixListener {
+  std::string path;
+  bool abstract = false;
+};
+std::vector<UnixListener> unix_listeners(pid_t pid);
+
+}  // namespace gpuckpt::process

@@ -1,0 +1,41 @@
+// The process record a dump stores in the checkpoint manifest (ImageInfo::extra_json, under
+// "process"): who was dumped, with which CRIU and options, its GPUs and the dump timeline.
+// restore() reads it back to know the pid, the CRIU options to repeat and whether CUDA state
+// must be restored.
+#pragma once
+
+#include <sys/types.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpuckpt/timing.h"
+
+namespace gpuckpt::process {
+
+struct ProcessRecord {
+  int version = 1;
+  pid_t pid = 0;
+  std::string comm;
+  std::vector<std::string> cmdline;
+  std::string exe;
+  std::string hostname;
+  bool shell_job = false;
+  bool leave_running = false;
+  std::string criu_version;
+  std::vector<std::string> criu_args;  // criu dump's arguments (without the binary)
+  bool cuda = false;
+  std::vector<std::string> gpu_uuids;
+  Timeline timeline;  // the dump's stages up to (not including) the write
+};
+
+// {"process": {...}} as a JSON object text, for PackOptions::extra_json.
+std::string to_extra_json(const ProcessRecord& r);
+// nullopt if `extra_json` has no process record; throws Error(kCorrupt) if it is malformed.
+std::optional<ProcessRecord> from_extra_json(const std::string& extra_json);
+
+// Stages as JSON (name, seconds, start, bytes), the same shape as the CLI's --json timeline.
+std::string timeline_json(const Timeline& t);
+
+}  // namespace gpuckpt::process

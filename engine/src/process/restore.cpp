@@ -1,0 +1,221 @@
+// gpuckpt::restore(): verify-and-unpack the checkpoint to tmpfs (a corrupt checkpoint fails here,
+// before any process exists), criu restore (the plugin restores and unlocks CUDA inside it),
+// then optionally wait for the first answer.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+
+#include <fstream>
+#include <optional>
+#include <thread>
+
+#include "criu/criu.h"
+#include "criu/plugin_report.h"
+#include "criu/stats.h"
+#include "device/cuda_checkpoint.h"
+#include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
+#include "probe/probe.h"
+#include "process/pidns.h"
+#include "process/proc_info.h"
+#include "process/record.h"
+#include "process/restore_impl.h"
+#include "process/stages.h"
+#include "process/support.h"
+#include "util/fs.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt {
+
+namespace process {
+
+namespace {
+
+pid_t read_pidfile(const fs::path& p) {
+  std::ifstream in(p);
+  long pid = 0;
+  if (!(in >> pid) || pid <= 0)
+    throw Error(Errc::kCriu, "criu restore succeeded but wrote no pid to " + p.string());
+  return static_cast<pid_t>(pid);
+}
+
+// Returns true if it had to wait for a zombie to be reaped.
+bool check_pid_free(const ProcessRecord& rec) {
+  auto p = read_proc(rec.pid);
+  // A zombie keeps its pid until its parent reaps it; an init reaping orphans late (the
+  // dumped process's parent may have exited) usually gets to it within moments.
+  const auto start = std::chrono::steady_clock::now();
+  bool waited = false;
+  for (int i = 0; p && p->state == 'Z' && i < 200; ++i) {
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    p = read_proc(rec.pid);
+  }
+  if (waited && !p)
+    spdlog::info("waited {:.1f} s for pid {} (a zombie) to be reaped",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                 rec.pid);
+  if (!p) return waited;
+  const std::string id = "pid " + std::to_string(rec.pid) + " (" + p->comm + ")";
+  if (p->state == 'Z')
+    throw Error(Errc::kProcess, id + " is a zombie its parent (pid " + std::to_string(p->ppid) +
+                                    ") has not reaped yet; CRIU restores the checkpointed pid, "
+                                    "so it must be free");
+  throw Error(Errc::kProcess,
+              id + " is in use" +
+                  (p->comm == rec.comm ? " (the checkpointed process still runs?)" : "") +
+                  "; CRIU restores a process with its checkpointed pid: stop that process, or "
+                  "restore into a new pid namespace (--new-pidns)");
+}
+
+}  // namespace
+
+void kill_restored(const RestoreResult& r) {
+  if (r.pidns_init > 0) ::kill(r.pidns_init, SIGKILL);  // takes the whole namespace with it
+  if (r.pid > 0) kill_and_wait(r.pid, 10000);
+}
+
+void restore_into(const RestoreOptions& o, RestoreResult& out) {
+  Timeline& tl = out.timeline;
+  std::optional<Timeline::Scope> preflight;
+  preflight.emplace(tl, "preflight");
+  const ImageInfo info = inspect(o.checkpoint);
+  const auto rec = from_extra_json(info.extra_json);
+  if (!rec)
+    throw Error(Errc::kInvalidInput, o.checkpoint.string() +
+                                         " is not a process checkpoint (its manifest has no "
+                                         "process record; was it made by gpuckpt pack?)");
+  if (!o.new_pid_ns && check_pid_free(*rec)) {
+    // That wait was the previous process's teardown, not this restore: restart the clock.
+    preflight.reset();
+    tl = Timeline();
+    preflight.emplace(tl, "preflight");
+  }
+  if (!o.gpu_map.empty() && !rec->cuda)
+    spdlog::warn("{} holds no CUDA state: the GPU map has nothing to remap", o.checkpoint.string());
+  if (!o.gpu_map.empty() && rec->cuda) {
+    // The driver needs a target for every GPU the process used.
+    for (const auto& uuid : rec->gpu_uuids) {
+      bool mapped = false;
+      for (const auto& [from, to] : o.gpu_map.pairs) mapped |= from == uuid;
+      if (!mapped)
+        throw Error(Errc::kUsage, "the checkpointed process used GPU " + uuid +
+                                      ", which the GPU map does not map (map every GPU it used)");
+    }
+  }
+  if (rec->cuda) {
+    std::string why;
+    if (!device::checkpoint_api_available(&why))
+      throw Error(Errc::kNoDevice,
+                  "the checkpoint holds CUDA state but it cannot be restored here: " + why);
+  }
+  const criu::Installation inst = criu::locate(o.criu.binary);
+  if (o.criu.check) criu::check(inst);
+  if (inst.plugin_dir.empty() && rec->cuda)
+    throw Error(Errc::kCriu,
+                "the checkpoint holds CUDA state but gpuckpt's CRIU plugin was not found (set "
+                "GPUCKPT_CRIU_PLUGIN_DIR)");
+
+  std::error_code ec;
+  const auto space = fs::space(o.staging_root, ec);
+  if (ec || !fs::is_directory(o.staging_root, ec))
+    throw Error(Errc::kInvalidInput,
+                "staging directory " + o.staging_root.string() + " does not exist");
+  if (info.raw_bytes > space.available)
+    throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
+                               std::to_string(space.available >> 20) +
+                               " MiB free, but the checkpoint unpacks to " +
+                               std::to_string(info.raw_bytes >> 20) +
+                               " MiB: use --staging DIR on a larger filesystem");
+  preflight.reset();
+
+  TempDir staging(o.staging_root, "gpuckpt-restore");
+  const fs::path images = staging.path() / "images";
+  {
+    auto scope = tl.scope("read_decompress");
+    const TransferResult tr = unpack(o.checkpoint, images, o.unpack);
+    scope.set_bytes(tr.raw_bytes);
+  }
+
+  criu::RestoreArgs a;
+  a.images_dir = images;
+  a.pidfile = staging.path() / "restore.pid";
+  a.shell_job = rec->shell_job;
+  a.extra_args = o.criu.extra_args;
+  a.timeout = o.criu.timeout;
+  const fs::path report_path = staging.path() / criu::kRestoreReportName;
+  a.env = {std::string(criu::kEnvReport) + "=" + report_path.string(),
+           std::string(criu::kEnvGpuMap) + "=" + gpu_map_env(o.gpu_map)};
+
+  if (o.unpack.progress) o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
+  criu::Run run;
+  if (o.new_pid_ns) {
+    const fs::path log = staging.path() / "restore.log";
+    run.argv = criu::restore_argv(inst, a, log);
+    run.log = log;
+    run.start = std::chrono::steady_clock::now();
+    const PidnsRun pr =
+        run_in_new_pidns(run.argv, a.env, staging.path() / "criu-restore.out", a.timeout);
+    run.end = std::chrono::steady_clock::now();
+    out.pidns_init = pr.init_pid;
+    if (!pr.criu.ok()) {
+      ::kill(pr.init_pid, SIGKILL);
+      criu::check_exit("criu restore (in a new pid namespace)", pr.criu,
+                       criu::preserve_log(log, "criu-restore"));
+    }
+    try {
+      out.ns_pid = read_pidfile(a.pidfile);
+      out.pid = host_pid_in_ns(pr.init_pid, out.ns_pid);
+    } catch (...) {
+      ::kill(pr.init_pid, SIGKILL);
+      throw;
+    }
+  } else {
+    run = criu::restore(inst, a);
+    out.pid = out.ns_pid = read_pidfile(a.pidfile);
+  }
+  const auto plugin = criu::read_plugin_report(report_path);
+  add_restore_stages(tl, run, criu::read_restore_stats(images), plugin);
+  out.gpu = plugin && plugin->cuda;
+  // CRIU ignores errors of the late device hook (it only logs them), so a failed CUDA restore
+  // would leave a process that hangs on its first CUDA call: end it and say why.
+  if (plugin && !plugin->all_ok()) {
+    kill_restored(out);
+    const std::string why = plugin->first_error();
+    throw Error(Errc::kDevice,
+                "restoring the CUDA state failed (" + why + "); the restored process was killed");
+  }
+  if (rec->cuda && !(plugin && plugin->cuda)) {
+    kill_restored(out);
+    throw Error(Errc::kDevice,
+                "the checkpoint holds CUDA state but the CRIU plugin restored none; the restored "
+                "process was killed");
+  }
+
+  if (o.probe.kind != ReadinessProbe::Kind::kNone) {
+    auto scope = tl.scope("first_answer");
+    const pid_t pid = out.pid;
+    out.first_answer = wait_ready(o.probe, [pid] {
+      if (!alive(pid))
+        throw Error(Errc::kProcess,
+                    "the restored process " + std::to_string(pid) + " exited before answering");
+    });
+  }
+}
+
+}  // namespace process
+
+RestoreResult restore(const RestoreOptions& opts) {
+  RestoreResult r;
+  try {
+    process::restore_into(opts, r);
+  } catch (const Error& e) {
+    if (r.pid > 0 && process::alive(r.pid) && e.code() == Errc::kTimeout)
+      throw Error(e.code(), std::string(e.what()) + "\nthe restored process " +
+                                std::to_string(r.pid) + " is left running");
+    throw;
+  }
+  return r;
+}
+
+}  // namespace gpuckpt

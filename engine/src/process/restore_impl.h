@@ -1,0 +1,16 @@
+// restore() with its partial result visible to the caller on failure (migrate must kill a
+// restored process whose probe failed).
+#pragma once
+
+#include "gpuckpt/process.h"
+
+namespace gpuckpt::process {
+
+// Fills `out` as it goes: out.pid is set as soon as the process exists. If this throws after
+// that, the restored process is still running unless the message says it was killed.
+void restore_into(const RestoreOptions& opts, RestoreResult& out);
+
+// Ends a restored process (and its pid namespace, if any).
+void kill_restored(const RestoreResult& r);
+
+}  // namespace gpuckpt::process

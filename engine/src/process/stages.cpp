@@ -1,0 +1,96 @@
+#include "process/stages.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace gpuckpt::process {
+
+namespace {
+
+using Clock = Timeline::Clock;
+
+Clock::time_point at_ns(std::int64_t ns) {
+  return Clock::time_point(
+      std::chrono::duration_cast<Clock::duration>(std::chrono::nanoseconds(ns)));
+}
+
+Clock::duration us(std::uint64_t v) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::microseconds(v));
+}
+
+// Stages collected first and added in start order, so tables read chronologically.
+class Pending {
+ public:
+  void add(std::string name, Clock::time_point start, Clock::time_point end,
+           std::uint64_t bytes = 0) {
+    v_.push_back({std::move(name), start, end, bytes});
+  }
+  void add_plugin(const criu::PluginReport& plugin) {
+    for (const auto& h : plugin.hooks) add(h.name, at_ns(h.start_ns), at_ns(h.end_ns));
+  }
+  void flush(Timeline& tl) {
+    std::stable_sort(v_.begin(), v_.end(),
+                     [](const Item& a, const Item& b) { return a.start < b.start; });
+    for (const auto& i : v_) tl.add(i.name, i.start, i.end, i.bytes);
+    v_.clear();
+  }
+
+ private:
+  struct Item {
+    std::string name;
+    Clock::time_point start, end;
+    std::uint64_t bytes;
+  };
+  std::vector<Item> v_;
+};
+
+}  // namespace
+
+void add_plugin_stages(Timeline& tl, const criu::PluginReport& plugin) {
+  Pending p;
+  p.add_plugin(plugin);
+  p.flush(tl);
+}
+
+void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_bytes,
+                     const std::optional<criu::DumpStats>& stats,
+                     const std::optional<criu::PluginReport>& plugin) {
+  Pending p;
+  p.add("criu_dump", run.start, run.end, image_bytes);
+  const criu::PluginHook* lock = plugin ? plugin->find("device_lock") : nullptr;
+  const criu::PluginHook* ckpt = plugin ? plugin->find("device_checkpoint") : nullptr;
+  if (stats) {
+    // PAUSE_DEVICES (device_lock) is the first thing CRIU does once its freezing timer starts.
+    Clock::time_point freeze_start =
+        lock ? at_ns(lock->start_ns)
+             : std::max(run.start, run.end - us(stats->frozen_us) - us(stats->freezing_us));
+    const auto frozen_start = freeze_start + us(stats->freezing_us);
+    p.add("freeze", freeze_start, frozen_start);
+    p.add("frozen", frozen_start, frozen_start + us(stats->frozen_us));
+    const auto mem_start = ckpt ? std::max(frozen_start, at_ns(ckpt->end_ns)) : frozen_start;
+    const auto mem_end = mem_start + us(stats->memdump_us);
+    const std::uint64_t page_bytes = stats->pages_written * 4096;
+    p.add("criu_memdump", mem_start, mem_end, page_bytes);
+    // CRIU times the page writes inside the page dump (mem.c): memwrite is nested in memdump.
+    p.add("criu_memwrite", mem_end - us(stats->memwrite_us), mem_end, page_bytes);
+  }
+  if (plugin) p.add_plugin(*plugin);
+  p.flush(tl);
+}
+
+void add_restore_stages(Timeline& tl, const criu::Run& run,
+                        const std::optional<criu::RestoreStats>& stats,
+                        const std::optional<criu::PluginReport>& plugin) {
+  Pending p;
+  p.add("criu_restore", run.start, run.end);
+  if (stats) {
+    p.add("criu_forking", run.start, run.start + us(stats->forking_us));
+    p.add("criu_restore_tasks", run.start, run.start + us(stats->restore_us),
+          stats->pages_restored * 4096);
+  }
+  if (plugin) p.add_plugin(*plugin);
+  p.flush(tl);
+}
+
+}  // namespace gpuckpt::process

@@ -1,0 +1,284 @@
+// The CRIU driver against the real CRIU: locating it, its preflight, a dump and restore of a
+// real process with gpuckpt's plugin loaded, CRIU's stats decoded, failures reported with the
+// log. CRIU must work on this machine: when it is missing these tests fail, they do not skip.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <regex>
+#include <thread>
+
+#include "criu/criu.h"
+#include "criu/plugin_report.h"
+#include "criu/stats.h"
+#include "gpuckpt/error.h"
+#include "process/proc_info.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+
+namespace {
+
+criu::Installation installed() {
+  try {
+    return criu::locate();
+  } catch (const Error& e) {
+    ADD_FAILURE() << e.what();
+    throw;
+  }
+}
+
+// Test runners hand us open files (ctest: its LastTest.log, without O_CLOEXEC). A child that
+// inherits such a file cannot be restored once the file has grown (CRIU checks the size of
+// files open for writing), so nothing of ours is inherited by the processes we checkpoint.
+void no_inherited_fds() {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::stoi(e.path().filename().string());
+    if (fd > 2) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+}
+
+// A process CRIU can dump on its own: own session, no terminal, stdout to a file.
+Child start_sleeper(const fs::path& dir) {
+  no_inherited_fds();
+  SpawnOptions o;
+  o.new_session = true;
+  o.stdout_file = dir / "sleeper.out";
+  o.stderr_file = dir / "sleeper.err";
+  return spawn({"sleep", "600"}, o);
+}
+
+std::string u32le(std::uint32_t v) {
+  return std::string(reinterpret_cast<const char*>(&v), 4);
+}
+std::string varint(std::uint64_t v) {
+  std::string s;
+  do {
+    std::uint8_t b = v & 0x7f;
+    v >>= 7;
+    if (v) b |= 0x80;
+    s += static_cast<char>(b);
+  } while (v);
+  return s;
+}
+
+}  // namespace
+
+TEST(CriuLocate, MissingBinaryNamesTheInstallScript) {
+  try {
+    criu::locate("/nonexistent/criu");
+    FAIL() << "locate should throw";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kCriu);
+    EXPECT_NE(std::string(e.what()).find("CRIU not found at /nonexistent/criu"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("scripts/install-criu.sh"), std::string::npos);
+  }
+}
+
+TEST(CriuLocate, InstalledCriuRunsAndPassesItsCheck) {
+  const auto inst = installed();
+  EXPECT_TRUE(std::regex_match(criu::version(inst), std::regex(R"(\d+\.\d+(\.\d+)?.*)")));
+  EXPECT_NO_THROW(criu::check(inst));
+  EXPECT_FALSE(inst.plugin_dir.empty()) << "gpuckpt's CRIU plugin was not built/found";
+  EXPECT_TRUE(fs::exists(inst.plugin_dir / criu::kPluginFile));
+}
+
+TEST(CriuStats, DecodesDumpAndRestoreEntries) {
+  // stats_entry{dump{1:12 2:345 3:67 4:89 5:1000 6:0 7:900 9:0}}
+  std::string dump_msg = varint(1 << 3) + varint(12) + varint(2 << 3) + varint(345) +
+                         varint(3 << 3) + varint(67) + varint(4 << 3) + varint(89) +
+                         varint(5 << 3) + varint(1000) + varint(6 << 3) + varint(0) +
+                         varint(7 << 3) + varint(900) + varint(9 << 3) + varint(0);
+  std::string entry = varint((1 << 3) | 2) + varint(dump_msg.size()) + dump_msg;
+  std::string image = u32le(0x55105940) + u32le(0x57093306) + u32le(entry.size()) + entry;
+  const auto d = criu::decode_dump_stats(image);
+  EXPECT_EQ(d.freezing_us, 12u);
+  EXPECT_EQ(d.frozen_us, 345u);
+  EXPECT_EQ(d.memdump_us, 67u);
+  EXPECT_EQ(d.memwrite_us, 89u);
+  EXPECT_EQ(d.pages_scanned, 1000u);
+  EXPECT_EQ(d.pages_written, 900u);
+
+  std::string rmsg = varint(1 << 3) + varint(5) + varint(2 << 3) + varint(0) + varint(3 << 3) +
+                     varint(4321) + varint(4 << 3) + varint(98765) + varint(5 << 3) + varint(77);
+  std::string rentry = varint((2 << 3) | 2) + varint(rmsg.size()) + rmsg;
+  const auto r = criu::decode_restore_stats(u32le(0x55105940) + u32le(0x57093306) +
+                                            u32le(rentry.size()) + rentry);
+  EXPECT_EQ(r.forking_us, 4321u);
+  EXPECT_EQ(r.restore_us, 98765u);
+  EXPECT_EQ(r.pages_restored, 77u);
+
+  // Truncations and wrong magics are errors, not garbage numbers.
+  EXPECT_THROW(criu::decode_dump_stats(image.substr(0, image.size() - 3)), Error);
+  EXPECT_THROW(criu::decode_dump_stats(u32le(0x54564319) + image.substr(4)), Error);
+  EXPECT_THROW(criu::decode_restore_stats(image), Error);  // has no restore entry
+}
+
+TEST(CriuRun, DumpAndRestoreARealProcessWithThePluginLoaded) {
+  const auto inst = installed();
+  auto dir = test::scratch_dir("gpuckpt-criu");
+  Child sleeper = start_sleeper(dir.path());
+  const pid_t pid = sleeper.pid();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let it exec
+  EXPECT_FALSE(criu::needs_shell_job(pid));
+
+  const fs::path images = dir.path() / "images";
+  fs::create_directory(images);
+  criu::DumpArgs a;
+  a.pid = pid;
+  a.images_dir = images;
+  a.final_state = criu::FinalState::kKilled;
+  a.timeout = std::chrono::seconds(120);
+  const criu::Run run = criu::dump(inst, a);
+  EXPECT_GT(run.seconds(), 0);
+  EXPECT_TRUE(fs::exists(images / "dump.log"));
+  auto st = sleeper.wait_for(std::chrono::seconds(10));
+  ASSERT_TRUE(st.has_value()) << "criu dump did not end the process";
+
+  // CRIU's stats, decoded.
+  const auto stats = criu::read_dump_stats(images);
+  ASSERT_TRUE(stats.has_value());
+  EXPECT_GT(stats->frozen_us, 0u);
+  EXPECT_GT(stats->pages_written, 0u);
+  EXPECT_GE(stats->pages_scanned, stats->pages_written);
+
+  // The plugin ran inside criu: its report is in the images dir, every dump hook timed.
+  const auto rep = criu::read_plugin_report(images / criu::kDumpReportName);
+  ASSERT_TRUE(rep.has_value()) << "the CRIU plugin was not called";
+  EXPECT_EQ(rep->stage, "dump");
+  EXPECT_TRUE(rep->finished);
+  EXPECT_EQ(rep->criu_result, 0);
+  EXPECT_FALSE(rep->cuda);  // sleep has no CUDA state
+  for (const char* h : {"device_lock", "device_checkpoint"}) {
+    const auto* hook = rep->find(h);
+    ASSERT_NE(hook, nullptr) << h;
+    EXPECT_EQ(hook->pid, pid);
+    EXPECT_TRUE(hook->ok);
+    EXPECT_TRUE(hook->skipped);
+    EXPECT_GE(hook->end_ns, hook->start_ns);
+    EXPECT_GE(
+        hook->start_ns,
+        std::chrono::duration_cast<std::chrono::nanoseconds>(run.start.time_since_epoch()).count());
+  }
+  EXPECT_LT(rep->find("device_lock")->start_ns, rep->find("device_checkpoint")->start_ns);
+
+  // Restore: same pid, running again.
+  const fs::path report = dir.path() / "restore-report.json";
+  criu::RestoreArgs r;
+  r.images_dir = images;
+  r.pidfile = dir.path() / "restore.pid";
+  r.env = {std::string(criu::kEnvReport) + "=" + report.string()};
+  r.timeout = std::chrono::seconds(120);
+  criu::restore(inst, r);
+  std::ifstream pf(r.pidfile);
+  pid_t restored = 0;
+  pf >> restored;
+  EXPECT_EQ(restored, pid);
+  EXPECT_TRUE(process::alive(pid));
+  const auto rs = criu::read_restore_stats(images);
+  ASSERT_TRUE(rs.has_value());
+  EXPECT_GT(rs->restore_us, 0u);
+  const auto rrep = criu::read_plugin_report(report);
+  ASSERT_TRUE(rrep.has_value());
+  EXPECT_EQ(rrep->stage, "restore");
+  EXPECT_NE(rrep->find("device_restore"), nullptr);
+  EXPECT_NE(rrep->find("unlock"), nullptr);
+  ::kill(pid, SIGKILL);
+  EXPECT_TRUE(process::wait_ended(pid, std::chrono::seconds(10)));
+}
+
+TEST(CriuRun, FailureQuotesTheLogAndKeepsIt) {
+  const auto inst = installed();
+  auto dir = test::scratch_dir("gpuckpt-criu");
+  criu::DumpArgs a;
+  a.pid = 999999;  // no such process
+  a.images_dir = dir.path();
+  a.timeout = std::chrono::seconds(60);
+  try {
+    criu::dump(inst, a);
+    FAIL() << "dump of a missing pid should fail";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_EQ(e.code(), Errc::kCriu);
+    EXPECT_NE(msg.find("criu dump failed"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Error"), std::string::npos) << msg;
+    const auto at = msg.find("full log: ");
+    ASSERT_NE(at, std::string::npos) << msg;
+    const fs::path kept = msg.substr(at + 10);
+    EXPECT_TRUE(fs::exists(kept)) << kept;  // survives the staging directory
+    EXPECT_NE(kept.parent_path(), dir.path());
+    fs::remove(kept);
+  }
+}
+
+TEST(CriuRun, TimeoutKillsCriuAndSaysSo) {
+  const auto inst = installed();
+  auto dir = test::scratch_dir("gpuckpt-criu");
+  // A "criu" that cannot finish in time.
+  const fs::path slow = dir.path() / "slow-criu";
+  {
+    std::ofstream f(slow);
+    f << "#!/bin/sh\nexec sleep 30\n";
+  }
+  fs::permissions(slow, fs::perms::owner_all);
+  auto slow_inst = inst;
+  slow_inst.binary = slow;
+  criu::DumpArgs a;
+  a.pid = ::getpid();
+  a.images_dir = dir.path();
+  a.timeout = std::chrono::seconds(1);
+  try {
+    criu::dump(slow_inst, a);
+    FAIL() << "should time out";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("did not finish within 1 s"), std::string::npos);
+  }
+}
+
+TEST(CriuArgs, DumpAndRestoreOptions) {
+  criu::Installation inst{"/opt/criu/bin/criu", "/lib/gpuckpt/criu"};
+  criu::DumpArgs a;
+  a.pid = 42;
+  a.images_dir = "/dev/shm/x";
+  a.final_state = criu::FinalState::kStopped;
+  a.shell_job = true;
+  a.extra_args = {"--tcp-established"};
+  const auto v = criu::dump_argv(inst, a, "/dev/shm/x/dump.log");
+  auto has = [&](const std::vector<std::string>& args, const std::string& s) {
+    return std::find(args.begin(), args.end(), s) != args.end();
+  };
+  EXPECT_EQ(v[0], "/opt/criu/bin/criu");
+  EXPECT_EQ(v[1], "dump");
+  for (const char* s :
+       {"-t", "42", "-D", "/dev/shm/x", "-v4", "-o", "/dev/shm/x/dump.log", "--leave-stopped",
+        "--shell-job", "--libdir", "/lib/gpuckpt/criu", "--tcp-established", "--timeout"})
+    EXPECT_TRUE(has(v, s)) << s;
+  EXPECT_FALSE(has(v, "--leave-running"));
+  a.final_state = criu::FinalState::kKilled;
+  a.shell_job = false;
+  const auto k = criu::dump_argv(inst, a, "l");
+  EXPECT_FALSE(has(k, "--leave-stopped"));
+  EXPECT_FALSE(has(k, "--shell-job"));
+
+  criu::RestoreArgs r;
+  r.images_dir = "/dev/shm/y";
+  r.pidfile = "/dev/shm/p";
+  const auto rv = criu::restore_argv(inst, r, "/dev/shm/restore.log");
+  EXPECT_EQ(rv[1], "restore");
+  for (const char* s : {"-D", "/dev/shm/y", "-d", "--pidfile", "/dev/shm/p", "--libdir"})
+    EXPECT_TRUE(has(rv, s)) << s;
+}
+
+TEST(CriuArgs, ShellJobDetection) {
+  auto dir = test::scratch_dir("gpuckpt-criu");
+  Child leader = start_sleeper(dir.path());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(criu::needs_shell_job(leader.pid()));  // session leader without a terminal
+  SpawnOptions o;                                     // same session and process group as this test
+  Child member = spawn({"sleep", "600"}, o);
+  EXPECT_TRUE(criu::needs_shell_job(member.pid()));
+}

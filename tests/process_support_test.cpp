@@ -1,0 +1,217 @@
+// The pieces under dump/restore/migrate, on real processes: /proc parsing, the pid-namespace
+// launcher used for restores beside a live original, the manifest's process record, and how
+// CRIU's and the plugin's measurements become timeline stages.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "criu/plugin_report.h"
+#include "criu/stats.h"
+#include "gpuckpt/error.h"
+#include "process/pidns.h"
+#include "process/proc_info.h"
+#include "process/record.h"
+#include "process/stages.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+
+TEST(ProcInfo, ReadsIdentityAndLiveness) {
+  const auto self = process::read_proc(::getpid());
+  ASSERT_TRUE(self.has_value());
+  EXPECT_EQ(self->pid, ::getpid());
+  EXPECT_EQ(self->ppid, ::getppid());
+  EXPECT_FALSE(self->cmdline.empty());
+  EXPECT_EQ(fs::path(self->exe).filename(), fs::path(self->cmdline[0]).filename());
+  EXPECT_FALSE(process::read_proc(999999).has_value());
+  EXPECT_FALSE(process::read_proc(0).has_value());
+
+  Child c = spawn({"sleep", "600"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(process::alive(c.pid()));
+  EXPECT_EQ(process::read_proc(c.pid())->comm, "sleep");
+  EXPECT_FALSE(process::wait_ended(c.pid(), std::chrono::milliseconds(50)));
+  ::kill(c.pid(), SIGKILL);
+  // A zombie (not yet reaped by us, its parent) counts as ended.
+  EXPECT_TRUE(process::wait_ended(c.pid(), std::chrono::seconds(10)));
+  EXPECT_EQ(process::read_proc(c.pid())->state, 'Z');
+  c.wait();
+}
+
+TEST(ProcInfo, FindsListeningSockets) {
+  EXPECT_FALSE(process::has_tcp_listener(::getpid()));
+  UniqueFd tcp(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(tcp.get(), reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(tcp.get(), 1), 0);
+  EXPECT_TRUE(process::has_tcp_listener(::getpid()));
+
+  auto dir = test::scratch_dir("gpuckpt-proc");
+  const fs::path path = dir.path() / "l.sock";
+  UniqueFd unx(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un u{};
+  u.sun_family = AF_UNIX;
+  std::strcpy(u.sun_path, path.c_str());
+  ASSERT_EQ(::bind(unx.get(), reinterpret_cast<sockaddr*>(&u), sizeof u), 0);
+  auto listeners = process::unix_listeners(::getpid());
+  EXPECT_TRUE(std::none_of(listeners.begin(), listeners.end(), [&](const auto& l) {
+    return l.path == path.string();
+  })) << "bound but not listening yet";
+  ASSERT_EQ(::listen(unx.get(), 1), 0);
+  listeners = process::unix_listeners(::getpid());
+  EXPECT_TRUE(std::any_of(listeners.begin(), listeners.end(),
+                          [&](const auto& l) { return l.path == path.string() && !l.abstract; }));
+
+  UniqueFd abs(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un b{};
+  b.sun_family = AF_UNIX;
+  const char name[] = "gpuckpt-test-abstract";
+  std::memcpy(b.sun_path + 1, name, sizeof name - 1);
+  ASSERT_EQ(::bind(abs.get(), reinterpret_cast<sockaddr*>(&b),
+                   offsetof(sockaddr_un, sun_path) + 1 + sizeof name - 1),
+            0);
+  ASSERT_EQ(::listen(abs.get(), 1), 0);
+  listeners = process::unix_listeners(::getpid());
+  EXPECT_TRUE(std::any_of(listeners.begin(), listeners.end(), [&](const auto& l) {
+    return l.abstract && l.path == std::string("@") + name;
+  }));
+}
+
+TEST(ProcInfo, NoNvidiaDevicesOpenMeansNoGpus) {
+  EXPECT_TRUE(process::nvidia_gpu_uuids(::getpid()).empty());
+}
+
+TEST(Pidns, RunsACommandInANewPidNamespaceWhoseInitOutlivesIt) {
+  auto dir = test::scratch_dir("gpuckpt-pidns");
+  const fs::path pidfile = dir.path() / "pid";
+  // Like `criu restore -d`: start a long-lived child, report its pid, exit.
+  const auto run = process::run_in_new_pidns(
+      {"/bin/sh", "-c", "sleep 600 </dev/null >/dev/null 2>&1 & echo $! > " + pidfile.string()}, {},
+      dir.path() / "out", std::chrono::seconds(30));
+  EXPECT_TRUE(run.criu.ok()) << run.criu.describe();
+  ASSERT_GT(run.init_pid, 0);
+  EXPECT_EQ(process::read_proc(run.init_pid)->comm, "gpuckpt-pidns");
+  EXPECT_EQ(process::innermost_pid(run.init_pid), 1);
+  // Its ps title is not the test binary's command line.
+  EXPECT_EQ(process::read_proc(run.init_pid)->cmdline.at(0).rfind("gpuckpt-pidns", 0), 0u);
+
+  std::ifstream in(pidfile);
+  pid_t ns_pid = 0;
+  ASSERT_TRUE(in >> ns_pid);
+  const pid_t host = process::host_pid_in_ns(run.init_pid, ns_pid);
+  EXPECT_NE(host, ns_pid);
+  EXPECT_EQ(process::innermost_pid(host), ns_pid);
+  for (int i = 0; i < 500 && process::read_proc(host)->comm != "sleep"; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the fork has yet to exec
+  EXPECT_EQ(process::read_proc(host)->comm, "sleep");
+  EXPECT_THROW(process::host_pid_in_ns(run.init_pid, 4242), Error);
+
+  // The init leaves once the namespace is empty.
+  ::kill(host, SIGKILL);
+  EXPECT_TRUE(process::wait_ended(run.init_pid, std::chrono::seconds(10)));
+}
+
+TEST(Pidns, ReportsAFailingCommandAndATimeout) {
+  auto dir = test::scratch_dir("gpuckpt-pidns");
+  const auto run = process::run_in_new_pidns({"/bin/sh", "-c", "echo oops; exit 3"}, {},
+                                             dir.path() / "out", std::chrono::seconds(30));
+  EXPECT_TRUE(run.criu.exited);
+  EXPECT_EQ(run.criu.code, 3);
+  EXPECT_EQ(read_file(dir.path() / "out"), "oops\n");
+  EXPECT_TRUE(process::wait_ended(run.init_pid, std::chrono::seconds(10)));
+
+  try {
+    process::run_in_new_pidns({"/bin/sleep", "600"}, {}, dir.path() / "out2",
+                              std::chrono::seconds(1));
+    FAIL() << "should time out";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kTimeout);
+  }
+}
+
+TEST(ProcessRecord, RoundTripsThroughTheManifestJson) {
+  process::ProcessRecord r;
+  r.pid = 1234;
+  r.comm = "vllm";
+  r.cmdline = {"python", "-m", "vllm"};
+  r.shell_job = true;
+  r.criu_version = "4.1.1";
+  r.criu_args = {"dump", "-t", "1234"};
+  r.cuda = true;
+  r.gpu_uuids = {"GPU-1", "GPU-2"};
+  r.timeline.add_measured("criu_dump", 1.5, 100);
+  const auto back = process::from_extra_json(process::to_extra_json(r));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->pid, 1234);
+  EXPECT_EQ(back->comm, "vllm");
+  EXPECT_EQ(back->cmdline, r.cmdline);
+  EXPECT_TRUE(back->shell_job);
+  EXPECT_EQ(back->criu_version, "4.1.1");
+  EXPECT_EQ(back->criu_args, r.criu_args);
+  EXPECT_TRUE(back->cuda);
+  EXPECT_EQ(back->gpu_uuids, r.gpu_uuids);
+  EXPECT_FALSE(process::from_extra_json("").has_value());
+  EXPECT_FALSE(process::from_extra_json("{\"other\":1}").has_value());
+  try {
+    process::from_extra_json("{\"process\":{\"pid\":\"x\"}}");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kCorrupt);
+  }
+}
+
+TEST(Stages, PluginHooksLandExactlyAndCriuStatsInsideTheCriuRun) {
+  using Clock = Timeline::Clock;
+  Timeline tl;
+  criu::Run run;
+  run.start = tl.origin() + std::chrono::milliseconds(100);
+  run.end = run.start + std::chrono::seconds(2);
+  auto ns = [](Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  };
+  criu::PluginReport rep;
+  rep.hooks.push_back({"device_lock", 1, ns(run.start + std::chrono::milliseconds(10)),
+                       ns(run.start + std::chrono::milliseconds(30)), true, true, ""});
+  rep.hooks.push_back({"device_checkpoint", 1, ns(run.start + std::chrono::milliseconds(50)),
+                       ns(run.start + std::chrono::milliseconds(80)), true, true, ""});
+  criu::DumpStats st;
+  st.freezing_us = 40000;
+  st.frozen_us = 1500000;
+  st.memdump_us = 300000;
+  st.memwrite_us = 200000;
+  st.pages_written = 1000;
+  process::add_dump_stages(tl, run, 5000, st, rep);
+
+  const Stage* lock = tl.find("device_lock");
+  ASSERT_NE(lock, nullptr);
+  EXPECT_NEAR(lock->start_offset, 0.110, 1e-6);
+  EXPECT_NEAR(lock->seconds, 0.020, 1e-6);
+  const Stage* freeze = tl.find("freeze");
+  ASSERT_NE(freeze, nullptr);
+  EXPECT_NEAR(freeze->start_offset, lock->start_offset, 1e-6);  // PAUSE_DEVICES opens it
+  EXPECT_NEAR(freeze->seconds, 0.040, 1e-6);
+  EXPECT_NEAR(tl.find("frozen")->start_offset, 0.150, 1e-6);
+  EXPECT_NEAR(tl.find("frozen")->seconds, 1.5, 1e-6);
+  const Stage* memdump = tl.find("criu_memdump");
+  EXPECT_GE(memdump->start_offset, tl.find("device_checkpoint")->start_offset + 0.030 - 1e-6);
+  EXPECT_EQ(memdump->bytes, 1000u * 4096);
+  // memwrite is timed inside memdump: it ends with it.
+  EXPECT_NEAR(tl.find("criu_memwrite")->start_offset + 0.2, memdump->start_offset + 0.3, 1e-6);
+  EXPECT_EQ(tl.find("criu_dump")->bytes, 5000u);
+  EXPECT_NEAR(tl.find("criu_dump")->seconds, 2.0, 1e-6);
+
+  // Without plugin or stats: the criu run alone.
+  Timeline bare;
+  process::add_dump_stages(bare, run, 1, std::nullopt, std::nullopt);
+  ASSERT_EQ(bare.stages().size(), 1u);
+  EXPECT_EQ(bare.stages()[0].name, "criu_dump");
+}
