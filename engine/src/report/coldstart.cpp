@@ -63,8 +63,8 @@ Timeline measure_cold_start(const ColdStartOptions& o) {
   }
   if (o.on_running) o.on_running(child.pid());
   const std::string what = o.argv[0];
-  const auto exited = [&] {
-    if (auto st = child.wait_for(std::chrono::milliseconds(0)))
+  const auto exited = [&](std::chrono::milliseconds grace = std::chrono::milliseconds(0)) {
+    if (auto st = child.wait_for(grace))
       throw Error(Errc::kProcess, "cold start: " + what + " exited (" + st->describe() +
                                       ") before it answered the probe");
   };
@@ -74,7 +74,9 @@ Timeline measure_cold_start(const ColdStartOptions& o) {
       try {
         wait_for_line(child.stdout_fd(), o.probe.target, o.probe.timeout);
       } catch (const Error& e) {
-        if (e.code() == Errc::kProcess) exited();  // a clearer message if it died
+        // Its stdout closed: it is exiting, but may not be reapable yet. Wait briefly for the
+        // status, for a clearer message than "EOF".
+        if (e.code() == Errc::kProcess) exited(std::chrono::milliseconds(2000));
         throw;
       }
     } else {
