@@ -1,9 +1,420 @@
-// TODO(owner): bench io.
+// `gpuckpt bench io`: pack/unpack throughput against what an operator would use instead
+// (tar | zstd -T0, and plain cp), on the same generated data, in one run, with the page cache
+// dropped before every measurement and every output fsync()ed.
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
 #include "commands.h"
 
+namespace fs = std::filesystem;
+
 namespace gpuckpt::cli {
-void add_bench_io(CLI::App& bench, Context& ctx) {
-  (void)bench;
-  (void)ctx;
+
+namespace {
+
+// xoshiro256**: fast enough that generating GiBs of test data takes a fraction of a second
+// per GiB, so the benchmark's setup does not dominate its run time.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) {
+    for (auto& w : s_) {
+      seed += 0x9e3779b97f4a7c15ull;  // splitmix64 seeding
+      std::uint64_t z = seed;
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      w = z ^ (z >> 31);
+    }
+  }
+  std::uint64_t next() {
+    const std::uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return r;
+  }
+
+ private:
+  static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+  std::uint64_t s_[4];
+};
+
+// Content like a serving process's memory: the first `random_fraction` incompressible
+// (weights in a compressed format, random state), the rest fp16 activations/KV values of
+// similar magnitude (shared exponent, low-entropy mantissa), which compress about 2:1.
+void generate_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,
+                   double random_fraction) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(Errc::kIo, "create " + path.string() + ": " + std::strerror(errno));
+  std::unique_ptr<int, void (*)(int*)> guard(new int(fd), [](int* f) {
+    ::close(*f);
+    delete f;
+  });
+  Rng rng(seed);
+  std::vector<std::uint64_t> buf(1 << 19);  // 4 MiB
+  const auto random_bytes = static_cast<std::uint64_t>(static_cast<double>(size) * random_fraction);
+  std::uint64_t written = 0;
+  while (written < size) {
+    if (written < random_bytes) {
+      for (auto& w : buf) w = rng.next();
+    } else {
+      auto* h = reinterpret_cast<std::uint16_t*>(buf.data());
+      const std::size_t n = buf.size() * 4;
+      for (std::size_t i = 0; i < n; i += 8) {
+        std::uint64_t r = rng.next();
+        for (std::size_t k = 0; k < 8; ++k, r >>= 7)  // 7 random bits per value
+          h[i + k] = static_cast<std::uint16_t>(0x3c00 | ((r & 0x40) << 9) | (r & 0x3f));
+      }
+    }
+    const auto n =
+        static_cast<std::size_t>(std::min<std::uint64_t>(buf.size() * 8, size - written));
+    std::size_t off = 0;
+    while (off < n) {
+      const ssize_t w = ::write(fd, reinterpret_cast<const char*>(buf.data()) + off, n - off);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        throw Error(Errc::kIo, "write " + path.string() + ": " + std::strerror(errno));
+      }
+      off += static_cast<std::size_t>(w);
+    }
+    written += n;
+  }
+  if (::fsync(fd) != 0)
+    throw Error(Errc::kIo, "fsync " + path.string() + ": " + std::strerror(errno));
 }
+
+// A CRIU-like image directory: one big pages file and a few dozen small images.
+void generate_tree(const fs::path& dir, std::uint64_t size) {
+  fs::create_directories(dir);
+  std::uint64_t small_total = 0;
+  for (int i = 0; i < 32; ++i) {
+    const std::uint64_t n = 1024 + (static_cast<std::uint64_t>(i) * 7919 % 61) * 1024;
+    if (small_total + n > size / 8) break;
+    generate_file(dir / ("img-" + std::to_string(i) + ".img"), n, 100 + i, 0.25);
+    small_total += n;
+  }
+  generate_file(dir / "pages-1.img", size - small_total, 1, 0.5);
+}
+
+std::string quote(const fs::path& p) {
+  std::string s = "'";
+  for (char c : p.string()) s += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return s + "'";
+}
+
+// Runs `cmd` with /bin/sh; returns its exit status (-1 if it could not run or was killed).
+int run_shell(const std::string& cmd) {
+  spdlog::debug("bench io: {}", cmd);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error(Errc::kInternal, std::string("fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) return -1;
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+bool have(const std::string& tool) {
+  return run_shell("command -v " + tool + " >/dev/null 2>&1") == 0;
+}
+
+bool drop_caches() {
+  ::sync();
+  const int fd = ::open("/proc/sys/vm/drop_caches", O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  const bool ok = ::write(fd, "3", 1) == 1;
+  ::close(fd);
+  return ok;
+}
+
+std::uint64_t dir_bytes(const fs::path& p) {
+  std::error_code ec;
+  if (fs::is_regular_file(p, ec)) return fs::file_size(p, ec);
+  std::uint64_t n = 0;
+  for (auto it = fs::recursive_directory_iterator(p, ec); !ec && it != fs::end(it);
+       it.increment(ec))
+    if (it->is_regular_file(ec)) n += it->file_size(ec);
+  return n;
+}
+
+struct Row {
+  std::string op, tool;
+  std::optional<double> seconds;  // nullopt: not run (tool missing or failed)
+  std::uint64_t stored = 0;       // output bytes, for the ratio (pack only)
+  std::string note;
+};
+
+struct WorkDir {
+  fs::path path;
+  bool keep = false;
+  ~WorkDir() {
+    std::error_code ec;
+    if (!keep && !path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+template <class F>
+double timed(F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+struct BenchArgs {
+  std::uint64_t size = 2ull << 30;
+  std::string dir;
+  int level = 1;
+  unsigned threads = 0;
+  std::uint64_t chunk = 4u << 20;
+  bool keep = false;
+};
+
+void run_bench_io(const Context& ctx, const BenchArgs& a) {
+  if (a.size < (1u << 20)) throw Error(Errc::kUsage, "--size must be at least 1M");
+  fs::path base = a.dir;
+  if (base.empty()) base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/var/tmp";
+  std::error_code ec;
+  if (!fs::is_directory(base, ec))
+    throw Error(Errc::kInvalidInput, "--dir " + base.string() + " is not a directory");
+  struct statvfs vfs {};
+  if (::statvfs(base.c_str(), &vfs) == 0) {
+    // Source, checkpoint, tar.zst and one output at a time.
+    const std::uint64_t need = a.size * 9 / 2;
+    const std::uint64_t avail = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+    if (avail < need)
+      throw Error(Errc::kInvalidInput, "--dir " + base.string() + " has " + human_bytes(avail) +
+                                           " free; the benchmark needs about " + human_bytes(need));
+  }
+  WorkDir work;
+  {
+    std::string tmpl = (base / "gpuckpt-bench-io-XXXXXX").string();
+    if (!::mkdtemp(tmpl.data()))
+      throw Error(Errc::kIo, "mkdtemp in " + base.string() + ": " + std::strerror(errno));
+    work.path = tmpl;
+    work.keep = a.keep;
+  }
+  const fs::path src = work.path / "src";
+  spdlog::info("bench io: generating {} of test data in {}", human_bytes(a.size), src.string());
+  generate_tree(src, a.size);
+  const std::uint64_t raw = dir_bytes(src);
+  const unsigned threads =
+      a.threads ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+  const bool have_zstd = have("zstd") && have("tar");
+  bool dropped = true;
+  auto cold = [&] { dropped = drop_caches() && dropped; };
+  auto sh = [&](const std::string& cmd, const char* what) {
+    if (run_shell(cmd) != 0)
+      throw Error(Errc::kIo, std::string("bench io: ") + what + " failed: " + cmd);
+  };
+  const std::string lvl = std::to_string(a.level);
+  std::vector<Row> rows;
+
+  // --- pack ---
+  PackOptions po;
+  po.zstd_level = a.level;
+  po.threads = threads;
+  po.chunk_bytes = static_cast<std::uint32_t>(a.chunk);
+  const fs::path ckpt = work.path / "ckpt";
+  TransferResult pr;
+  spdlog::info("bench io: pack with gpuckpt");
+  cold();
+  const double t_pack = timed([&] { pr = pack(src, ckpt, po); });
+  rows.push_back({"pack", "gpuckpt", t_pack, pr.compressed_bytes, ""});
+
+  const fs::path tarzst = work.path / "src.tar.zst";
+  if (have_zstd) {
+    spdlog::info("bench io: pack with tar | zstd");
+    cold();
+    const double t = timed([&] {
+      sh("tar -cf - -C " + quote(work.path) + " src | zstd -q -T0 -" + lvl + " -o " +
+             quote(tarzst) + " && sync " + quote(tarzst),
+         "tar | zstd");
+    });
+    rows.push_back({"pack", "tar | zstd -T0 -" + lvl, t, fs::file_size(tarzst), ""});
+  } else {
+    rows.push_back(
+        {"pack", "tar | zstd -T0 -" + lvl, std::nullopt, 0, "zstd or tar not installed"});
+  }
+  auto cp_run = [&](const char* op) {
+    const fs::path dst = work.path / "cp-out";
+    spdlog::info("bench io: {} baseline with cp", op);
+    cold();
+    const double t = timed([&] {
+      sh("cp -r " + quote(src) + " " + quote(dst) + " && sync " + quote(dst) + "/*", "cp");
+    });
+    fs::remove_all(dst);
+    rows.push_back({op, "cp", t, 0, ""});
+  };
+  cp_run("pack");
+
+  // --- unpack ---
+  const fs::path out = work.path / "unpacked";
+  TransferResult ur;
+  UnpackOptions uo;
+  uo.threads = threads;
+  spdlog::info("bench io: unpack with gpuckpt");
+  cold();
+  const double t_unpack = timed([&] { ur = unpack(ckpt, out, uo); });
+  rows.push_back({"unpack", "gpuckpt", t_unpack, 0, ""});
+  const bool unpack_ok =
+      run_shell("cmp -s " + quote(src / "pages-1.img") + " " + quote(out / "pages-1.img")) == 0;
+  if (!unpack_ok) throw Error(Errc::kInternal, "bench io: gpuckpt unpack produced different bytes");
+  fs::remove_all(out);
+
+  if (have_zstd) {
+    const fs::path untar = work.path / "untar";
+    fs::create_directories(untar);
+    spdlog::info("bench io: unpack with zstd -d | tar -x");
+    cold();
+    const double t = timed([&] {
+      sh("zstd -q -d -c " + quote(tarzst) + " | tar -xf - -C " + quote(untar) + " && sync " +
+             quote(untar / "src") + "/*",
+         "zstd -d | tar -x");
+    });
+    fs::remove_all(untar);
+    rows.push_back({"unpack", "zstd -d | tar -x", t, 0, ""});
+  } else {
+    rows.push_back({"unpack", "zstd -d | tar -x", std::nullopt, 0, "zstd or tar not installed"});
+  }
+  cp_run("unpack");
+
+  auto secs = [&](const char* op, const std::string& tool_prefix) -> std::optional<double> {
+    for (const auto& r : rows)
+      if (r.op == op && r.tool.rfind(tool_prefix, 0) == 0) return r.seconds;
+    return std::nullopt;
+  };
+  auto rel = [](std::optional<double> a, std::optional<double> b) -> std::optional<double> {
+    if (!a || !b || *b <= 0) return std::nullopt;
+    return *a / *b;
+  };
+  const auto pack_vs_zstd = rel(secs("pack", "gpuckpt"), secs("pack", "tar"));
+  const auto pack_vs_cp = rel(secs("pack", "gpuckpt"), secs("pack", "cp"));
+  const auto unpack_vs_zstd = rel(secs("unpack", "gpuckpt"), secs("unpack", "zstd"));
+  const auto unpack_vs_cp = rel(secs("unpack", "gpuckpt"), secs("unpack", "cp"));
+  const double ratio_ours = pr.compressed_bytes ? double(raw) / double(pr.compressed_bytes) : 0;
+
+  if (ctx.json) {
+    nlohmann::json results = nlohmann::json::array();
+    for (const auto& r : rows) {
+      nlohmann::json j = {{"op", r.op}, {"tool", r.tool}};
+      if (r.seconds) {
+        j["seconds"] = *r.seconds;
+        j["gbps"] = double(raw) / *r.seconds / 1e9;
+      } else {
+        j["seconds"] = nullptr;
+        j["note"] = r.note;
+      }
+      if (r.stored) j["ratio"] = double(raw) / double(r.stored);
+      results.push_back(std::move(j));
+    }
+    auto opt = [](std::optional<double> v) {
+      return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+    };
+    auto met = [](std::optional<double> v, double limit) {
+      return v ? nlohmann::json(*v <= limit) : nlohmann::json(nullptr);
+    };
+    ctx.emit({{"ok", true},
+              {"command", "bench io"},
+              {"bytes", raw},
+              {"dir", work.path.string()},
+              {"zstd_level", a.level},
+              {"threads", threads},
+              {"chunk_bytes", a.chunk},
+              {"page_cache_dropped", dropped},
+              {"results", std::move(results)},
+              {"ratios",
+               {{"pack_gpuckpt_vs_zstd", opt(pack_vs_zstd)},
+                {"pack_gpuckpt_vs_cp", opt(pack_vs_cp)},
+                {"unpack_gpuckpt_vs_zstd", opt(unpack_vs_zstd)},
+                {"unpack_gpuckpt_vs_cp", opt(unpack_vs_cp)}}},
+              {"targets",
+               {{"pack_at_least_zstd_speed", met(pack_vs_zstd, 1.0)},
+                {"unpack_at_least_zstd_speed", met(unpack_vs_zstd, 1.0)},
+                {"unpack_within_1_3x_cp", met(unpack_vs_cp, 1.3)}}},
+              {"pack",
+               {{"ratio", ratio_ours},
+                {"io_uring", pr.io_uring},
+                {"direct_io", pr.direct_io},
+                {"timeline", to_json(pr.timeline)}}},
+              {"unpack",
+               {{"io_uring", ur.io_uring},
+                {"direct_io", ur.direct_io},
+                {"timeline", to_json(ur.timeline)}}}});
+    return;
+  }
+  std::printf(
+      "gpuckpt bench io: %s (pages-1.img + small images), zstd level %d, %u threads, "
+      "%s chunks\n",
+      human_bytes(raw).c_str(), a.level, threads, human_bytes(a.chunk).c_str());
+  std::printf("data in %s; page cache %s before each run; every output fsync()ed\n\n",
+              work.path.c_str(), dropped ? "dropped" : "NOT dropped (need root)");
+  std::printf("%-7s %-20s %9s %8s %7s\n", "op", "tool", "seconds", "GB/s", "ratio");
+  for (const auto& r : rows) {
+    if (!r.seconds) {
+      std::printf("%-7s %-20s %9s %8s %7s  (%s)\n", r.op.c_str(), r.tool.c_str(), "-", "-", "-",
+                  r.note.c_str());
+      continue;
+    }
+    char ratio[16] = "-";
+    if (r.stored) std::snprintf(ratio, sizeof ratio, "%.3f", double(raw) / double(r.stored));
+    std::printf("%-7s %-20s %9.2f %8.2f %7s\n", r.op.c_str(), r.tool.c_str(), *r.seconds,
+                double(raw) / *r.seconds / 1e9, ratio);
+  }
+  auto line = [](const char* what, std::optional<double> v, double target) {
+    if (!v) {
+      std::printf("  %-34s %7s\n", what, "n/a");
+      return;
+    }
+    std::printf("  %-34s %6.2fx  (target <= %.1fx: %s)\n", what, *v, target,
+                *v <= target ? "met" : "NOT met");
+  };
+  std::printf("\ntime ratios (lower is better for gpuckpt):\n");
+  line("pack   gpuckpt / tar|zstd", pack_vs_zstd, 1.0);
+  line("unpack gpuckpt / zstd -d|tar", unpack_vs_zstd, 1.0);
+  line("unpack gpuckpt / cp", unpack_vs_cp, 1.3);
+  if (pack_vs_cp) std::printf("  %-34s %6.2fx\n", "pack   gpuckpt / cp", *pack_vs_cp);
+  std::printf("\ngpuckpt pack stages (%s, %s):\n", pr.io_uring ? "io_uring" : "pread/pwrite",
+              pr.direct_io ? "O_DIRECT" : "page cache");
+  print_stages(pr.timeline);
+  std::printf("\ngpuckpt unpack stages:\n");
+  print_stages(ur.timeline);
+}
+
+}  // namespace
+
+void add_bench_io(CLI::App& bench, Context& ctx) {
+  auto a = std::make_shared<BenchArgs>();
+  auto* cmd = bench.add_subcommand(
+      "io", "Pack/unpack throughput vs tar|zstd -T0 and cp (drops the page cache; run as root)");
+  cmd->add_option("--size", a->size, "Bytes of generated data, e.g. 2G")
+      ->transform(CLI::AsSizeValue(false));
+  cmd->add_option("--dir", a->dir, "Where to put the data (default $TMPDIR or /var/tmp)");
+  cmd->add_option("--level", a->level, "zstd level for both gpuckpt and zstd");
+  cmd->add_option("--threads", a->threads, "gpuckpt worker threads (0 = one per CPU, like -T0)");
+  cmd->add_option("--chunk-size", a->chunk, "gpuckpt chunk size")
+      ->transform(CLI::AsSizeValue(false));
+  cmd->add_flag("--keep", a->keep, "Keep the generated data and outputs");
+  cmd->fallthrough();
+  cmd->callback([&ctx, a] { run_bench_io(ctx, *a); });
+}
+
 }  // namespace gpuckpt::cli

@@ -1,9 +1,271 @@
-// TODO(owner): image commands.
+// `gpuckpt pack|unpack|inspect|verify`: the checkpoint image commands.
+#include <cstdio>
+#include <memory>
+
 #include "commands.h"
 
 namespace gpuckpt::cli {
-void add_image_commands(CLI::App& app, Context& ctx) {
-  (void)app;
-  (void)ctx;
+
+namespace {
+
+struct IoArgs {
+  unsigned threads = 0;
+  unsigned queue_depth = 16;
+  unsigned inflight = 0;
+  bool no_direct = false;
+};
+
+void add_io_options(CLI::App& cmd, IoArgs& a) {
+  cmd.add_option("--threads", a.threads, "Worker threads (0 = one per CPU)")
+      ->check(CLI::Range(0u, 1024u));
+  cmd.add_option("--queue-depth", a.queue_depth, "io_uring queue depth")
+      ->check(CLI::Range(1u, 4096u));
+  cmd.add_option("--inflight", a.inflight,
+                 "Chunk buffers in flight, bounds memory (0 = auto: 2 x threads + 8)");
+  cmd.add_flag("--no-direct", a.no_direct, "Do not use O_DIRECT (always use the page cache)");
+  cmd.fallthrough();  // global options (--json, -q) are accepted after the subcommand too
 }
+
+double ratio(std::uint64_t raw, std::uint64_t stored) {
+  return stored ? static_cast<double>(raw) / static_cast<double>(stored) : 0.0;
+}
+
+double gbps(std::uint64_t bytes, const Timeline& t) {
+  const double s = t.total_seconds();
+  return s > 0 ? static_cast<double>(bytes) / s / 1e9 : 0.0;
+}
+
+nlohmann::json result_json(const char* command, const TransferResult& r) {
+  return {{"ok", true},
+          {"command", command},
+          {"raw_bytes", r.raw_bytes},
+          {"compressed_bytes", r.compressed_bytes},
+          {"ratio", ratio(r.raw_bytes, r.compressed_bytes)},
+          {"chunks", r.chunks},
+          {"files", r.files},
+          {"threads", r.threads},
+          {"buffer_bytes", r.buffer_bytes},
+          {"worker_busy_seconds", r.worker_busy_seconds},
+          {"io_uring", r.io_uring},
+          {"direct_io", r.direct_io},
+          {"gbps", gbps(r.raw_bytes, r.timeline)},
+          {"timeline", to_json(r.timeline)}};
+}
+
+void print_summary(const char* verb, const TransferResult& r) {
+  std::printf("%s %s raw / %s stored (ratio %.2f) in %s: %.2f GB/s\n", verb,
+              human_bytes(r.raw_bytes).c_str(), human_bytes(r.compressed_bytes).c_str(),
+              ratio(r.raw_bytes, r.compressed_bytes),
+              human_seconds(r.timeline.total_seconds()).c_str(), gbps(r.raw_bytes, r.timeline));
+  std::printf("%llu entries, %llu chunks, %u threads, %s, %s, %s chunk buffers\n\n",
+              static_cast<unsigned long long>(r.files), static_cast<unsigned long long>(r.chunks),
+              r.threads, r.io_uring ? "io_uring" : "pread/pwrite (no io_uring)",
+              r.direct_io ? "O_DIRECT" : "page cache", human_bytes(r.buffer_bytes).c_str());
+  print_stages(r.timeline);
+}
+
+std::string mode_octal(std::uint32_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", mode);
+  return buf;
+}
+
+std::string hex16(std::uint64_t v) {
+  char buf[20];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+void add_pack(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::string input, output;
+    int level = 1;
+    std::uint64_t chunk = 4u << 20;
+    bool force = false;
+    IoArgs io;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand("pack", "Pack a directory (or one file) into a checkpoint");
+  cmd->add_option("input", a->input, "Directory (e.g. a CRIU image dir) or file to pack")
+      ->required();
+  cmd->add_option("-o,--output", a->output, "Checkpoint directory to create")->required();
+  cmd->add_option("--level", a->level, "zstd level (negative = faster, up to 19)");
+  cmd->add_option("--chunk-size", a->chunk, "Chunk size, e.g. 4M (multiple of 4K, 64K..256M)")
+      ->transform(CLI::AsSizeValue(false));
+  cmd->add_flag("--force", a->force, "Replace an existing checkpoint");
+  add_io_options(*cmd, a->io);
+  cmd->callback([&ctx, a] {
+    PackOptions o;
+    o.zstd_level = a->level;
+    if (a->chunk > UINT32_MAX) throw Error(Errc::kUsage, "chunk size is too large");
+    o.chunk_bytes = static_cast<std::uint32_t>(a->chunk);
+    o.threads = a->io.threads;
+    o.queue_depth = a->io.queue_depth;
+    o.inflight_chunks = a->io.inflight;
+    o.direct_io = !a->io.no_direct;
+    o.force = a->force;
+    o.progress = ctx.progress();
+    const TransferResult r = pack(a->input, a->output, o);
+    ctx.progress_done();
+    if (ctx.json) {
+      auto j = result_json("pack", r);
+      j["input"] = a->input;
+      j["output"] = a->output;
+      ctx.emit(j);
+    } else {
+      std::printf("packed %s -> %s\n", a->input.c_str(), a->output.c_str());
+      print_summary("  ", r);
+    }
+  });
+}
+
+void add_unpack(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::string checkpoint, output;
+    bool force = false;
+    IoArgs io;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd =
+      app.add_subcommand("unpack", "Unpack a checkpoint into a directory (every chunk verified)");
+  cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("-o,--output", a->output, "Directory to create")->required();
+  cmd->add_flag("--force", a->force, "Replace an existing non-empty output directory");
+  add_io_options(*cmd, a->io);
+  cmd->callback([&ctx, a] {
+    UnpackOptions o;
+    o.threads = a->io.threads;
+    o.queue_depth = a->io.queue_depth;
+    o.inflight_chunks = a->io.inflight;
+    o.direct_io = !a->io.no_direct;
+    o.force = a->force;
+    o.progress = ctx.progress();
+    const TransferResult r = unpack(a->checkpoint, a->output, o);
+    ctx.progress_done();
+    if (ctx.json) {
+      auto j = result_json("unpack", r);
+      j["checkpoint"] = a->checkpoint;
+      j["output"] = a->output;
+      ctx.emit(j);
+    } else {
+      std::printf("unpacked %s -> %s\n", a->checkpoint.c_str(), a->output.c_str());
+      print_summary("  ", r);
+    }
+  });
+}
+
+void add_verify(CLI::App& app, Context& ctx) {
+  struct Args {
+    std::string checkpoint;
+    IoArgs io;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "verify", "Check every chunk checksum, decompress, and check every file's xxh3");
+  cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory")->required();
+  add_io_options(*cmd, a->io);
+  cmd->callback([&ctx, a] {
+    UnpackOptions o;
+    o.threads = a->io.threads;
+    o.queue_depth = a->io.queue_depth;
+    o.inflight_chunks = a->io.inflight;
+    o.direct_io = !a->io.no_direct;
+    o.progress = ctx.progress();
+    const TransferResult r = verify(a->checkpoint, o);
+    ctx.progress_done();
+    if (ctx.json) {
+      auto j = result_json("verify", r);
+      j["checkpoint"] = a->checkpoint;
+      ctx.emit(j);
+    } else {
+      std::printf("OK: %s verified\n", a->checkpoint.c_str());
+      print_summary("  ", r);
+    }
+  });
+}
+
+void add_inspect(CLI::App& app, Context& ctx) {
+  auto checkpoint = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand("inspect", "Show a checkpoint's manifest (reads nothing else)");
+  cmd->add_option("checkpoint", *checkpoint, "Checkpoint directory")->required();
+  cmd->fallthrough();
+  cmd->callback([&ctx, checkpoint] {
+    const ImageInfo info = inspect(*checkpoint);
+    if (ctx.json) {
+      nlohmann::json files = nlohmann::json::array();
+      for (const auto& f : info.files) {
+        nlohmann::json e = {{"path", f.path}, {"type", f.type}, {"mode", mode_octal(f.mode)}};
+        if (f.type == "file") {
+          e["size"] = f.size;
+          e["stored"] = f.compressed_size;
+          e["chunks"] = f.chunks;
+          e["xxh3"] = hex16(f.xxh3);
+        } else if (f.type == "symlink") {
+          e["target"] = f.target;
+        }
+        files.push_back(std::move(e));
+      }
+      ctx.emit({{"ok", true},
+                {"command", "inspect"},
+                {"checkpoint", *checkpoint},
+                {"format_version", info.format_version},
+                {"format_minor", info.format_minor},
+                {"created_by", info.created_by},
+                {"created_at", info.created_at},
+                {"host", info.host},
+                {"source", info.source},
+                {"input_kind", info.input_kind},
+                {"chunk_bytes", info.chunk_bytes},
+                {"zstd_level", info.zstd_level},
+                {"raw_bytes", info.raw_bytes},
+                {"compressed_bytes", info.compressed_bytes},
+                {"ratio", ratio(info.raw_bytes, info.compressed_bytes)},
+                {"chunk_count", info.chunk_count},
+                {"blob_count", info.blob_count},
+                {"files", std::move(files)},
+                {"extra", info.extra_json.empty() ? nlohmann::json(nullptr)
+                                                  : nlohmann::json::parse(info.extra_json)}});
+      return;
+    }
+    std::printf("checkpoint   %s\n", checkpoint->c_str());
+    std::printf("format       %u.%u\n", info.format_version, info.format_minor);
+    std::printf("created      %s by %s on %s\n", info.created_at.c_str(), info.created_by.c_str(),
+                info.host.empty() ? "?" : info.host.c_str());
+    std::printf("source       %s (%s)\n", info.source.c_str(), info.input_kind.c_str());
+    std::printf("compression  zstd level %d, %s chunks, xxh3-64 checksums\n", info.zstd_level,
+                human_bytes(info.chunk_bytes).c_str());
+    std::printf("size         %s raw, %s stored (ratio %.2f), %llu chunks in %llu blobs\n",
+                human_bytes(info.raw_bytes).c_str(), human_bytes(info.compressed_bytes).c_str(),
+                ratio(info.raw_bytes, info.compressed_bytes),
+                static_cast<unsigned long long>(info.chunk_count),
+                static_cast<unsigned long long>(info.blob_count));
+    if (!info.extra_json.empty()) {
+      std::string extra = info.extra_json;
+      if (extra.size() > 160) extra = extra.substr(0, 157) + "...";
+      std::printf("extra        %s\n", extra.c_str());
+    }
+    std::printf("\n%-5s %-7s %12s %12s %7s  %s\n", "mode", "type", "size", "stored", "chunks",
+                "path");
+    for (const auto& f : info.files) {
+      const bool file = f.type == "file";
+      std::string path = f.path;
+      if (f.type == "symlink") path += " -> " + f.target;
+      if (f.type == "dir") path += "/";
+      std::printf("%-5s %-7s %12s %12s %7s  %s\n", mode_octal(f.mode).c_str(), f.type.c_str(),
+                  file ? human_bytes(f.size).c_str() : "-",
+                  file ? human_bytes(f.compressed_size).c_str() : "-",
+                  file ? std::to_string(f.chunks).c_str() : "-", path.c_str());
+    }
+  });
+}
+
+}  // namespace
+
+void add_image_commands(CLI::App& app, Context& ctx) {
+  add_pack(app, ctx);
+  add_unpack(app, ctx);
+  add_inspect(app, ctx);
+  add_verify(app, ctx);
+}
+
 }  // namespace gpuckpt::cli

@@ -20,7 +20,7 @@ done
 pkgs=(build-essential cmake ninja-build pkg-config git
       liburing-dev libzstd-dev zstd libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
       nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-      librsvg2-bin clang-format)
+      librsvg2-bin netpbm python3 clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

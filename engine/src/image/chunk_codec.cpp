@@ -1,0 +1,100 @@
+#include "image/chunk_codec.h"
+
+#include <xxhash.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+#include <charconv>
+#include <cstdio>
+#include <new>
+
+#include "gpuckpt/error.h"
+
+namespace gpuckpt::image {
+
+std::uint64_t xxh3(const void* data, std::size_t len) {
+  return XXH3_64bits(data, len);
+}
+
+std::string hex64(std::uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::optional<std::uint64_t> parse_hex64(std::string_view s) {
+  if (s.size() != 16) return std::nullopt;
+  std::uint64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
+  if (ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+StreamHash::StreamHash() : state_(XXH3_createState()) {
+  if (!state_) throw std::bad_alloc();
+  reset();
+}
+StreamHash::~StreamHash() {
+  XXH3_freeState(static_cast<XXH3_state_t*>(state_));
+}
+void StreamHash::reset() {
+  XXH3_64bits_reset(static_cast<XXH3_state_t*>(state_));
+}
+void StreamHash::update(const void* data, std::size_t len) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(state_), data, len);
+}
+std::uint64_t StreamHash::digest() const {
+  return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(state_));
+}
+
+Compressor::Compressor(int level) : cctx_(ZSTD_createCCtx()), level_(level) {
+  if (!cctx_) throw std::bad_alloc();
+}
+Compressor::~Compressor() {
+  ZSTD_freeCCtx(cctx_);
+}
+
+std::size_t Compressor::compress(const std::byte* src, std::size_t len, std::byte* dst,
+                                 std::size_t cap) {
+  // A destination no larger than the input makes zstd give up early on incompressible data.
+  const std::size_t limit = std::min(cap, len > 0 ? len - 1 : 0);
+  // One-shot API; its defaults are what the format wants: content size in the frame header,
+  // no zstd checksum (our xxh3 covers integrity).
+  const std::size_t n = ZSTD_compressCCtx(cctx_, dst, limit, src, len, level_);
+  if (ZSTD_isError(n)) {
+    if (ZSTD_getErrorCode(n) == ZSTD_error_dstSize_tooSmall) return 0;
+    throw Error(Errc::kInternal, std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+  }
+  return n;
+}
+
+Decompressor::Decompressor() : dctx_(ZSTD_createDCtx()) {
+  if (!dctx_) throw std::bad_alloc();
+}
+Decompressor::~Decompressor() {
+  ZSTD_freeDCtx(dctx_);
+}
+
+std::string Decompressor::decompress(const std::byte* src, std::size_t len, std::byte* dst,
+                                     std::size_t raw_len) {
+  const unsigned long long content = ZSTD_getFrameContentSize(src, len);
+  if (content == ZSTD_CONTENTSIZE_ERROR) return "not a zstd frame";
+  if (content != ZSTD_CONTENTSIZE_UNKNOWN && content != raw_len)
+    return "frame holds " + std::to_string(content) + " bytes, manifest says " +
+           std::to_string(raw_len);
+  const std::size_t n = ZSTD_decompressDCtx(dctx_, dst, raw_len, src, len);
+  if (ZSTD_isError(n)) return std::string("zstd: ") + ZSTD_getErrorName(n);
+  if (n != raw_len)
+    return "decompressed to " + std::to_string(n) + " bytes, manifest says " +
+           std::to_string(raw_len);
+  return {};
+}
+
+int min_zstd_level() {
+  return ZSTD_minCLevel();
+}
+int max_zstd_level() {
+  return ZSTD_maxCLevel();
+}
+
+}  // namespace gpuckpt::image

@@ -1,0 +1,98 @@
+#include "image/input_tree.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <memory>
+
+#include "gpuckpt/error.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt::image {
+
+namespace {
+
+std::vector<std::string> list_dir(const fs::path& dir) {
+  std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
+  if (!d) throw_errno(Errc::kInvalidInput, "open directory " + dir.string());
+  std::vector<std::string> names;
+  for (;;) {
+    errno = 0;
+    const dirent* de = ::readdir(d.get());
+    if (!de) {
+      if (errno) throw_errno(Errc::kIo, "read directory " + dir.string());
+      break;
+    }
+    const std::string_view n = de->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+InputEntry make_entry(const fs::path& abs, std::string rel, bool follow) {
+  struct stat st {};
+  if ((follow ? ::stat(abs.c_str(), &st) : ::lstat(abs.c_str(), &st)) != 0)
+    throw_errno(Errc::kInvalidInput, "stat " + abs.string());
+  InputEntry e;
+  e.rel = std::move(rel);
+  e.abs = abs;
+  e.mode = st.st_mode & 07777;
+  if (S_ISREG(st.st_mode)) {
+    e.type = EntryType::kFile;
+    e.size = static_cast<std::uint64_t>(st.st_size);
+  } else if (S_ISDIR(st.st_mode)) {
+    e.type = EntryType::kDir;
+  } else if (S_ISLNK(st.st_mode)) {
+    e.type = EntryType::kSymlink;
+    std::string target(static_cast<size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
+    const ssize_t n = ::readlink(abs.c_str(), target.data(), target.size());
+    if (n < 0) throw_errno(Errc::kInvalidInput, "readlink " + abs.string());
+    target.resize(static_cast<size_t>(n));
+    e.target = std::move(target);
+  } else {
+    throw Error(Errc::kInvalidInput,
+                "cannot pack " + abs.string() + ": not a regular file, directory or symlink");
+  }
+  return e;
+}
+
+void walk(const fs::path& dir, const std::string& prefix, std::vector<InputEntry>& out) {
+  for (const auto& name : list_dir(dir)) {
+    const std::string rel = prefix.empty() ? name : prefix + "/" + name;
+    InputEntry e = make_entry(dir / name, rel, false);
+    const bool is_dir = e.type == EntryType::kDir;
+    out.push_back(std::move(e));
+    if (is_dir) walk(dir / name, rel, out);
+  }
+}
+
+}  // namespace
+
+InputTree scan_input(const fs::path& input) {
+  struct stat st {};
+  if (::stat(input.c_str(), &st) != 0) {
+    if (errno == ENOENT)
+      throw Error(Errc::kInvalidInput, "input " + input.string() + " does not exist");
+    throw_errno(Errc::kInvalidInput, "stat input " + input.string());
+  }
+  InputTree t;
+  t.root = input;
+  if (S_ISDIR(st.st_mode)) {
+    walk(input, "", t.entries);
+  } else if (S_ISREG(st.st_mode)) {
+    t.single_file = true;
+    const fs::path abs = fs::absolute(input);
+    t.entries.push_back(make_entry(abs, abs.filename().string(), true));
+  } else {
+    throw Error(Errc::kInvalidInput,
+                "input " + input.string() + " is neither a directory nor a regular file");
+  }
+  return t;
+}
+
+}  // namespace gpuckpt::image

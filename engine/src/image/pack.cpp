@@ -1,0 +1,340 @@
+// gpuckpt::pack: input tree -> chunks -> zstd workers -> blobs + manifest, built in a
+// temporary sibling of the output and published by rename.
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/gpuckpt.h"
+#include "gpuckpt/image.h"
+#include "image/aligned_buffer.h"
+#include "image/chunk_codec.h"
+#include "image/input_tree.h"
+#include "image/manifest.h"
+#include "image/pipeline.h"
+#include "image/publish.h"
+#include "image/transfer_common.h"
+#include "util/fs.h"
+#include "util/unique_fd.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt {
+
+using namespace image;
+
+namespace {
+
+// Input files at least this large are read with O_DIRECT when direct I/O is enabled and they
+// are not in the page cache (docs/PERFORMANCE.md); small ones always use the page cache.
+constexpr std::uint64_t kDirectReadMinBytes = 1ull << 20;
+
+struct PackChunk {
+  std::uint32_t entry;  // index into Manifest::entries
+  bool first, last;
+};
+
+class PackWorker : public ChunkWorker {
+ public:
+  explicit PackWorker(int level) : comp_(level) {}
+  void process(Slot& s) override {
+    const std::size_t n = comp_.compress(s.chunk(), s.in_len, s.out, s.capacity);
+    if (n > 0) {
+      s.data = s.out;
+      s.data_len = static_cast<std::uint32_t>(n);
+      s.data_index = s.out_index();
+      s.codec = Codec::kZstd;
+    } else {  // incompressible: store as is
+      s.data = s.chunk();
+      s.data_len = s.in_len;
+      s.data_index = s.in_index();
+      s.codec = Codec::kRaw;
+    }
+    s.hash = xxh3(s.data, s.data_len);
+  }
+
+ private:
+  Compressor comp_;
+};
+
+// Appends chunks to blob-NNNNNN.bin files in sequence order, each at a 4 KiB-aligned offset
+// (zero padding between chunks), and records them in the manifest.
+class BlobWriter : public ChunkSink {
+ public:
+  BlobWriter(const fs::path& dir, const std::vector<PackChunk>& chunks, Manifest& m, bool direct,
+             std::uint64_t max_blob)
+      : dir_(dir), chunks_(chunks), m_(m), direct_(direct), max_blob_(max_blob) {}
+
+  std::uint64_t consume(Slot& s, SinkIo& io) override {
+    const PackChunk& c = chunks_[s.seq];
+    ManifestEntry& e = m_.entries[c.entry];
+    if (c.first) hash_.reset();
+    hash_.update(s.chunk(), s.in_len);
+    if (c.last) e.xxh3 = hash_.digest();
+
+    const std::uint64_t padded = align_up(s.data_len);
+    if (!blobs_.empty() && !cur().closed && cur().pos > 0 && cur().pos + padded > max_blob_)
+      close_current(io);
+    if (blobs_.empty() || cur().closed) open_blob();
+    Blob& b = cur();
+    std::byte* data = s.data;
+    int index = s.data_index;
+    if (reinterpret_cast<std::uintptr_t>(data) % kIoAlign != 0) {  // O_DIRECT needs alignment
+      std::memmove(s.out, data, s.data_len);
+      data = s.out;
+      index = s.out_index();
+    }
+    std::memset(data + s.data_len, 0, padded - s.data_len);  // deterministic padding
+    IoRequest w;
+    w.kind = IoRequest::Kind::kWrite;
+    w.fd = b.fd.get();
+    w.buf = data;
+    w.len = static_cast<std::uint32_t>(padded);
+    w.offset = b.pos;
+    w.buf_index = index;
+    w.slot = static_cast<int>(s.id);
+    w.tag = blobs_.size() - 1;
+    ++b.pending;
+    io.submit(w);
+    e.chunks.push_back({static_cast<std::uint32_t>(blobs_.size() - 1), b.pos, s.data_len, s.in_len,
+                        s.hash, s.codec});
+    b.end = b.pos + s.data_len;
+    b.pos += padded;
+    stored_ += s.data_len;
+    return s.in_len;
+  }
+
+  void on_complete(const IoResult& r, SinkIo& io) override {
+    const auto index = static_cast<std::uint32_t>(r.req.tag);
+    Blob& b = blobs_[index];
+    const fs::path p = dir_ / blob_name(index);
+    if (r.req.kind == IoRequest::Kind::kFsync) {
+      if (r.res < 0) throw_errno(Errc::kIo, "fsync " + p.string(), static_cast<int>(-r.res));
+      b.fd.reset();
+      return;
+    }
+    if (r.res < 0) throw_errno(Errc::kIo, "write " + p.string(), static_cast<int>(-r.res));
+    if (--b.pending == 0 && b.closed) finalize(index, io);
+  }
+
+  void finish(SinkIo& io) override {
+    sync_start = Timeline::Clock::now();
+    if (!blobs_.empty() && !cur().closed) close_current(io);
+    io.drain();  // the last writes, then every blob's fsync
+    sync_end = Timeline::Clock::now();
+  }
+
+  std::uint64_t stored() const { return stored_; }
+  bool direct_used() const { return direct_used_; }
+  // The wait for durability after the last chunk was handed to the kernel.
+  Timeline::Clock::time_point sync_start, sync_end;
+
+ private:
+  struct Blob {
+    UniqueFd fd;
+    std::uint64_t pos = 0;  // next aligned write offset
+    std::uint64_t end = 0;  // end of the last chunk's real bytes
+    unsigned pending = 0;   // writes in flight
+    bool closed = false;    // no more chunks go here
+  };
+
+  Blob& cur() { return blobs_.back(); }
+
+  void open_blob() {
+    const auto index = static_cast<std::uint32_t>(blobs_.size());
+    const fs::path p = dir_ / blob_name(index);
+    bool direct = false;
+    Blob b;
+    b.fd.reset(open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0644, direct_, &direct));
+    if (!b.fd) throw_errno(Errc::kIo, "create " + p.string());
+    direct_used_ = direct_used_ || direct;
+    blobs_.push_back(std::move(b));
+  }
+
+  // No more chunks for the current blob; it is finalized once its writes have completed,
+  // while the next blob is already being written.
+  void close_current(SinkIo& io) {
+    Blob& b = cur();
+    b.closed = true;
+    const auto index = static_cast<std::uint32_t>(blobs_.size() - 1);
+    m_.blobs.push_back({blob_name(index), b.end});
+    if (b.pending == 0) finalize(index, io);
+  }
+
+  void finalize(std::uint32_t index, SinkIo& io) {
+    Blob& b = blobs_[index];
+    // The last chunk was written padded to the alignment; cut the file to its real end.
+    if (::ftruncate(b.fd.get(), static_cast<off_t>(b.end)) != 0)
+      throw_errno(Errc::kIo, "truncate " + (dir_ / blob_name(index)).string());
+    IoRequest sync;
+    sync.kind = IoRequest::Kind::kFsync;
+    sync.fd = b.fd.get();
+    sync.tag = index;
+    io.submit(sync);
+  }
+
+  fs::path dir_;
+  const std::vector<PackChunk>& chunks_;
+  Manifest& m_;
+  bool direct_;
+  bool direct_used_ = false;
+  std::uint64_t max_blob_;
+  StreamHash hash_;
+  std::vector<Blob> blobs_;
+  std::uint64_t stored_ = 0;
+};
+
+void validate(const PackOptions& o) {
+  if (o.chunk_bytes % kIoAlign != 0 || o.chunk_bytes < (64u << 10) || o.chunk_bytes > (256u << 20))
+    throw Error(Errc::kUsage, "chunk size must be a multiple of 4 KiB between 64 KiB and 256 MiB");
+  if (o.zstd_level < min_zstd_level() || o.zstd_level > max_zstd_level())
+    throw Error(Errc::kUsage, "zstd level must be between " + std::to_string(min_zstd_level()) +
+                                  " and " + std::to_string(max_zstd_level()));
+  if (o.max_blob_bytes < o.chunk_bytes)
+    throw Error(Errc::kUsage, "maximum blob size must be at least the chunk size");
+  validate_io_options(o.threads, o.queue_depth, o.inflight_chunks);
+}
+
+nlohmann::json parse_extra(const std::string& text) {
+  if (text.empty()) return nullptr;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(Errc::kUsage, std::string("extra metadata is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw Error(Errc::kUsage, "extra metadata must be a JSON object");
+  return j;
+}
+
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  const fs::path a = fs::weakly_canonical(inner), b = fs::weakly_canonical(outer);
+  auto [ib, ob] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return ob == b.end();
+}
+
+// --force may replace a previous checkpoint or an empty directory, never arbitrary data.
+void check_output(const fs::path& output, bool force) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(output, ec);
+  if (fs::exists(st)) {
+    if (!force)
+      throw Error(Errc::kExists,
+                  "output " + output.string() + " already exists (use --force to replace it)");
+    if (!(fs::is_directory(st) && (fs::exists(output / kManifestName, ec) || is_empty_dir(output))))
+      throw Error(Errc::kExists,
+                  "output " + output.string() +
+                      " exists and is not a gpuckpt checkpoint; refusing to replace it");
+  }
+  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
+}
+
+}  // namespace
+
+TransferResult pack(const fs::path& input, const fs::path& output, const PackOptions& opts) {
+  validate(opts);
+  if (output.empty()) throw Error(Errc::kUsage, "no output path given");
+  Manifest m;
+  m.extra = parse_extra(opts.extra_json);
+  std::error_code ec;
+  if (!fs::exists(input, ec))
+    throw Error(Errc::kInvalidInput, "input " + input.string() + " does not exist");
+  if (fs::is_directory(input, ec) && is_within(output, input))
+    throw Error(Errc::kInvalidInput,
+                "output " + output.string() + " lies inside the input " + input.string());
+  check_output(output, opts.force);
+
+  TransferResult res;
+  Timeline& tl = res.timeline;
+  InputTree tree;
+  {
+    auto s = tl.scope("scan");
+    tree = scan_input(input);
+  }
+
+  m.major = kImageFormatMajor;
+  m.minor = kImageFormatMinor;
+  m.created_by = std::string("gpuckpt ") + version();
+  m.created_at = utc_now_iso8601();
+  m.host = host_name();
+  m.source = fs::absolute(input).lexically_normal().string();
+  m.input_kind = tree.single_file ? "file" : "directory";
+  m.chunk_bytes = opts.chunk_bytes;
+  m.zstd_level = opts.zstd_level;
+
+  std::vector<ReadSource> sources;
+  std::vector<ReadRange> ranges;
+  std::vector<PackChunk> chunks;
+  std::uint64_t raw_total = 0;
+  for (const auto& ie : tree.entries) {
+    ManifestEntry e;
+    e.path = ie.rel;
+    e.type = ie.type;
+    e.mode = ie.mode;
+    e.target = ie.target;
+    e.size = ie.size;
+    const auto idx = static_cast<std::uint32_t>(m.entries.size());
+    if (ie.type == EntryType::kFile) {
+      e.xxh3 = xxh3(nullptr, 0);  // replaced by the sink for non-empty files
+      if (ie.size > 0) {
+        const auto src = static_cast<std::uint32_t>(sources.size());
+        const bool direct =
+            opts.direct_io && ie.size >= kDirectReadMinBytes && !looks_cached(ie.abs, ie.size);
+        sources.push_back({ie.abs, "input file " + ie.abs.string(), direct});
+        for (std::uint64_t off = 0; off < ie.size; off += opts.chunk_bytes) {
+          const auto len =
+              static_cast<std::uint32_t>(std::min<std::uint64_t>(opts.chunk_bytes, ie.size - off));
+          ranges.push_back({src, off, len});
+          chunks.push_back({idx, off == 0, off + len == ie.size});
+        }
+      }
+      raw_total += ie.size;
+    }
+    m.entries.push_back(std::move(e));
+  }
+
+  const unsigned threads = resolve_threads(opts.threads);
+  std::uint32_t largest = 0;
+  for (const auto& r : ranges) largest = std::max(largest, r.length);
+  const std::size_t buf_bytes = slot_buffer_bytes(largest);
+  const unsigned slots = resolve_slots(opts.inflight_chunks, threads, buf_bytes, ranges.size());
+
+  TempDir tmp = TempDir::at(temp_sibling(output));
+  BlobWriter sink(tmp.path(), chunks, m, opts.direct_io, opts.max_blob_bytes);
+  PipelineConfig cfg;
+  cfg.phase = "pack";
+  cfg.workers = threads;
+  cfg.slots = slots;
+  cfg.buffer_bytes = buf_bytes;
+  cfg.queue_depth = opts.queue_depth;
+  cfg.total_bytes = raw_total;
+  cfg.progress = opts.progress;
+  cfg.short_read_errc = Errc::kIo;  // an input file shrank while we read it
+  const int level = opts.zstd_level;
+  const PipelineStats ps = run_pipeline(
+      cfg, sources, ranges, [level] { return std::make_unique<PackWorker>(level); }, sink);
+
+  add_pipeline_stages(tl, ps, "compress_write", "compress", raw_total, sink.stored(), true);
+  tl.add("sync", sink.sync_start, sink.sync_end);
+  {
+    auto s = tl.scope("commit");
+    write_file_atomic(tmp.path() / kManifestName, serialize(m));  // fsyncs tmp too
+    publish(tmp, output, opts.force);
+  }
+  res.raw_bytes = raw_total;
+  res.compressed_bytes = sink.stored();
+  res.chunks = chunks.size();
+  res.files = m.entries.size();
+  res.direct_io = sink.direct_used();
+  fill_result(res, ps, threads, slots, buf_bytes);
+  spdlog::debug("pack: {} chunks, {} slots, io_uring={}, fixed buffers={}, direct reads={}",
+                chunks.size(), slots, ps.uring, ps.fixed_buffers, ps.direct_reads);
+  return res;
+}
+
+}  // namespace gpuckpt

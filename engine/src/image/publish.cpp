@@ -1,0 +1,81 @@
+#include "image/publish.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "gpuckpt/error.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt::image {
+
+namespace {
+
+int rename2(const fs::path& from, const fs::path& to, unsigned flags) {
+  return ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags);
+}
+
+[[noreturn]] void exists_error(const fs::path& p) {
+  throw Error(Errc::kExists,
+              "output " + p.string() + " already exists (use --force to replace it)");
+}
+
+}  // namespace
+
+bool is_empty_dir(const fs::path& p) {
+  std::error_code ec;
+  return fs::is_directory(p, ec) && fs::is_empty(p, ec) && !ec;
+}
+
+void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
+  const fs::path parent =
+      final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(final_path, ec));
+  if (exists && !replace) exists_error(final_path);
+  if (!exists) {
+    if (rename2(tmp.path(), final_path, RENAME_NOREPLACE) == 0) {
+      tmp.release();
+    } else if (errno == EEXIST || errno == ENOTEMPTY) {
+      exists_error(final_path);  // appeared meanwhile
+    } else if (errno == EINVAL) {
+      // No RENAME_NOREPLACE on this filesystem: plain rename (it cannot replace a non-empty
+      // directory; an empty one that appeared meanwhile is an acceptable loss).
+      if (::rename(tmp.path().c_str(), final_path.c_str()) != 0)
+        throw_errno(Errc::kIo, "rename " + tmp.path().string() + " to " + final_path.string());
+      tmp.release();
+    } else {
+      throw_errno(Errc::kIo, "rename " + tmp.path().string() + " to " + final_path.string());
+    }
+    fsync_dir(parent);
+    return;
+  }
+  // Replace: swap the two names in one step, then delete the old content (now at tmp).
+  if (rename2(tmp.path(), final_path, RENAME_EXCHANGE) == 0) {
+    fsync_dir(parent);
+    return;  // tmp's destructor removes the old content
+  }
+  if (errno != EINVAL)
+    throw_errno(Errc::kIo, "replace " + final_path.string() + " with " + tmp.path().string());
+  // No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
+  // leaves the old content under a hidden name beside the output, never a partial output.
+  TempDir old = TempDir::at(temp_sibling(final_path));
+  ::rmdir(old.path().c_str());
+  if (::rename(final_path.c_str(), old.path().c_str()) != 0) {
+    old.release();
+    throw_errno(Errc::kIo, "move " + final_path.string() + " aside");
+  }
+  if (::rename(tmp.path().c_str(), final_path.c_str()) != 0) {
+    const int err = errno;
+    ::rename(old.path().c_str(), final_path.c_str());  // best effort: put the old one back
+    old.release();
+    throw_errno(Errc::kIo, "rename " + tmp.path().string() + " to " + final_path.string(), err);
+  }
+  tmp.release();
+  fsync_dir(parent);
+}
+
+}  // namespace gpuckpt::image

@@ -1,0 +1,431 @@
+// gpuckpt::unpack / verify / inspect: blobs -> checksum + zstd workers -> files (or nothing,
+// for verify), every chunk and every file checked against the manifest.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/image.h"
+#include "image/aligned_buffer.h"
+#include "image/chunk_codec.h"
+#include "image/manifest.h"
+#include "image/pipeline.h"
+#include "image/publish.h"
+#include "image/transfer_common.h"
+#include "util/fs.h"
+#include "util/unique_fd.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt {
+
+using namespace image;
+
+namespace {
+
+struct UnpackChunk {
+  std::uint32_t entry;
+  std::uint32_t index;  // within its file
+  std::uint64_t file_offset;
+  const ChunkRecord* rec;
+  bool first, last;
+};
+
+struct Plan {
+  std::vector<ReadSource> sources;  // the blobs
+  std::vector<ReadRange> ranges;
+  std::vector<UnpackChunk> chunks;
+};
+
+Plan make_plan(const Manifest& m, const fs::path& ckpt, bool direct) {
+  Plan p;
+  for (const auto& b : m.blobs) {
+    const fs::path path = ckpt / b.name;
+    p.sources.push_back(
+        {path, "blob " + path.string(), direct && b.size > 0 && !looks_cached(path, b.size)});
+  }
+  for (std::uint32_t i = 0; i < m.entries.size(); ++i) {
+    const auto& e = m.entries[i];
+    std::uint64_t off = 0;
+    for (std::uint32_t k = 0; k < e.chunks.size(); ++k) {
+      const ChunkRecord& c = e.chunks[k];
+      p.ranges.push_back({c.blob, c.offset, c.stored});
+      p.chunks.push_back({i, k, off, &c, k == 0, k + 1 == e.chunks.size()});
+      off += c.raw;
+    }
+  }
+  return p;
+}
+
+// Buffers must hold the largest chunk in either form (stored <= raw, checked on load).
+std::uint32_t largest_chunk(const Manifest& m) {
+  std::uint32_t n = 0;
+  for (const auto& e : m.entries)
+    for (const auto& c : e.chunks) n = std::max(n, c.raw);
+  return n;
+}
+
+// Missing or truncated blobs are reported up front, by name, before any work starts.
+void check_blobs(const Manifest& m, const fs::path& ckpt) {
+  for (const auto& b : m.blobs) {
+    const fs::path p = ckpt / b.name;
+    struct stat st {};
+    if (::stat(p.c_str(), &st) != 0) {
+      if (errno == ENOENT)
+        throw Error(Errc::kCorrupt,
+                    "checkpoint " + ckpt.string() + " is damaged: blob " + b.name + " is missing");
+      throw_errno(Errc::kIo, "stat " + p.string());
+    }
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size < b.size)
+      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
+                                      " is truncated (" + std::to_string(size) + " of " +
+                                      std::to_string(b.size) + " bytes)");
+    if (size > b.size)
+      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
+                                      " is larger than recorded (" + std::to_string(size) +
+                                      " bytes, manifest says " + std::to_string(b.size) + ")");
+  }
+}
+
+[[noreturn]] void chunk_corrupt(const fs::path& ckpt, const Manifest& m, const UnpackChunk& c,
+                                const std::string& why) {
+  const auto& e = m.entries[c.entry];
+  throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is corrupt: chunk " +
+                                  std::to_string(c.index) + " of '" + e.path + "' (" +
+                                  m.blobs[c.rec->blob].name + " at offset " +
+                                  std::to_string(c.rec->offset) + "): " + why);
+}
+
+class UnpackWorker : public ChunkWorker {
+ public:
+  UnpackWorker(const Plan& p, const Manifest& m, const fs::path& ckpt)
+      : plan_(p), m_(m), ckpt_(ckpt) {}
+  void process(Slot& s) override {
+    const UnpackChunk& c = plan_.chunks[s.seq];
+    const ChunkRecord& r = *c.rec;
+    // Checksum the stored bytes before zstd ever sees them.
+    if (xxh3(s.chunk(), s.in_len) != r.xxh3)
+      chunk_corrupt(ckpt_, m_, c, "stored bytes fail their xxh3 checksum");
+    if (r.codec == Codec::kRaw) {
+      s.data = s.chunk();
+      s.data_index = s.in_index();
+    } else {
+      const std::string err = dec_.decompress(s.chunk(), s.in_len, s.out, r.raw);
+      if (!err.empty()) chunk_corrupt(ckpt_, m_, c, err);
+      s.data = s.out;
+      s.data_index = s.out_index();
+    }
+    s.data_len = r.raw;
+    s.codec = r.codec;
+  }
+
+ private:
+  const Plan& plan_;
+  const Manifest& m_;
+  const fs::path& ckpt_;
+  Decompressor dec_;
+};
+
+// Hashes every file in order and compares with the manifest; the base of both sinks.
+class HashingSink : public ChunkSink {
+ public:
+  HashingSink(const Plan& p, const Manifest& m, const fs::path& ckpt)
+      : plan_(p), m_(m), ckpt_(ckpt) {}
+
+ protected:
+  void hash_chunk(const Slot& s, const UnpackChunk& c) {
+    if (c.first) hash_.reset();
+    hash_.update(s.data, s.data_len);
+    if (c.last && hash_.digest() != m_.entries[c.entry].xxh3) {
+      throw Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: content of '" +
+                                      m_.entries[c.entry].path +
+                                      "' does not match its xxh3 in the manifest");
+    }
+  }
+  const Plan& plan_;
+  const Manifest& m_;
+  const fs::path& ckpt_;
+  StreamHash hash_;
+};
+
+class VerifySink : public HashingSink {
+ public:
+  using HashingSink::HashingSink;
+  std::uint64_t consume(Slot& s, SinkIo&) override {
+    hash_chunk(s, plan_.chunks[s.seq]);
+    return s.data_len;
+  }
+  void on_complete(const IoResult&, SinkIo&) override {}
+};
+
+// Writes files under `root` (the temporary output tree): O_DIRECT where the chunk layout
+// allows it, padded last block cut back by ftruncate, fsync per file once its data is in.
+class TreeSink : public HashingSink {
+ public:
+  TreeSink(const Plan& p, const Manifest& m, const fs::path& ckpt, const fs::path& root,
+           bool direct)
+      : HashingSink(p, m, ckpt), root_(root), files_(m.entries.size()) {
+    direct_ = direct && m.chunk_bytes % kIoAlign == 0;
+  }
+
+  std::uint64_t consume(Slot& s, SinkIo& io) override {
+    const UnpackChunk& c = plan_.chunks[s.seq];
+    FileState& f = files_[c.entry];
+    const ManifestEntry& e = m_.entries[c.entry];
+    if (c.first) open_file(f, e);
+    hash_chunk(s, c);
+    std::byte* data = s.data;
+    int index = s.data_index;
+    std::uint64_t len = s.data_len;
+    if (f.direct) {
+      if (reinterpret_cast<std::uintptr_t>(data) % kIoAlign != 0) {
+        std::memmove(s.out, data, s.data_len);  // a raw chunk at an unaligned blob offset
+        data = s.out;
+        index = s.out_index();
+      }
+      len = align_up(len);  // the tail past the file's end is cut by ftruncate
+    }
+    IoRequest w;
+    w.kind = IoRequest::Kind::kWrite;
+    w.fd = f.fd.get();
+    w.buf = data;
+    w.len = static_cast<std::uint32_t>(len);
+    w.offset = c.file_offset;
+    w.buf_index = index;
+    w.slot = static_cast<int>(s.id);
+    w.tag = c.entry;
+    ++f.pending;
+    io.submit(w);
+    if (c.last) f.all_submitted = true;
+    return s.data_len;
+  }
+
+  void on_complete(const IoResult& r, SinkIo& io) override {
+    FileState& f = files_[r.req.tag];
+    const fs::path p = root_ / m_.entries[r.req.tag].path;
+    if (r.req.kind == IoRequest::Kind::kFsync) {
+      if (r.res < 0) throw_errno(Errc::kIo, "fsync " + p.string(), static_cast<int>(-r.res));
+      f.fd.reset();
+      return;
+    }
+    if (r.res < 0) throw_errno(Errc::kIo, "write " + p.string(), static_cast<int>(-r.res));
+    if (--f.pending == 0 && f.all_submitted) {
+      const auto& e = m_.entries[r.req.tag];
+      if (f.direct && ::ftruncate(f.fd.get(), static_cast<off_t>(e.size)) != 0)
+        throw_errno(Errc::kIo, "truncate " + p.string());
+      IoRequest sync;
+      sync.kind = IoRequest::Kind::kFsync;
+      sync.fd = f.fd.get();
+      sync.tag = r.req.tag;
+      io.submit(sync);
+    }
+  }
+
+  bool direct_used() const { return direct_used_; }
+
+ private:
+  struct FileState {
+    UniqueFd fd;
+    bool direct = false;
+    bool all_submitted = false;
+    unsigned pending = 0;
+  };
+
+  void open_file(FileState& f, const ManifestEntry& e) {
+    const fs::path p = root_ / e.path;
+    bool direct = false;
+    f.fd.reset(open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, direct_, &direct));
+    if (!f.fd) throw_errno(Errc::kIo, "create " + p.string());
+    f.direct = direct;
+    direct_used_ = direct_used_ || direct;
+    if (::fchmod(f.fd.get(), e.mode) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+  }
+
+  fs::path root_;
+  bool direct_ = false;
+  bool direct_used_ = false;
+  std::vector<FileState> files_;
+};
+
+void validate(const UnpackOptions& o) {
+  validate_io_options(o.threads, o.queue_depth, o.inflight_chunks);
+}
+
+PipelineConfig make_config(const std::string& phase, const UnpackOptions& o, const Manifest& m,
+                           unsigned threads, unsigned slots, std::size_t buf_bytes) {
+  PipelineConfig cfg;
+  cfg.phase = phase;
+  cfg.workers = threads;
+  cfg.slots = slots;
+  cfg.buffer_bytes = buf_bytes;
+  cfg.queue_depth = o.queue_depth;
+  cfg.total_bytes = m.raw_bytes();
+  cfg.progress = o.progress;
+  cfg.short_read_errc = Errc::kCorrupt;  // a blob shorter than the manifest says
+  return cfg;
+}
+
+// Directories, symlinks and empty files; files with data are created by the sink.
+void create_skeleton(const Manifest& m, const fs::path& root, const fs::path& ckpt) {
+  const std::uint64_t empty_hash = xxh3(nullptr, 0);
+  for (const auto& e : m.entries) {
+    const fs::path p = root / e.path;
+    switch (e.type) {
+      case EntryType::kDir:
+        // Owner-writable until the end so that a read-only directory can still be filled.
+        if (::mkdir(p.c_str(), 0700) != 0) throw_errno(Errc::kIo, "mkdir " + p.string());
+        break;
+      case EntryType::kSymlink:
+        if (::symlink(e.target.c_str(), p.c_str()) != 0)
+          throw_errno(Errc::kIo, "symlink " + p.string());
+        break;
+      case EntryType::kFile:
+        if (e.chunks.empty()) {
+          if (e.xxh3 != empty_hash)
+            throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() +
+                                            " is corrupt: empty file '" + e.path +
+                                            "' has the xxh3 of non-empty content");
+          UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+          if (!fd) throw_errno(Errc::kIo, "create " + p.string());
+          if (::fchmod(fd.get(), e.mode) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+        }
+        break;
+    }
+  }
+}
+
+// Makes the tree's entries durable and applies directory modes, deepest first.
+void finish_dirs(const Manifest& m, const fs::path& root) {
+  for (auto it = m.entries.rbegin(); it != m.entries.rend(); ++it) {
+    if (it->type != EntryType::kDir) continue;
+    const fs::path p = root / it->path;
+    fsync_dir(p);
+    if (::chmod(p.c_str(), it->mode) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+  }
+  fsync_dir(root);
+}
+
+}  // namespace
+
+TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
+                      const UnpackOptions& opts) {
+  validate(opts);
+  if (output.empty()) throw Error(Errc::kUsage, "no output path given");
+  TransferResult res;
+  Timeline& tl = res.timeline;
+  Manifest m;
+  {
+    auto s = tl.scope("manifest");
+    m = load_manifest(checkpoint);
+    check_blobs(m, checkpoint);
+  }
+  std::error_code ec;
+  const bool exists = fs::exists(fs::symlink_status(output, ec));
+  if (exists && !opts.force && !is_empty_dir(output))
+    throw Error(Errc::kExists, "output " + output.string() +
+                                   " already exists and is not empty (use --force to replace it)");
+  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
+
+  const Plan plan = make_plan(m, checkpoint, opts.direct_io);
+  const unsigned threads = resolve_threads(opts.threads);
+  const std::size_t buf_bytes = slot_buffer_bytes(largest_chunk(m));
+  const unsigned slots =
+      resolve_slots(opts.inflight_chunks, threads, buf_bytes, plan.ranges.size());
+
+  TempDir tmp = TempDir::at(temp_sibling(output));
+  {
+    auto s = tl.scope("create_tree");
+    create_skeleton(m, tmp.path(), checkpoint);
+  }
+  TreeSink sink(plan, m, checkpoint, tmp.path(), opts.direct_io);
+  const PipelineStats ps = run_pipeline(
+      make_config("unpack", opts, m, threads, slots, buf_bytes), plan.sources, plan.ranges,
+      [&] { return std::make_unique<UnpackWorker>(plan, m, checkpoint); }, sink);
+  add_pipeline_stages(tl, ps, "read_decompress", "decompress", m.raw_bytes(), m.raw_bytes(), true);
+  {
+    auto s = tl.scope("commit");
+    finish_dirs(m, tmp.path());
+    publish(tmp, output, true);
+  }
+  res.raw_bytes = m.raw_bytes();
+  res.compressed_bytes = m.stored_bytes();
+  res.chunks = m.chunk_count();
+  res.files = m.entries.size();
+  res.direct_io = ps.direct_reads;
+  fill_result(res, ps, threads, slots, buf_bytes);
+  return res;
+}
+
+TransferResult verify(const fs::path& checkpoint, const UnpackOptions& opts) {
+  validate(opts);
+  TransferResult res;
+  Timeline& tl = res.timeline;
+  Manifest m;
+  {
+    auto s = tl.scope("manifest");
+    m = load_manifest(checkpoint);
+    check_blobs(m, checkpoint);
+  }
+  const Plan plan = make_plan(m, checkpoint, opts.direct_io);
+  const unsigned threads = resolve_threads(opts.threads);
+  const std::size_t buf_bytes = slot_buffer_bytes(largest_chunk(m));
+  const unsigned slots =
+      resolve_slots(opts.inflight_chunks, threads, buf_bytes, plan.ranges.size());
+  for (const auto& e : m.entries) {
+    if (e.type == EntryType::kFile && e.chunks.empty() && e.xxh3 != xxh3(nullptr, 0))
+      throw Error(Errc::kCorrupt, "checkpoint " + checkpoint.string() +
+                                      " is corrupt: empty file '" + e.path +
+                                      "' has the xxh3 of non-empty content");
+  }
+  VerifySink sink(plan, m, checkpoint);
+  const PipelineStats ps = run_pipeline(
+      make_config("verify", opts, m, threads, slots, buf_bytes), plan.sources, plan.ranges,
+      [&] { return std::make_unique<UnpackWorker>(plan, m, checkpoint); }, sink);
+  add_pipeline_stages(tl, ps, "verify", "decompress", m.raw_bytes(), 0, false);
+  res.raw_bytes = m.raw_bytes();
+  res.compressed_bytes = m.stored_bytes();
+  res.chunks = m.chunk_count();
+  res.files = m.entries.size();
+  res.direct_io = ps.direct_reads;
+  fill_result(res, ps, threads, slots, buf_bytes);
+  return res;
+}
+
+ImageInfo inspect(const fs::path& checkpoint) {
+  const Manifest m = load_manifest(checkpoint);
+  ImageInfo info;
+  info.format_version = m.major;
+  info.format_minor = m.minor;
+  info.created_by = m.created_by;
+  info.created_at = m.created_at;
+  info.host = m.host;
+  info.source = m.source;
+  info.input_kind = m.input_kind;
+  info.chunk_bytes = m.chunk_bytes;
+  info.zstd_level = m.zstd_level;
+  info.raw_bytes = m.raw_bytes();
+  info.compressed_bytes = m.stored_bytes();
+  info.chunk_count = m.chunk_count();
+  info.blob_count = m.blobs.size();
+  for (const auto& e : m.entries) {
+    FileEntry f;
+    f.path = e.path;
+    f.type = entry_type_name(e.type);
+    f.size = e.size;
+    f.mode = e.mode;
+    f.compressed_size = e.stored_bytes();
+    f.chunks = e.chunks.size();
+    f.xxh3 = e.xxh3;
+    f.target = e.target;
+    info.files.push_back(std::move(f));
+  }
+  if (!m.extra.is_null()) info.extra_json = m.extra.dump();
+  return info;
+}
+
+}  // namespace gpuckpt

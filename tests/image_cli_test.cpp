@@ -1,0 +1,198 @@
+// The image commands through the real gpuckpt binary: output formats, exit codes, and that
+// every failure message names the problem.
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gpuckpt/image.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+using nlohmann::json;
+
+namespace {
+
+bool contains(const std::string& s, const std::string& needle) {
+  return s.find(needle) != std::string::npos;
+}
+
+class ImageCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    src_ = dir_.path() / "src";
+    ckpt_ = dir_.path() / "ckpt";
+    fs::create_directories(src_ / "sub");
+    test::write_test_file(src_ / "pages-1.img", 5 * 65536 + 17, 1);
+    test::write_test_file(src_ / "sub/core-1.img", 2000, 2);
+  }
+  test::CliResult pack_ok(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args{"--json",       "pack",         src_.string(), "-o",
+                                  ckpt_.string(), "--chunk-size", "64K"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto r = test::run_cli(args);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r;
+  }
+  void flip_byte_in_blob() {
+    std::fstream f(ckpt_ / "blob-000000.bin", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(100);
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 1);
+    f.seekp(100);
+    f.write(&c, 1);
+  }
+
+  TempDir dir_ = test::scratch_dir();
+  fs::path src_, ckpt_;
+};
+
+TEST_F(ImageCli, PackInspectVerifyUnpackWithJson) {
+  auto r = pack_ok({"--level", "3", "--threads", "2", "--queue-depth", "8"});
+  const json p = json::parse(r.out);
+  EXPECT_EQ(p["ok"], true);
+  EXPECT_EQ(p["command"], "pack");
+  EXPECT_EQ(p["raw_bytes"], 5 * 65536 + 17 + 2000);
+  EXPECT_EQ(p["chunks"], 7);
+  EXPECT_EQ(p["threads"], 2);
+  bool has_bytes_stage = false;
+  for (const auto& s : p["timeline"]["stages"])
+    has_bytes_stage |= s["name"] == "compress_write" && s["bytes"] == p["raw_bytes"];
+  EXPECT_TRUE(has_bytes_stage) << r.out;
+
+  r = test::run_cli({"inspect", ckpt_.string(), "--json"});  // global flag after the command
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json i = json::parse(r.out);
+  EXPECT_EQ(i["format_version"], kImageFormatMajor);
+  EXPECT_EQ(i["zstd_level"], 3);
+  EXPECT_EQ(i["chunk_bytes"], 65536);
+  ASSERT_EQ(i["files"].size(), 3u);  // pages-1.img, sub, sub/core-1.img
+  EXPECT_EQ(i["files"][0]["path"], "pages-1.img");
+  EXPECT_EQ(i["files"][0]["chunks"], 6);
+  EXPECT_EQ(i["files"][1]["type"], "dir");
+
+  r = test::run_cli({"inspect", ckpt_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "format       1.0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "sub/core-1.img")) << r.out;
+
+  r = test::run_cli({"--json", "verify", ckpt_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["ok"], true);
+  r = test::run_cli({"verify", ckpt_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "OK")) << r.out;
+
+  const fs::path out = dir_.path() / "out";
+  r = test::run_cli({"--json", "unpack", ckpt_.string(), "-o", out.string(), "--no-direct"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["direct_io"], false);
+  EXPECT_TRUE(test::same_contents(src_ / "pages-1.img", out / "pages-1.img"));
+  EXPECT_TRUE(test::same_contents(src_ / "sub/core-1.img", out / "sub/core-1.img"));
+}
+
+TEST_F(ImageCli, HumanOutputShowsThroughputAndStages) {
+  auto r = test::run_cli({"pack", src_.string(), "-o", ckpt_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "GB/s")) << r.out;
+  EXPECT_TRUE(contains(r.out, "compress_write")) << r.out;
+}
+
+TEST_F(ImageCli, CorruptBlobExitsFourAndUnpackLeavesNothing) {
+  pack_ok();
+  flip_byte_in_blob();
+  auto r = test::run_cli({"verify", ckpt_.string()});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_TRUE(contains(r.err, "fail their xxh3 checksum")) << r.err;
+  EXPECT_TRUE(contains(r.err, "pages-1.img")) << r.err;
+
+  const fs::path out = dir_.path() / "out";
+  r = test::run_cli({"--json", "unpack", ckpt_.string(), "-o", out.string()});
+  EXPECT_EQ(r.exit_code, 4);
+  const json e = json::parse(r.out);
+  EXPECT_EQ(e["ok"], false);
+  EXPECT_EQ(e["error"]["code"], "corrupt");
+  EXPECT_FALSE(fs::exists(out));
+  for (auto& entry : fs::directory_iterator(dir_.path()))
+    EXPECT_FALSE(contains(entry.path().filename().string(), ".tmp-")) << entry.path();
+}
+
+TEST_F(ImageCli, TruncatedBlobExitsFour) {
+  pack_ok();
+  fs::resize_file(ckpt_ / "blob-000000.bin", 4096);
+  auto r = test::run_cli({"unpack", ckpt_.string(), "-o", (dir_.path() / "out").string()});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_TRUE(contains(r.err, "truncated")) << r.err;
+  EXPECT_FALSE(fs::exists(dir_.path() / "out"));
+}
+
+TEST_F(ImageCli, WrongFormatVersionExitsFive) {
+  pack_ok();
+  json m = json::parse(read_file(ckpt_ / "manifest.json"));
+  m["format_version"] = 99;
+  std::ofstream(ckpt_ / "manifest.json", std::ios::trunc) << m.dump();
+  for (const char* cmd : {"inspect", "verify"}) {
+    auto r = test::run_cli({cmd, ckpt_.string()});
+    EXPECT_EQ(r.exit_code, 5) << cmd;
+    EXPECT_TRUE(contains(r.err, "format version 99 is not supported")) << r.err;
+  }
+}
+
+TEST_F(ImageCli, UnparsableOrMissingManifestExitsFour) {
+  pack_ok();
+  std::ofstream(ckpt_ / "manifest.json", std::ios::trunc) << "{\"format\": ";
+  auto r = test::run_cli({"inspect", ckpt_.string()});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_TRUE(contains(r.err, "not valid JSON")) << r.err;
+  fs::remove(ckpt_ / "manifest.json");
+  r = test::run_cli({"verify", ckpt_.string()});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_TRUE(contains(r.err, "manifest.json is missing")) << r.err;
+}
+
+TEST_F(ImageCli, MissingInputExitsThree) {
+  auto r = test::run_cli({"pack", (dir_.path() / "nope").string(), "-o", ckpt_.string()});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_TRUE(contains(r.err, "nope does not exist")) << r.err;
+  r = test::run_cli(
+      {"unpack", (dir_.path() / "nope").string(), "-o", (dir_.path() / "o").string()});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_FALSE(fs::exists(ckpt_));
+}
+
+TEST_F(ImageCli, ExistingOutputNeedsForce) {
+  pack_ok();
+  auto r = test::run_cli({"pack", src_.string(), "-o", ckpt_.string()});
+  EXPECT_EQ(r.exit_code, 12);
+  EXPECT_TRUE(contains(r.err, "already exists (use --force")) << r.err;
+  r = test::run_cli({"pack", src_.string(), "-o", ckpt_.string(), "--force"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(ImageCli, BadOptionsExitTwo) {
+  auto r = test::run_cli({"pack", src_.string(), "-o", ckpt_.string(), "--chunk-size", "1000"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "chunk size")) << r.err;
+  r = test::run_cli({"pack", src_.string(), "-o", ckpt_.string(), "--queue-depth", "0"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_FALSE(fs::exists(ckpt_));
+}
+
+TEST_F(ImageCli, FullDiskExitsSixAndLeavesNothing) {
+  const fs::path small = dir_.path() / "small";
+  fs::create_directories(small);
+  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=8m") != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "); needs root";
+  test::write_test_file(src_ / "big.img", 12 << 20, 3, 1.0);
+  auto r = test::run_cli({"pack", src_.string(), "-o", (small / "ckpt").string()});
+  const bool empty = fs::is_empty(small);
+  ::umount2(small.c_str(), MNT_DETACH);
+  EXPECT_EQ(r.exit_code, 6);
+  EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
+  EXPECT_TRUE(empty) << "temporary files were left in the full filesystem";
+}
+
+}  // namespace
