@@ -13,54 +13,11 @@
 #include <memory>
 
 #include "commands.h"
+#include "flags.h"
 
 namespace gpuckpt::cli {
 
 namespace {
-
-struct ProbeArgs {
-  std::string spec, request;
-  double timeout_s = 120;
-
-  void add(CLI::App* c, bool required) {
-    auto* o = c->add_option("--probe", spec,
-                            "Readiness probe: unix:PATH, tcp:HOST:PORT" +
-                                std::string(required ? " or stdout:TEXT" : ""));
-    if (required) o->required();
-    c->add_option("--request", request,
-                  "Line sent once connected; the reply line is the first answer");
-    c->add_option("--probe-timeout", timeout_s, "Seconds to wait for the first answer")
-        ->check(CLI::PositiveNumber);
-  }
-  ReadinessProbe probe() const {
-    ReadinessProbe p;
-    if (spec.empty()) {
-      if (!request.empty()) throw Error(Errc::kUsage, "--request needs --probe");
-      return p;
-    }
-    p = parse_probe(spec);
-    p.request = request;
-    p.timeout = std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
-    return p;
-  }
-};
-
-struct CriuArgs {
-  std::string binary;
-  std::vector<std::string> extra;
-  void add(CLI::App* c) {
-    c->add_option("--criu", binary,
-                  "criu binary (default: $GPUCKPT_CRIU, else the install prefix)");
-    c->add_option("--criu-opt", extra, "Extra argument passed verbatim to criu (repeatable)")
-        ->allow_extra_args(false);
-  }
-  CriuSettings settings() const {
-    CriuSettings s;
-    s.binary = binary;
-    s.extra_args = extra;
-    return s;
-  }
-};
 
 std::string probe_text(const ReadinessProbe& p) {
   switch (p.kind) {
@@ -136,7 +93,7 @@ class InterruptGuard {
 };
 
 struct ColdArgs {
-  ProbeArgs probe;
+  ProbeFlags probe{.timeout_s = 120};
   int runs = 3;
   double stop_timeout_s = 10;
   std::string log;
@@ -169,8 +126,8 @@ void run_coldstart(const ColdArgs& a, Context& ctx) {
 
 struct RestoreArgs {
   std::string checkpoint, gpu_map, staging = "/dev/shm";
-  ProbeArgs probe;
-  CriuArgs criu;
+  ProbeFlags probe{.timeout_s = 120};
+  CriuFlags criu;
   int runs = 1;
   bool keep = false, new_pidns = false;
   double stop_timeout_s = 10;
@@ -219,8 +176,8 @@ struct MigrateArgs {
   int pid = 0;
   std::string to, gpu_map, staging = "/dev/shm";
   bool keep_checkpoint = false;
-  ProbeArgs probe;
-  CriuArgs criu;
+  ProbeFlags probe{.timeout_s = 120};
+  CriuFlags criu;
 };
 
 void run_migrate(const MigrateArgs& a, Context& ctx) {

@@ -3,62 +3,11 @@
 #include <memory>
 
 #include "commands.h"
+#include "flags.h"
 
 namespace gpuckpt::cli {
 
 namespace {
-
-// CRIU options every process command shares.
-struct CriuFlags {
-  std::string binary;
-  std::vector<std::string> extra;
-  int timeout_s = 1800;
-  bool no_check = false;
-
-  void add(CLI::App* c) {
-    c->add_option("--criu", binary,
-                  "criu binary (default: $GPUCKPT_CRIU, else the install prefix)");
-    c->add_option(
-         "--criu-opt", extra,
-         "Extra argument passed verbatim to criu (repeatable), e.g. --criu-opt=--tcp-established")
-        ->allow_extra_args(false);
-    c->add_option("--criu-timeout", timeout_s, "Kill criu if a run takes longer (seconds)")
-        ->check(CLI::PositiveNumber);
-    c->add_flag("--no-criu-check", no_check, "Skip the `criu check` preflight");
-  }
-  CriuSettings settings() const {
-    CriuSettings s;
-    s.binary = binary;
-    s.extra_args = extra;
-    s.timeout = std::chrono::seconds(timeout_s);
-    s.check = !no_check;
-    return s;
-  }
-};
-
-struct ProbeFlags {
-  std::string spec, request;
-  double timeout_s = 60;
-
-  void add(CLI::App* c) {
-    c->add_option("--probe", spec,
-                  "Readiness probe timed as first_answer: unix:PATH, tcp:HOST:PORT");
-    c->add_option("--request", request, "Line sent by the probe after connecting (e.g. PING)");
-    c->add_option("--probe-timeout", timeout_s, "Seconds to wait for the first answer")
-        ->check(CLI::PositiveNumber);
-  }
-  ReadinessProbe probe() const {
-    ReadinessProbe p;
-    if (spec.empty()) {
-      if (!request.empty()) throw Error(Errc::kUsage, "--request needs --probe");
-      return p;
-    }
-    p = parse_probe(spec);
-    if (!request.empty()) p.request = request;
-    p.timeout = std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
-    return p;
-  }
-};
 
 void print_header(const char* fmt, auto... args) {
   std::printf(fmt, args...);
