@@ -63,18 +63,12 @@ void Context::progress_done() const {
   }
 }
 
-void Context::emit(const nlohmann::json& j) const { std::cout << j.dump(2) << std::endl; }
+void Context::emit(const nlohmann::json& j) const {
+  std::cout << j.dump(2) << std::endl;
+}
 
 nlohmann::json to_json(const Timeline& t) {
-  nlohmann::json stages = nlohmann::json::array();
-  for (const auto& s : t.stages()) {
-    stages.push_back({{"name", s.name},
-                      {"seconds", s.seconds},
-                      {"start", s.start_offset},
-                      {"bytes", s.bytes},
-                      {"gbps", s.gbps()}});
-  }
-  return {{"total_seconds", t.total_seconds()}, {"stages", stages}};
+  return nlohmann::json::parse(timeline_json(t));
 }
 
 void print_stages(const Timeline& t) {

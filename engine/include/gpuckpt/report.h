@@ -56,6 +56,10 @@ std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlaceme
 void load_roofline_json(const std::string& text, TransientReport& r,
                         const std::string& source = "roofline");
 
+// A timeline as every --json output and document carries it:
+// {"total_seconds":T,"stages":[{"name","seconds","start","bytes","gbps"},...]}.
+std::string timeline_json(const Timeline& t);
+
 // `gpuckpt bench coldstart|restore|migrate --json`: {"kind":KIND,"timeline":<median run>,
 // "runs":[...],"summary":{"runs","min_seconds","median_seconds","max_seconds"}, ...extra}.
 // `extra_json` is a JSON object whose members are merged in (command, pid, ...).

@@ -10,15 +10,23 @@
 #include <sstream>
 #include <thread>
 
+#include "gpuckpt/error.h"
+#include "util/fs.h"
+
 namespace fs = std::filesystem;
 
 namespace gpuckpt::process {
 
 namespace {
 
+// A /proc file, or "" if it cannot be read: the process may exit between the directory scan
+// and the read (reads then fail with ESRCH, which libstdc++ streams throw as an exception).
 std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), {});
+  try {
+    return read_file(p);
+  } catch (const Error&) {
+    return {};
+  }
 }
 
 std::string trim(std::string s) {

@@ -171,6 +171,10 @@ void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
 
 }  // namespace
 
+std::string timeline_json(const Timeline& t) {
+  return timeline_to_json(t).dump();
+}
+
 std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
                           const std::optional<KernelMeasurement>& kernel) {
   Json j = {{"ok", true},
