@@ -96,19 +96,27 @@ std::optional<std::string> read_if_exists(const fs::path& p) {
   return read_file(p);
 }
 
-}  // namespace
-
-DumpStats decode_dump_stats(std::string_view image) {
-  DumpStats s;
-  Reader r(entry_field(image, 1));
+// Calls f(field_number, value) for each varint field of a protobuf message; other wire types
+// are skipped (the stats entries hold only varints that we read).
+template <class F>
+void for_each_varint(std::string_view message, F&& f) {
+  Reader r(message);
   while (!r.done()) {
     const auto key = r.varint();
     if ((key & 7) != 0) {
       r.skip(key & 7);
       continue;
     }
-    const auto v = r.varint();
-    switch (key >> 3) {
+    f(key >> 3, r.varint());
+  }
+}
+
+}  // namespace
+
+DumpStats decode_dump_stats(std::string_view image) {
+  DumpStats s;
+  for_each_varint(entry_field(image, 1), [&](std::uint64_t field, std::uint64_t v) {
+    switch (field) {
       case 1:
         s.freezing_us = static_cast<std::uint32_t>(v);
         break;
@@ -130,21 +138,14 @@ DumpStats decode_dump_stats(std::string_view image) {
       default:
         break;
     }
-  }
+  });
   return s;
 }
 
 RestoreStats decode_restore_stats(std::string_view image) {
   RestoreStats s;
-  Reader r(entry_field(image, 2));
-  while (!r.done()) {
-    const auto key = r.varint();
-    if ((key & 7) != 0) {
-      r.skip(key & 7);
-      continue;
-    }
-    const auto v = r.varint();
-    switch (key >> 3) {
+  for_each_varint(entry_field(image, 2), [&](std::uint64_t field, std::uint64_t v) {
+    switch (field) {
       case 3:
         s.forking_us = static_cast<std::uint32_t>(v);
         break;
@@ -157,7 +158,7 @@ RestoreStats decode_restore_stats(std::string_view image) {
       default:
         break;
     }
-  }
+  });
   return s;
 }
 
