@@ -70,18 +70,11 @@ void wait_idle(pid_t pid) {
 // Processes (not zombies) whose command line mentions `needle`: a restored demo server has
 // its original command line, which names the test's unique socket path.
 std::vector<pid_t> pids_mentioning(const std::string& needle) {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const auto name = e.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = std::stoi(name);
-    auto p = process::read_proc(pid);
-    if (!p || p->state == 'Z') continue;
-    for (const auto& arg : p->cmdline)
-      if (arg.find(needle) != std::string::npos) out.push_back(pid);
-  }
-  return out;
+  return process::live_pids_where([&](const process::ProcInfo& p) {
+    for (const auto& arg : p.cmdline)
+      if (arg.find(needle) != std::string::npos) return true;
+    return false;
+  });
 }
 
 // Test runners hand us open files (ctest: its LastTest.log, without O_CLOEXEC). A child that

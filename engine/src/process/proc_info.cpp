@@ -132,16 +132,20 @@ std::vector<std::string> nvidia_gpu_uuids(pid_t pid) {
   return uuids;
 }
 
-std::vector<pid_t> pids_with_comm(const std::string& comm) {
+std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& pred) {
   std::vector<pid_t> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const auto name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     const pid_t pid = std::stoi(name);
-    if (auto p = read_proc(pid); p && p->comm == comm && p->state != 'Z') out.push_back(pid);
+    if (auto p = read_proc(pid); p && p->state != 'Z' && pred(*p)) out.push_back(pid);
   }
   return out;
+}
+
+std::vector<pid_t> pids_with_comm(const std::string& comm) {
+  return live_pids_where([&](const ProcInfo& p) { return p.comm == comm; });
 }
 
 bool has_tcp_listener(pid_t pid) {

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ std::vector<std::string> nvidia_gpu_uuids(pid_t pid);
 
 // Pids whose comm is `comm` (for tests and diagnostics).
 std::vector<pid_t> pids_with_comm(const std::string& comm);
+// Live (not zombie) processes for which `pred` holds.
+std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& pred);
 
 // True if the process holds a listening TCP socket (same-host migration cannot keep the old
 // process frozen while a new one binds the same port; see docs/PROCESS.md).
