@@ -13,6 +13,15 @@ struct IoArgs {
   unsigned queue_depth = 16;
   unsigned inflight = 0;
   bool no_direct = false;
+
+  // PackOptions and UnpackOptions share these fields.
+  template <class Options>
+  void apply(Options& o) const {
+    o.threads = threads;
+    o.queue_depth = queue_depth;
+    o.inflight_chunks = inflight;
+    o.direct_io = !no_direct;
+  }
 };
 
 void add_io_options(CLI::App& cmd, IoArgs& a) {
@@ -99,10 +108,7 @@ void add_pack(CLI::App& app, Context& ctx) {
     o.zstd_level = a->level;
     if (a->chunk > UINT32_MAX) throw Error(Errc::kUsage, "chunk size is too large");
     o.chunk_bytes = static_cast<std::uint32_t>(a->chunk);
-    o.threads = a->io.threads;
-    o.queue_depth = a->io.queue_depth;
-    o.inflight_chunks = a->io.inflight;
-    o.direct_io = !a->io.no_direct;
+    a->io.apply(o);
     o.force = a->force;
     o.progress = ctx.progress();
     const TransferResult r = pack(a->input, a->output, o);
@@ -134,10 +140,7 @@ void add_unpack(CLI::App& app, Context& ctx) {
   add_io_options(*cmd, a->io);
   cmd->callback([&ctx, a] {
     UnpackOptions o;
-    o.threads = a->io.threads;
-    o.queue_depth = a->io.queue_depth;
-    o.inflight_chunks = a->io.inflight;
-    o.direct_io = !a->io.no_direct;
+    a->io.apply(o);
     o.force = a->force;
     o.progress = ctx.progress();
     const TransferResult r = unpack(a->checkpoint, a->output, o);
@@ -166,10 +169,7 @@ void add_verify(CLI::App& app, Context& ctx) {
   add_io_options(*cmd, a->io);
   cmd->callback([&ctx, a] {
     UnpackOptions o;
-    o.threads = a->io.threads;
-    o.queue_depth = a->io.queue_depth;
-    o.inflight_chunks = a->io.inflight;
-    o.direct_io = !a->io.no_direct;
+    a->io.apply(o);
     o.progress = ctx.progress();
     const TransferResult r = verify(a->checkpoint, o);
     ctx.progress_done();
