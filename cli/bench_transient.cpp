@@ -139,10 +139,6 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
   if (!a.gpu_map.empty()) o.gpu_map = parse_gpu_map(a.gpu_map);
   o.staging_root = a.staging;
   o.probe = a.probe.probe();
-  if (o.probe.kind == ReadinessProbe::Kind::kStdoutLine)
-    throw Error(Errc::kUsage,
-                "a restored process's stdout is not ours to read: use a unix: or "
-                "tcp: probe");
   o.new_pid_ns = a.new_pidns;
   o.criu = a.criu.settings();
   const auto grace = std::chrono::milliseconds(static_cast<long>(a.stop_timeout_s * 1000));
@@ -186,10 +182,6 @@ void run_migrate(const MigrateArgs& a, Context& ctx) {
   o.to_dir = a.to;
   if (!a.gpu_map.empty()) o.gpu_map = parse_gpu_map(a.gpu_map);
   o.probe = a.probe.probe();
-  if (o.probe.kind == ReadinessProbe::Kind::kStdoutLine)
-    throw Error(Errc::kUsage,
-                "a migrated process's stdout is not ours to read: use a unix: or "
-                "tcp: probe");
   o.keep_checkpoint = a.keep_checkpoint;
   o.staging_root = a.staging;
   o.criu = a.criu.settings();

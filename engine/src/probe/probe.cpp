@@ -214,13 +214,17 @@ std::string wait_ready(const ReadinessProbe& probe) {
   return wait_ready(probe, {});
 }
 
-std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>& between_attempts) {
-  using K = ReadinessProbe::Kind;
-  if (probe.kind == K::kNone) return {};
-  if (probe.kind == K::kStdoutLine)
+void require_socket_probe(const ReadinessProbe& probe) {
+  if (probe.kind == ReadinessProbe::Kind::kStdoutLine)
     throw Error(Errc::kUsage, "readiness probe " + describe_probe(probe) +
                                   ": a stdout probe can only watch a process gpuckpt starts "
                                   "itself; use unix:PATH or tcp:HOST:PORT");
+}
+
+std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>& between_attempts) {
+  using K = ReadinessProbe::Kind;
+  if (probe.kind == K::kNone) return {};
+  require_socket_probe(probe);
   const auto start = Clock::now();
   const auto deadline = start + probe.timeout;
   // Short back-off: the probe's polling granularity is part of every measured restore time.

@@ -23,4 +23,8 @@ std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>&
 // "unix:/run/llm.sock", "tcp:127.0.0.1:8000", "stdout:ready", "none": for messages.
 std::string describe_probe(const ReadinessProbe& probe);
 
+// Throws Error(kUsage) for a stdout probe: it can only watch a process gpuckpt starts itself,
+// not a restored one. Restore and migrate call it before they touch anything.
+void require_socket_probe(const ReadinessProbe& probe);
+
 }  // namespace gpuckpt

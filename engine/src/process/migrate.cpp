@@ -9,6 +9,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "probe/probe.h"
 #include "process/dump_impl.h"
 #include "process/proc_info.h"
 #include "process/restore_impl.h"
@@ -67,6 +68,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   using namespace process;
   if (o.pid <= 0) throw Error(Errc::kUsage, "no pid given");
   if (o.to_dir.empty()) throw Error(Errc::kUsage, "no target directory given");
+  require_socket_probe(o.probe);
   const auto info = read_proc(o.pid);
   if (!info || info->state == 'Z')
     throw Error(Errc::kProcess, "no process with pid " + std::to_string(o.pid));

@@ -206,6 +206,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out) {
 }  // namespace process
 
 RestoreResult restore(const RestoreOptions& opts) {
+  require_socket_probe(opts.probe);
   RestoreResult r;
   try {
     process::restore_into(opts, r);
