@@ -66,31 +66,9 @@ void print_runs(const char* what, const std::vector<Timeline>& runs) {
 // ---- coldstart ------------------------------------------------------------------------------
 
 // The service runs in its own session, so a Ctrl-C on gpuckpt's terminal does not reach it:
-// if gpuckpt is interrupted mid-run, this handler kills the service's group, then dies of the
-// same signal.
+// if gpuckpt is interrupted mid-run, its service group is killed before gpuckpt dies of the
+// same signal (cli/signals.cpp runs the OnInterrupt hooks).
 std::atomic<pid_t> g_service_pgid{0};
-
-void on_interrupt(int sig) {
-  if (const pid_t pg = g_service_pgid.load(); pg > 0) ::kill(-pg, SIGKILL);
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);
-}
-
-class InterruptGuard {
- public:
-  InterruptGuard() {
-    struct sigaction sa {};
-    sa.sa_handler = on_interrupt;
-    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &sa, &old_[i]);
-  }
-  ~InterruptGuard() {
-    for (int i = 0; i < 3; ++i) ::sigaction(kSignals[i], &old_[i], nullptr);
-  }
-
- private:
-  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
-  struct sigaction old_[3];
-};
 
 struct ColdArgs {
   ProbeFlags probe{.timeout_s = 120};
@@ -107,7 +85,9 @@ void run_coldstart(const ColdArgs& a, Context& ctx) {
   o.stop_timeout = std::chrono::milliseconds(static_cast<long>(a.stop_timeout_s * 1000));
   o.log_file = a.log;
   o.on_running = [](pid_t pgid) { g_service_pgid = pgid; };
-  InterruptGuard guard;
+  OnInterrupt kill_service([] {
+    if (const pid_t pg = g_service_pgid.load(); pg > 0) ::kill(-pg, SIGKILL);
+  });
   std::vector<Timeline> runs;
   for (int i = 0; i < a.runs; ++i) {
     runs.push_back(measure_cold_start(o));

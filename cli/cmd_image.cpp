@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "flags.h"
 
 namespace gpuckpt::cli {
 
@@ -92,6 +93,7 @@ void add_pack(CLI::App& app, Context& ctx) {
     std::uint64_t chunk = 4u << 20;
     bool force = false;
     IoArgs io;
+    SignFlags sign;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand("pack", "Pack a directory (or one file) into a checkpoint");
@@ -102,9 +104,11 @@ void add_pack(CLI::App& app, Context& ctx) {
   cmd->add_option("--chunk-size", a->chunk, "Chunk size, e.g. 4M (multiple of 4K, 64K..256M)")
       ->transform(CLI::AsSizeValue(false));
   cmd->add_flag("--force", a->force, "Replace an existing checkpoint");
+  a->sign.add(cmd);
   add_io_options(*cmd, a->io);
   cmd->callback([&ctx, a] {
     PackOptions o;
+    o.sign_key = a->sign.path();
     o.zstd_level = a->level;
     if (a->chunk > UINT32_MAX) throw Error(Errc::kUsage, "chunk size is too large");
     o.chunk_bytes = static_cast<std::uint32_t>(a->chunk);
@@ -117,6 +121,7 @@ void add_pack(CLI::App& app, Context& ctx) {
       auto j = result_json("pack", r);
       j["input"] = a->input;
       j["output"] = a->output;
+      j["signed"] = !o.sign_key.empty();
       ctx.emit(j);
     } else {
       std::printf("packed %s -> %s\n", a->input.c_str(), a->output.c_str());
@@ -136,7 +141,8 @@ void add_unpack(CLI::App& app, Context& ctx) {
       app.add_subcommand("unpack", "Unpack a checkpoint into a directory (every chunk verified)");
   cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory")->required();
   cmd->add_option("-o,--output", a->output, "Directory to create")->required();
-  cmd->add_flag("--force", a->force, "Replace an existing non-empty output directory");
+  cmd->add_flag("--force", a->force,
+                "Replace an existing non-empty output directory (never a file or a symlink)");
   add_io_options(*cmd, a->io);
   cmd->callback([&ctx, a] {
     UnpackOptions o;
@@ -161,24 +167,33 @@ void add_verify(CLI::App& app, Context& ctx) {
   struct Args {
     std::string checkpoint;
     IoArgs io;
+    TrustFlags trust;
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
-      "verify", "Check every chunk checksum, decompress, and check every file's xxh3");
+      "verify",
+      "Check the manifest's seal and signature, every chunk checksum, and every file's xxh3");
   cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory")->required();
+  a->trust.add(cmd, false);
   add_io_options(*cmd, a->io);
   cmd->callback([&ctx, a] {
     UnpackOptions o;
     a->io.apply(o);
     o.progress = ctx.progress();
+    // The signature first: a checkpoint that fails it is not worth reading through.
+    const TrustOptions trust = a->trust.options();
+    const SignatureInfo sig = signature_status(a->checkpoint, trust.trusted_keys);
+    enforce_signature(sig, trust, a->checkpoint);
     const TransferResult r = verify(a->checkpoint, o);
     ctx.progress_done();
     if (ctx.json) {
       auto j = result_json("verify", r);
       j["checkpoint"] = a->checkpoint;
+      j["signature"] = signature_json(sig);
       ctx.emit(j);
     } else {
       std::printf("OK: %s verified\n", a->checkpoint.c_str());
+      std::printf("  signature %s\n", signature_text(sig, trust.trusted_keys).c_str());
       print_summary("  ", r);
     }
   });
@@ -186,11 +201,19 @@ void add_verify(CLI::App& app, Context& ctx) {
 
 void add_inspect(CLI::App& app, Context& ctx) {
   auto checkpoint = std::make_shared<std::string>();
-  auto* cmd = app.add_subcommand("inspect", "Show a checkpoint's manifest (reads nothing else)");
+  auto keys = std::make_shared<std::string>();
+  auto* cmd = app.add_subcommand(
+      "inspect", "Show a checkpoint's manifest and signature state (reads no blob)");
   cmd->add_option("checkpoint", *checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("--trusted-keys", *keys,
+                  "Public key file or directory of *.pub files to check the signer against "
+                  "(default: trusted_keys in the gpuckpt config)");
   cmd->fallthrough();
-  cmd->callback([&ctx, checkpoint] {
+  cmd->callback([&ctx, checkpoint, keys] {
     const ImageInfo info = inspect(*checkpoint);
+    const std::filesystem::path trusted =
+        keys->empty() ? load_security_config().trusted_keys : std::filesystem::path(*keys);
+    const SignatureInfo sig = signature_status(*checkpoint, trusted);
     if (ctx.json) {
       nlohmann::json files = nlohmann::json::array();
       for (const auto& f : info.files) {
@@ -222,6 +245,8 @@ void add_inspect(CLI::App& app, Context& ctx) {
                 {"ratio", ratio(info.raw_bytes, info.compressed_bytes)},
                 {"chunk_count", info.chunk_count},
                 {"blob_count", info.blob_count},
+                {"sealed", info.sealed},
+                {"signature", signature_json(sig)},
                 {"files", std::move(files)},
                 {"extra", info.extra_json.empty() ? nlohmann::json(nullptr)
                                                   : nlohmann::json::parse(info.extra_json)}});
@@ -239,6 +264,9 @@ void add_inspect(CLI::App& app, Context& ctx) {
                 ratio(info.raw_bytes, info.compressed_bytes),
                 static_cast<unsigned long long>(info.chunk_count),
                 static_cast<unsigned long long>(info.blob_count));
+    std::printf("checksum     %s\n", info.sealed ? "whole manifest, in manifest.seal"
+                                                 : "none for the manifest (format 1.0)");
+    std::printf("signature    %s\n", signature_text(sig, trusted).c_str());
     if (!info.extra_json.empty()) {
       std::string extra = info.extra_json;
       if (extra.size() > 160) extra = extra.substr(0, 157) + "...";

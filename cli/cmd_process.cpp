@@ -23,13 +23,20 @@ void add_process_commands(CLI::App& app, Context& ctx) {
     struct Opts {
       int pid = 0;
       std::string output, staging = "/dev/shm";
-      bool leave_running = false, force = false;
+      bool leave_running = false, force = false, tcp_established = false;
       int level = 1;
       int lock_timeout_ms = 10000;
       CriuFlags criu;
+      SignFlags sign;
     };
     auto o = std::make_shared<Opts>();
-    c->add_option("--pid", o->pid, "Process to checkpoint")->required()->check(CLI::PositiveNumber);
+    c->add_option("--pid", o->pid, "Root of the process tree to checkpoint")
+        ->required()
+        ->check(CLI::PositiveNumber);
+    c->add_flag("--tcp-established", o->tcp_established,
+                "Dump established TCP connections with their state, so clients stay connected "
+                "(default: they are not dumped and a client in mid-request sees a reset; "
+                "listening sockets come back either way)");
     c->add_option("-o,--output", o->output, "Checkpoint to write")->required();
     c->add_flag("--leave-running", o->leave_running,
                 "Snapshot: the process continues after the dump (default: it ends once the "
@@ -40,6 +47,7 @@ void add_process_commands(CLI::App& app, Context& ctx) {
     c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
         ->check(CLI::PositiveNumber);
     o->criu.add(c);
+    o->sign.add(c);
     c->callback([o, &ctx] {
       DumpOptions d;
       d.pid = o->pid;
@@ -50,7 +58,9 @@ void add_process_commands(CLI::App& app, Context& ctx) {
       d.pack.force = o->force;
       d.pack.progress = ctx.progress();
       d.lock_timeout = std::chrono::milliseconds(o->lock_timeout_ms);
+      d.tcp_established = o->tcp_established;
       d.criu = o->criu.settings();
+      d.pack.sign_key = o->sign.path();
       const DumpResult r = dump(d);
       ctx.progress_done();
       if (ctx.json) {
@@ -64,11 +74,17 @@ void add_process_commands(CLI::App& app, Context& ctx) {
                   {"gpu", r.gpu},
                   {"gpu_uuids", r.gpu_uuids},
                   {"criu_version", r.criu_version},
+                  {"tree", r.tree},
+                  {"tcp_established", d.tcp_established},
                   {"timeline", to_json(r.timeline)}});
         return;
       }
-      print_header("dumped pid %d (%s) to %s: %s of CRIU images, %s on storage%s%s", d.pid,
-                   r.comm.c_str(), d.output.c_str(), human_bytes(r.image_bytes).c_str(),
+      print_header("dumped pid %d (%s%s) to %s: %s of CRIU images, %s on storage%s%s", d.pid,
+                   r.comm.c_str(),
+                   r.tree.size() > 1
+                       ? (", a tree of " + std::to_string(r.tree.size()) + " processes").c_str()
+                       : "",
+                   d.output.c_str(), human_bytes(r.image_bytes).c_str(),
                    human_bytes(r.checkpoint_bytes).c_str(), r.gpu ? ", with CUDA state" : "",
                    d.leave_running ? "; the process continues" : "; the process has ended");
       print_stages(r.timeline);
@@ -81,18 +97,23 @@ void add_process_commands(CLI::App& app, Context& ctx) {
         app.add_subcommand("restore", "Restore a process from CKPT (optionally onto other GPUs)");
     struct Opts {
       std::string checkpoint, gpu_map, staging = "/dev/shm";
-      bool new_pidns = false;
+      bool new_pidns = false, take_endpoints = false;
       ProbeFlags probe;
       CriuFlags criu;
+      TrustFlags trust;
     };
     auto o = std::make_shared<Opts>();
     c->add_option("checkpoint", o->checkpoint, "Checkpoint made by gpuckpt dump")->required();
+    c->add_flag("--take-endpoints", o->take_endpoints,
+                "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
+                "even if a live process serves them (refused by default)");
     c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
     c->add_option("--staging", o->staging, "Where the images are unpacked for CRIU (tmpfs)");
     c->add_flag("--new-pidns", o->new_pidns,
                 "Restore into a new pid namespace (the checkpointed pid may be in use here)");
     o->probe.add(c);
     o->criu.add(c);
+    o->trust.add(c);
     c->callback([o, &ctx] {
       RestoreOptions r;
       r.checkpoint = o->checkpoint;
@@ -101,15 +122,14 @@ void add_process_commands(CLI::App& app, Context& ctx) {
       r.unpack.progress = ctx.progress();
       r.probe = o->probe.probe();
       r.new_pid_ns = o->new_pidns;
+      r.take_endpoints = o->take_endpoints;
       r.criu = o->criu.settings();
+      r.trust = o->trust.options();
       const RestoreResult res = restore(r);
       ctx.progress_done();
       if (ctx.json) {
-        nlohmann::json j{{"ok", true},
-                         {"pid", res.pid},
-                         {"ns_pid", res.ns_pid},
-                         {"gpu", res.gpu},
-                         {"timeline", to_json(res.timeline)}};
+        nlohmann::json j{{"ok", true},     {"pid", res.pid},   {"ns_pid", res.ns_pid},
+                         {"gpu", res.gpu}, {"tree", res.tree}, {"timeline", to_json(res.timeline)}};
         if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
         if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
         ctx.emit(j);
@@ -135,15 +155,28 @@ void add_process_commands(CLI::App& app, Context& ctx) {
         "new one answers, and is resumed if anything fails");
     struct Opts {
       int pid = 0;
-      std::string to, gpu_map, staging = "/dev/shm";
-      bool keep = false;
+      std::string to, gpu_map, staging = "/dev/shm", handoff = "auto";
+      bool keep = false, tcp_established = false;
       int level = 1;
       int lock_timeout_ms = 10000;
       ProbeFlags probe;
       CriuFlags criu;
+      SignFlags sign;
+      TrustFlags trust;
     };
     auto o = std::make_shared<Opts>();
-    c->add_option("--pid", o->pid, "Process to migrate")->required()->check(CLI::PositiveNumber);
+    c->add_option("--pid", o->pid, "Root of the process tree to migrate")
+        ->required()
+        ->check(CLI::PositiveNumber);
+    c->add_option("--handoff", o->handoff,
+                  "auto|frozen|release: frozen keeps the original frozen until the copy (in a new "
+                  "pid namespace) answers; release ends the original once the checkpoint is "
+                  "durable and restores the copy in place (needed for TCP listeners; a "
+                  "rollback restores the original). auto: release for TCP or abstract-socket "
+                  "listeners, else frozen")
+        ->check(CLI::IsMember({"auto", "frozen", "release"}));
+    c->add_flag("--tcp-established", o->tcp_established,
+                "Carry established TCP connections over (see dump --tcp-established)");
     c->add_option("--to", o->to, "Directory the checkpoint is written to and restored from")
         ->required();
     c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
@@ -154,6 +187,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
         ->check(CLI::PositiveNumber);
     o->probe.add(c);
     o->criu.add(c);
+    o->sign.add(c);
+    o->trust.add(c);
     c->callback([o, &ctx] {
       MigrateOptions m;
       m.pid = o->pid;
@@ -165,13 +200,20 @@ void add_process_commands(CLI::App& app, Context& ctx) {
       m.pack.zstd_level = o->level;
       m.pack.progress = ctx.progress();
       m.lock_timeout = std::chrono::milliseconds(o->lock_timeout_ms);
+      m.tcp_established = o->tcp_established;
+      m.handoff = o->handoff == "frozen"    ? MigrateHandoff::kFrozen
+                  : o->handoff == "release" ? MigrateHandoff::kRelease
+                                            : MigrateHandoff::kAuto;
       m.criu = o->criu.settings();
+      m.pack.sign_key = o->sign.path();
+      m.trust = o->trust.options();
       const MigrateResult res = migrate(m);
       ctx.progress_done();
       if (ctx.json) {
         nlohmann::json j{{"ok", true},
                          {"pid", res.new_pid},
                          {"old_pid", res.old_pid},
+                         {"handoff", handoff_name(res.handoff)},
                          {"timeline", to_json(res.timeline)}};
         if (o->keep) j["checkpoint"] = res.checkpoint;
         if (m.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
@@ -179,7 +221,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
         return;
       }
       print_header(
-          "migrated pid %d -> pid %d%s", res.old_pid, res.new_pid,
+          "migrated pid %d -> pid %d (%s handoff)%s", res.old_pid, res.new_pid,
+          handoff_name(res.handoff),
           o->keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
       if (m.probe.kind != ReadinessProbe::Kind::kNone)
         print_header("first answer: %s", res.first_answer.c_str());

@@ -71,6 +71,35 @@ nlohmann::json to_json(const Timeline& t) {
   return nlohmann::json::parse(timeline_json(t));
 }
 
+nlohmann::json signature_json(const SignatureInfo& s) {
+  nlohmann::json j = {{"state", signature_state_name(s.state)}};
+  if (s.state == SignatureState::kUnsigned) return j;
+  j["key_id"] = s.key_id;
+  j["public_key"] = s.public_key;
+  if (s.state == SignatureState::kInvalid) {
+    j["problem"] = s.problem;
+  } else {
+    j["trusted"] = s.trusted();
+    j["trusted_by"] = s.trusted() ? nlohmann::json(s.trusted_by.string()) : nlohmann::json();
+  }
+  return j;
+}
+
+std::string signature_text(const SignatureInfo& s, const std::filesystem::path& trusted_keys) {
+  switch (s.state) {
+    case SignatureState::kUnsigned:
+      return "unsigned";
+    case SignatureState::kInvalid:
+      return "INVALID (key " + s.key_id + "): " + s.problem;
+    case SignatureState::kValid:
+      break;
+  }
+  std::string t = "valid, by key " + s.key_id;
+  if (s.trusted()) return t + " (trusted: " + s.trusted_by.string() + ")";
+  if (trusted_keys.empty()) return t + " (no trusted keys configured)";
+  return t + " (NOT among the trusted keys in " + trusted_keys.string() + ")";
+}
+
 void print_stages(const Timeline& t) {
   std::printf("%-22s %12s %14s %10s\n", "stage", "time", "bytes", "GB/s");
   for (const auto& s : t.stages()) {

@@ -31,5 +31,8 @@ std::string human_bytes(std::uint64_t b);
 std::string human_seconds(double s);
 // Prints a per-stage table (name, seconds, bytes, GB/s) to stdout.
 void print_stages(const Timeline& t);
+// A checkpoint's signature state, for `inspect` and `verify`: JSON and one line of text.
+nlohmann::json signature_json(const SignatureInfo& s);
+std::string signature_text(const SignatureInfo& s, const std::filesystem::path& trusted_keys);
 
 }  // namespace gpuckpt::cli

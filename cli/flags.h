@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,80 @@ struct CriuFlags {
   }
 };
 
+// A time in seconds, more than 0 and at most `max_s`: CLI::PositiveNumber admits 1e300 (and
+// inf), which overflow the millisecond count they become.
+inline CLI::Validator seconds_check(double max_s) {
+  return CLI::Validator(
+      [max_s](std::string& in) -> std::string {
+        double v = 0;
+        if (CLI::detail::lexical_cast(in, v) && v > 0 && v <= max_s) return {};
+        return "must be a number of seconds, more than 0 and at most " +
+               std::to_string(static_cast<long long>(max_s)) + ", not '" + in + "'";
+      },
+      "SECONDS", "SECONDS");
+}
+
+// A process id: a positive integer. CLI::PositiveNumber admits "1.5" and words its refusal of
+// "abc" as a floating-point range.
+inline CLI::Validator pid_check() {
+  return CLI::Validator(
+      [](std::string& in) -> std::string {
+        int v = 0;
+        if (CLI::detail::lexical_cast(in, v) && v > 0) return {};
+        return "must be a positive integer pid, not '" + in + "'";
+      },
+      "PID", "PID");
+}
+
+// A readiness probe waits at most this long: longer is a typo, not a plan.
+inline constexpr double kMaxProbeSeconds = 86400;
+
+// --sign-key KEY for the commands that write a checkpoint (pack, dump, migrate).
+struct SignFlags {
+  std::string key;
+
+  void add(CLI::App* c) {
+    c->add_option("--sign-key", key,
+                  "ed25519 secret key (gpuckpt keygen) that signs the manifest (default: "
+                  "sign_key in the gpuckpt config; none: unsigned)");
+  }
+  std::filesystem::path path() const {
+    return key.empty() ? load_security_config().sign_key : std::filesystem::path(key);
+  }
+};
+
+// Who may have written a checkpoint that is restored (restore, migrate) or verified.
+struct TrustFlags {
+  bool allow_untrusted = false, require_signature = false;
+  std::string trusted_keys;
+
+  // `restore`: also --allow-untrusted, and the config's require_signature applies.
+  void add(CLI::App* c, bool restore = true) {
+    restore_ = restore;
+    if (restore)
+      c->add_flag("--allow-untrusted", allow_untrusted,
+                  "Restore a checkpoint not owned by root (or you), or writable by others");
+    c->add_flag(
+        "--require-signature", require_signature,
+        "Refuse a checkpoint not signed by a trusted key" +
+            std::string(restore ? " (default: require_signature in the gpuckpt config)" : ""));
+    c->add_option("--trusted-keys", trusted_keys,
+                  "Public key file, or directory of *.pub files, trusted to sign checkpoints "
+                  "(default: trusted_keys in the gpuckpt config, else /etc/gpuckpt/trusted-keys)");
+  }
+  TrustOptions options() const {
+    const SecurityConfig cfg = load_security_config();
+    TrustOptions t;
+    t.allow_untrusted = allow_untrusted;
+    t.require_signature = require_signature || (restore_ && cfg.require_signature);
+    t.trusted_keys = trusted_keys.empty() ? cfg.trusted_keys : std::filesystem::path(trusted_keys);
+    return t;
+  }
+
+ private:
+  bool restore_ = true;
+};
+
 // Readiness probe options: --probe SPEC [--request LINE] [--probe-timeout S].
 struct ProbeFlags {
   std::string spec, request;
@@ -46,13 +121,14 @@ struct ProbeFlags {
   // restored or migrated process's stdout is not ours to read).
   void add(CLI::App* c, bool required = false) {
     auto* o = c->add_option("--probe", spec,
-                            "Readiness probe, timed as first_answer: unix:PATH, tcp:HOST:PORT" +
+                            "Readiness probe, timed as first_answer: unix:PATH, tcp:HOST:PORT, "
+                            "http://HOST:PORT/PATH (GET until 2xx; with --request, POSTs it)" +
                                 std::string(required ? " or stdout:TEXT" : ""));
     if (required) o->required();
     c->add_option("--request", request,
                   "Line sent once connected (e.g. PING); the reply line is the first answer");
     c->add_option("--probe-timeout", timeout_s, "Seconds to wait for the first answer")
-        ->check(CLI::PositiveNumber);
+        ->check(seconds_check(kMaxProbeSeconds));
   }
   ReadinessProbe probe() const {
     ReadinessProbe p;
@@ -62,6 +138,10 @@ struct ProbeFlags {
     }
     p = parse_probe(spec);
     p.request = request;
+    if (!(timeout_s > 0 && timeout_s <= kMaxProbeSeconds))  // also for defaults set in code
+      throw Error(Errc::kUsage, "--probe-timeout must be more than 0 and at most " +
+                                    std::to_string(static_cast<int>(kMaxProbeSeconds)) +
+                                    " seconds (1 day)");
     p.timeout = std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
     return p;
   }

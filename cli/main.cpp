@@ -4,17 +4,60 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cstring>
 #include <iostream>
 
 #include "commands.h"
 #include "context.h"
+#include "flags.h"
+#include "signals.h"
+
+namespace {
+
+// Whether --json was given, from argv itself: a parse error can stop CLI11 before it has
+// stored the flag, and scripts must get their JSON error object all the same.
+bool json_requested(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--") == 0) break;
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  }
+  return false;
+}
+
+// Every --pid takes a positive integer pid, with a message that says so, whichever command
+// group registered it with CLI::PositiveNumber.
+void check_pids(CLI::App& app) {
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (CLI::Option* o = sub->get_option_no_throw("--pid")) {
+      bool replaced = false;
+      try {
+        for (int i = 0;; ++i) {
+          CLI::Validator* v = o->get_validator(i);  // throws past the last one
+          if (v->get_description() == "POSITIVE") {
+            *v = gpuckpt::cli::pid_check();
+            replaced = true;
+          }
+        }
+      } catch (const CLI::OptionNotFound&) {
+      }
+      if (!replaced) o->check(gpuckpt::cli::pid_check());
+    }
+    check_pids(*sub);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace gpuckpt;
   cli::Context ctx;
+  cli::install_interrupt_handler(ctx);
   CLI::App app{"gpuckpt: checkpoint, restore and migrate GPU serving processes"};
   app.set_version_flag("--version", std::string("gpuckpt ") + version());
   app.require_subcommand(1);
+  // Inherited by every subcommand added below: global options may follow the subcommand
+  // (`gpuckpt dump --json ...`), as docs/CLI.md promises.
+  app.fallthrough();
   app.add_flag("--json", ctx.json, "Machine-readable JSON on stdout");
   app.add_flag("-q,--quiet", ctx.quiet, "No progress output");
   app.add_option("--log-level", ctx.log_level, "trace|debug|info|warn|error|off")
@@ -26,6 +69,8 @@ int main(int argc, char** argv) {
   cli::add_roofline_commands(app, ctx);
   cli::add_bench_commands(app, ctx);
   cli::add_report_commands(app, ctx);
+  cli::add_keygen_command(app, ctx);
+  check_pids(app);
 
   // Logs go to stderr so that stdout stays clean for --json.
   auto logger = spdlog::stderr_color_mt("gpuckpt");
@@ -37,8 +82,16 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help/--version exit 0; every usage error exits 2 (CLI11's own codes are >100).
-    const int rc = app.exit(e);
-    return rc == 0 ? 0 : static_cast<int>(Errc::kUsage);
+    if (e.get_exit_code() == 0) return app.exit(e);
+    if (ctx.json || json_requested(argc, argv)) {
+      ctx.emit(
+          {{"ok", false},
+           {"error", {{"code", std::string(errc_name(Errc::kUsage))}, {"message", e.what()}}}});
+      std::cerr << "gpuckpt: usage error: " << e.what() << "\n";
+    } else {
+      app.exit(e);
+    }
+    return static_cast<int>(Errc::kUsage);
   } catch (const Error& e) {
     ctx.progress_done();
     if (ctx.json) {

@@ -9,16 +9,24 @@
 //   INFO        -> INFO pid=.. device=.. uuid=.. vram_bytes=.. requests=..
 // <hash> is a 64-bit checksum of ALL the VRAM state, computed on the GPU: it must be the same
 // before a checkpoint and after the restore. Prints "READY <socket>" on stdout when serving.
-//   gpuckpt-cuda-demo-server --socket PATH [--vram-gib G] [--seed S] [--device N]
+//   gpuckpt-cuda-demo-server --socket PATH [--vram-gib G] [--seed S] [--device N] [--workers W]
 //   gpuckpt-cuda-demo-server --client PATH 'REQUEST'   (no GPU needed: prints the reply)
+// --workers W: a process tree, like a tensor-parallel server. The front (which never touches
+// CUDA: a process that forks must not have initialised it) serves the socket and forks W
+// workers; worker r holds --vram-gib/W of the state, seeded with S+r, on GPU (N+r) mod count.
+// The front forwards each request to every worker over a socketpair and answers
+// "OK <n> <hash>" with <hash> a fold of the workers' hashes; INFO adds workers= and
+// worker_pids=. The workers die with the front (PR_SET_PDEATHSIG).
 // Exit codes: 0 ok, 2 usage, 7 no GPU, 8 CUDA error, 10 client could not talk to a server.
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +34,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +47,7 @@ namespace {
 constexpr int kExitClient = 10;  // Errc::kProcess: the server did not answer
 constexpr std::size_t kMaxLine = 1 << 16;
 constexpr int kMaxClients = 64;
+constexpr int kMaxWorkers = 64;
 
 volatile sig_atomic_t g_stop = 0;
 void on_signal(int) {
@@ -254,12 +264,9 @@ struct Client {
   std::string in;
 };
 
-int serve(const std::string& path, double vram_gib, std::uint32_t seed, int device) {
-  require_gpu(device);
-  const std::size_t bytes = static_cast<std::size_t>(vram_gib * double(1ull << 30));
-  Model model(bytes, seed, device);
-  model.hash();  // warms every kernel up before the first request is timed by anyone
-
+// Serves the line protocol on `path` with `answer` until SIGTERM/SIGINT.
+int serve_loop(const std::string& path,
+               const std::function<std::string(const std::string&)>& answer) {
   struct sigaction sa {};
   sa.sa_handler = on_signal;
   sigemptyset(&sa.sa_mask);
@@ -315,7 +322,7 @@ int serve(const std::string& path, double vram_gib, std::uint32_t seed, int devi
           std::string line = c.in.substr(0, nl);
           c.in.erase(0, nl + 1);
           if (!line.empty() && line.back() == '\r') line.pop_back();
-          close_it = !write_all(c.fd, answer(model, line) + "\n");
+          close_it = !write_all(c.fd, answer(line) + "\n");
         }
         if (c.in.size() > kMaxLine) {
           write_all(c.fd, "ERR line too long\n");
@@ -337,11 +344,161 @@ int serve(const std::string& path, double vram_gib, std::uint32_t seed, int devi
   return 0;
 }
 
+int serve(const std::string& path, double vram_gib, std::uint32_t seed, int device) {
+  require_gpu(device);
+  const std::size_t bytes = static_cast<std::size_t>(vram_gib * double(1ull << 30));
+  Model model(bytes, seed, device);
+  model.hash();  // warms every kernel up before the first request is timed by anyone
+  return serve_loop(path, [&](const std::string& line) { return answer(model, line); });
+}
+
+// ---- the multi-process tree (--workers) ----------------------------------------------------
+
+// One '\n'-terminated line from a blocking fd, without the newline; false on EOF or error.
+bool read_line(int fd, std::string& buf, std::string& line) {
+  for (;;) {
+    if (const auto nl = buf.find('\n'); nl != std::string::npos) {
+      line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      return true;
+    }
+    char chunk[4096];
+    const ssize_t n = ::read(fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || buf.size() > kMaxLine) return false;
+    buf.append(chunk, static_cast<std::size_t>(n));
+  }
+}
+
+// A worker: its share of the state on its GPU, answering the front's lines on `fd`.
+int run_worker(int fd, std::size_t bytes, std::uint32_t seed, int device, int rank) {
+  const int count = require_gpu(device);
+  const int gpu = (device + rank) % count;
+  GPUCKPT_CUDA_CHECK(cudaSetDevice(gpu));
+  Model model(bytes, seed, gpu);
+  model.hash();
+  if (!write_all(fd, "READY\n")) return 0;
+  std::string buf, line;
+  while (read_line(fd, buf, line))
+    if (!write_all(fd, answer(model, line) + "\n")) break;
+  return 0;  // the front hung up
+}
+
+// "key=value" out of an INFO line; the device name runs up to " uuid=" (it has spaces).
+std::string info_field(const std::string& info, const std::string& key) {
+  const auto at = info.find(" " + key + "=");
+  if (at == std::string::npos) return {};
+  const auto begin = at + key.size() + 2;
+  const auto end = key == "device" ? info.find(" uuid=", begin) : info.find(' ', begin);
+  return info.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
+struct Worker {
+  pid_t pid = 0;
+  int fd = -1;
+  std::string buf;
+};
+
+// Sends `line` to every worker first (so their GPUs work at once), then collects the replies.
+std::vector<std::string> broadcast(std::vector<Worker>& workers, const std::string& line) {
+  for (std::size_t r = 0; r < workers.size(); ++r)
+    if (!write_all(workers[r].fd, line + "\n"))
+      die(kExitDevice,
+          "worker " + std::to_string(r) + " (pid " + std::to_string(workers[r].pid) + ") is gone");
+  std::vector<std::string> replies(workers.size());
+  for (std::size_t r = 0; r < workers.size(); ++r)
+    if (!read_line(workers[r].fd, workers[r].buf, replies[r]))
+      die(kExitDevice, "worker " + std::to_string(r) + " (pid " + std::to_string(workers[r].pid) +
+                           ") exited while answering");
+  return replies;
+}
+
+std::string answer_tree(std::vector<Worker>& workers, const std::string& line) {
+  const std::vector<std::string> replies = broadcast(workers, line);
+  for (const auto& r : replies)
+    if (r.rfind("ERR", 0) == 0) return r;
+  if (line == "PING") return "PONG";
+  if (line == "INFO") {
+    std::string pids, uuids;
+    std::uint64_t vram = 0;
+    for (std::size_t r = 0; r < workers.size(); ++r) {
+      pids += (r ? "," : "") + std::to_string(workers[r].pid);
+      uuids += (r ? "," : "") + info_field(replies[r], "uuid");
+      vram += std::strtoull(info_field(replies[r], "vram_bytes").c_str(), nullptr, 10);
+    }
+    return "INFO pid=" + std::to_string(::getpid()) + " workers=" + std::to_string(workers.size()) +
+           " worker_pids=" + pids + " device=" + info_field(replies[0], "device") +
+           " uuid=" + info_field(replies[0], "uuid") + " uuids=" + uuids +
+           " vram_bytes=" + std::to_string(vram) +
+           " requests=" + info_field(replies[0], "requests");
+  }
+  // GEN and STATE: "OK <n> <hash>" from every worker, with the same <n>.
+  std::uint64_t n0 = 0, h = 0x243f6a8885a308d3ull;
+  for (std::size_t r = 0; r < replies.size(); ++r) {
+    unsigned long long n = 0, wh = 0;
+    if (std::sscanf(replies[r].c_str(), "OK %llu %llx", &n, &wh) != 2)
+      return "ERR worker " + std::to_string(r) + " answered '" + replies[r] + "'";
+    if (r == 0) n0 = n;
+    if (n != n0) return "ERR the workers disagree on the request count";
+    h = mix64(h ^ wh);
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "OK %" PRIu64 " %016" PRIx64, n0, h);
+  return buf;
+}
+
+int serve_tree(const std::string& path, double vram_gib, std::uint32_t seed, int device,
+               int count) {
+  unix_address(path);  // a bad path is a usage error before anything is started
+  const std::size_t bytes =
+      static_cast<std::size_t>(vram_gib * double(1ull << 30) / static_cast<double>(count));
+  const pid_t front = ::getpid();
+  std::vector<Worker> workers;
+  for (int r = 0; r < count; ++r) {
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+      die(kExitDevice, std::string("socketpair: ") + std::strerror(errno));
+    std::fflush(nullptr);
+    const pid_t pid = ::fork();
+    if (pid < 0) die(kExitDevice, std::string("fork: ") + std::strerror(errno));
+    if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != front) ::_exit(1);  // the front died before prctl
+      for (const Worker& w : workers) ::close(w.fd);
+      ::close(sv[0]);
+      ::signal(SIGPIPE, SIG_IGN);
+      const int rc = run_worker(sv[1], bytes, seed + static_cast<std::uint32_t>(r), device, r);
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    ::close(sv[1]);
+    workers.push_back({pid, sv[0], {}});
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  for (std::size_t r = 0; r < workers.size(); ++r) {
+    std::string line;
+    if (read_line(workers[r].fd, workers[r].buf, line) && line == "READY") continue;
+    // Its reason ("no NVIDIA GPU: ...") is on stderr already; exit with its code, and the
+    // other workers die with the front.
+    int st = 0;
+    ::waitpid(workers[r].pid, &st, 0);
+    std::fprintf(stderr, "worker %zu (pid %d) did not start\n", r,
+                 static_cast<int>(workers[r].pid));
+    std::exit(WIFEXITED(st) && WEXITSTATUS(st) != 0 ? WEXITSTATUS(st) : kExitDevice);
+  }
+  const int rc =
+      serve_loop(path, [&](const std::string& line) { return answer_tree(workers, line); });
+  // Hanging up ends each worker's loop; reap them so none outlives the front.
+  for (Worker& w : workers) ::close(w.fd);
+  for (Worker& w : workers) ::waitpid(w.pid, nullptr, 0);
+  return rc;
+}
+
 [[noreturn]] void usage(const std::string& msg) {
   die(kExitUsage, msg +
                       "\nusage: gpuckpt-cuda-demo-server --socket PATH [--vram-gib G] [--seed S] "
-                      "[--device N]\n       gpuckpt-cuda-demo-server --client PATH 'REQUEST' "
-                      "[--timeout-ms MS]");
+                      "[--device N] [--workers W]\n       gpuckpt-cuda-demo-server --client PATH "
+                      "'REQUEST' [--timeout-ms MS]");
 }
 
 }  // namespace
@@ -349,7 +506,7 @@ int serve(const std::string& path, double vram_gib, std::uint32_t seed, int devi
 int main(int argc, char** argv) {
   std::string socket_path, client_path, request;
   double vram_gib = 1.0;
-  long seed = 1, device = 0, timeout_ms = 120000;
+  long seed = 1, device = 0, timeout_ms = 120000, workers = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -374,6 +531,10 @@ int main(int argc, char** argv) {
     } else if (a == "--client") {
       client_path = next();
       request = next();
+    } else if (a == "--workers") {
+      const double w = number(1, kMaxWorkers);
+      if (w != static_cast<long>(w)) usage("bad value for --workers: not a whole number");
+      workers = static_cast<long>(w);
     } else if (a == "--timeout-ms") {
       timeout_ms = static_cast<long>(number(1, 3.6e6));
     } else if (a == "--help" || a == "-h") {
@@ -384,5 +545,8 @@ int main(int argc, char** argv) {
   }
   if (!client_path.empty()) return run_client(client_path, request, static_cast<int>(timeout_ms));
   if (socket_path.empty()) usage("--socket is required");
+  if (workers > 0)
+    return serve_tree(socket_path, vram_gib, static_cast<std::uint32_t>(seed),
+                      static_cast<int>(device), static_cast<int>(workers));
   return serve(socket_path, vram_gib, static_cast<std::uint32_t>(seed), static_cast<int>(device));
 }

@@ -1,34 +1,44 @@
 #!/usr/bin/env bash
-# Installs CRIU from Debian 13 (trixie) into a private prefix on a Debian 12 (bookworm) machine,
-# without touching the system's apt sources, its package state or its libc. See docs/CRIU.md.
+# Builds CRIU >= 4.2 from Debian's own source package (forky, else sid) natively on this Debian 12
+# (bookworm) machine, against the system's glibc and libraries, and installs it into a private
+# prefix. See docs/CRIU.md for why (kernels >= 6.16 need CRIU 4.2 to dump TCP sockets) and how.
 #
 #   scripts/install-criu.sh            # as root; quiet unless something fails
 #
 # Result (PREFIX = $GPUCKPT_CRIU_PREFIX, default /opt/gpuckpt-criu):
-#   PREFIX/bin/criu                    wrapper: trixie's criu run by trixie's own ld.so and libraries
-#   PREFIX/include/criu/criu-plugin.h  plugin header of the same CRIU version (and criu.h, version.h, ...)
-#   PREFIX/root/                       the extracted trixie packages (criu and its runtime libraries)
-#   PREFIX/share/gpuckpt-criu/packages.txt   exact package versions installed
+#   PREFIX/bin/criu                    criu, a native build (system loader, system libraries)
+#   PREFIX/include/criu/criu-plugin.h  plugin header of the same CRIU version (and criu-log.h)
+#   PREFIX/share/gpuckpt-criu/build.txt   source version, tarball hash, compiler, glibc
 #
-# How: a private apt configuration (PREFIX/var/apt: its own sources list naming only trixie, its
-# own lists and an empty dpkg status) resolves criu's dependency closure and downloads the .debs;
-# `dpkg-deb -x` unpacks them under PREFIX/root. Nothing is installed with dpkg, the system's apt
-# never sees trixie, so no system package can be upgraded by this.
+# How: a private apt configuration (PREFIX/var/apt: its own sources list naming only the deb-src
+# lines of forky and sid, its own lists and an empty dpkg status) downloads the source package's
+# upstream tarball; apt checks it against the suite's signed Sources index. The build
+# dependencies are bookworm packages, installed with the system's apt. Nothing from forky or sid
+# is installed as a package, so no system package can be upgraded by this.
 #
 # Environment:
 #   GPUCKPT_CRIU_PREFIX     install prefix (default /opt/gpuckpt-criu)
-#   GPUCKPT_CRIU_VERSION    exact Debian version of criu to install (default: trixie's current one)
+#   GPUCKPT_CRIU_VERSION    exact Debian source version of criu to build (default: the newest of
+#                           forky and sid, which must be >= 4.2)
 #   GPUCKPT_DEBIAN_MIRROR   Debian mirror (default http://deb.debian.org/debian)
-#   GPUCKPT_CRIU_REINSTALL  1: download and unpack again even if already installed
-#   GPUCKPT_CRIU_NO_SMOKE   1: skip the dump+restore smoke test (criu check still runs)
+#   GPUCKPT_CRIU_REINSTALL  1: download and build again even if already installed
+#   GPUCKPT_CRIU_NO_SMOKE   1: skip the dump+restore smoke tests (criu check still runs)
 set -euo pipefail
 
 prefix=${GPUCKPT_CRIU_PREFIX:-/opt/gpuckpt-criu}
 want_version=${GPUCKPT_CRIU_VERSION:-}
 mirror=${GPUCKPT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-suite=trixie
+suites=(forky sid)
+min_upstream=4.2 # "criu/sockets: Restrict SO_PASSCRED and SO_PASSSEC to supported families"
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 me=install-criu.sh
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+# Build dependencies from bookworm (the subset of the source package's Build-Depends that the
+# criu binary needs; documentation and the Python library are not built).
+build_deps=(build-essential pkg-config libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
+  protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev
+  libgnutls28-dev uuid-dev libnftables-dev xz-utils)
 
 die() {
   echo "$me: $*" >&2
@@ -36,7 +46,7 @@ die() {
 }
 
 [ "$(id -u)" = 0 ] || die "must run as root (criu needs root; the prefix is $prefix)"
-for c in apt-get apt-cache dpkg dpkg-deb flock mktemp setsid timeout readlink; do
+for c in apt-get apt-cache dpkg dpkg-query flock mktemp setsid timeout make python3; do
   command -v "$c" >/dev/null 2>&1 || die "'$c' is missing (a Debian 12 system with apt is expected)"
 done
 [ "$(dpkg --print-architecture)" = amd64 ] || die "only amd64 is supported (this is $(dpkg --print-architecture))"
@@ -69,14 +79,12 @@ quiet() {
   fi
 }
 
-stamp=$prefix/share/gpuckpt-criu/packages.txt
-wrapper=$prefix/bin/criu
-root=$prefix/root
+stamp=$prefix/share/gpuckpt-criu/build.txt
+binary=$prefix/bin/criu
 
 installed_version() {
-  [ -f "$stamp" ] && [ -x "$wrapper" ] && [ -x "$root/usr/sbin/criu" ] \
-    && [ -f "$prefix/include/criu/criu-plugin.h" ] || return 1
-  awk '$1 == "criu" { print $2 }' "$stamp"
+  [ -f "$stamp" ] && [ -x "$binary" ] && [ -f "$prefix/include/criu/criu-plugin.h" ] || return 1
+  awk '$1 == "source" { print $2 }' "$stamp"
 }
 
 # ---------------------------------------------------------------- private apt configuration
@@ -85,9 +93,10 @@ apt_opts=()
 setup_apt() {
   mkdir -p "$aptdir"/{etc/sources.list.d,etc/preferences.d,lists/partial,cache/archives/partial}
   : >"$aptdir/status"
-  local src="deb [signed-by=$keyring] $mirror $suite main"
-  [ "${1:-}" = with-src ] && src+=$'\n'"deb-src [signed-by=$keyring] $mirror $suite main"
-  printf '%s\n' "$src" >"$aptdir/etc/sources.list"
+  local s
+  for s in "${suites[@]}"; do
+    echo "deb-src [signed-by=$keyring] $mirror $s main"
+  done >"$aptdir/etc/sources.list"
   # Command-line options win over anything in /etc/apt/apt.conf.d (proxies there still apply).
   apt_opts=(
     -o "Dir::Etc::SourceList=$aptdir/etc/sources.list"
@@ -99,109 +108,106 @@ setup_apt() {
     -o "Dir::Cache=$aptdir/cache"
     -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
     -o "APT::Architecture=amd64" -o "APT::Architectures=amd64"
-    -o "APT::Default-Release=$suite"
-    -o "APT::Install-Recommends=false" -o "APT::Install-Suggests=false"
     -o "Acquire::Languages=none"
   )
   chown -R _apt "$aptdir/lists/partial" "$aptdir/cache/archives/partial" 2>/dev/null || :
-  quiet "apt-get update of the private Debian $suite lists ($mirror)" \
+  quiet "apt-get update of the private Debian ${suites[*]} source lists ($mirror)" \
     apt-get "${apt_opts[@]}" -q update
 }
 
-# ---------------------------------------------------------------- download and unpack
+# The newest source version of criu in the private lists.
+newest_source_version() {
+  apt-cache "${apt_opts[@]}" showsrc criu 2>>"$log" | awk '/^Version:/ { print $2 }' \
+    | sort -V | tail -n 1
+}
+
+# ---------------------------------------------------------------- download and build
 have=$(installed_version || :)
 if [ -n "$have" ] && [ "${GPUCKPT_CRIU_REINSTALL:-0}" != 1 ] \
   && { [ -z "$want_version" ] || [ "$want_version" = "$have" ]; }; then
   : # already installed: only the checks below
 else
-  setup_apt
-  version=$want_version
-  if [ -z "$version" ]; then
-    version=$(apt-cache "${apt_opts[@]}" policy criu 2>>"$log" | awk '/Candidate:/ { print $2 }')
-    if [ -z "$version" ] || [ "$version" = "(none)" ]; then
-      die "no criu package in Debian $suite at $mirror"
-    fi
-  fi
-  rm -f "$aptdir"/cache/archives/*.deb
-  quiet "downloading criu=$version and its dependencies from Debian $suite" \
-    env DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" -q -y --download-only \
-    install "criu=$version" "libcriu-dev=$version"
-  debs=("$aptdir"/cache/archives/*.deb)
-  [ -e "${debs[0]}" ] || die "apt downloaded nothing for criu=$version (see $log)"
-
-  new=$prefix/root.new
-  rm -rf "$new"
-  mkdir -p "$new" "$work/share"
-  : >"$work/share/packages.txt"
-  for d in "${debs[@]}"; do
-    quiet "unpacking $d" dpkg-deb -x "$d" "$new"
-    # shellcheck disable=SC2016 # dpkg-query's ${Field} syntax, not the shell's
-    dpkg-deb --show --showformat='${Package} ${Version}\n' "$d" >>"$work/share/packages.txt"
+  missing=()
+  for p in "${build_deps[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
-  sort -o "$work/share/packages.txt" "$work/share/packages.txt"
-  [ -x "$new/usr/sbin/criu" ] || die "criu=$version did not unpack usr/sbin/criu"
-  [ -x "$new/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" ] \
-    || die "trixie's libc6 did not unpack usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
-
-  # The plugin header: libcriu-dev ships it; if a version ever does not, take it from the source
-  # package of the same version (only the upstream tarball is fetched; apt checks its hash).
-  mkdir -p "$work/include/criu"
-  if [ -f "$new/usr/include/criu/criu-plugin.h" ]; then
-    cp -a "$new"/usr/include/criu/. "$work/include/criu/"
-  else
-    setup_apt with-src
-    mkdir -p "$work/src"
-    chown _apt "$work/src" 2>/dev/null || :
-    (cd "$work/src" && quiet "downloading the criu=$version source tarball" apt-get "${apt_opts[@]}" -q source --download-only --tar-only "criu=$version")
-    tarball=$(find "$work/src" -maxdepth 1 -name 'criu_*.orig.tar.*' | head -n1)
-    [ -n "$tarball" ] || die "no criu-plugin.h in libcriu-dev and no source tarball for criu=$version"
-    quiet "extracting criu-plugin.h from $tarball" tar -xf "$tarball" -C "$work/src" --wildcards '*/criu/include/criu-plugin.h'
-    cp "$work"/src/*/criu/include/criu-plugin.h "$work/include/criu/"
+  if [ ${#missing[@]} -gt 0 ]; then
+    quiet "apt-get update" apt-get -q update
+    quiet "installing CRIU's build dependencies (${missing[*]})" \
+      env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
   fi
 
-  # Swap the new tree in (a running criu keeps its mapped files; no half-written prefix).
-  rm -rf "$prefix/root.old"
-  [ -d "$root" ] && mv "$root" "$prefix/root.old"
-  mv "$new" "$root"
-  rm -rf "$prefix/root.old" "$prefix/include/criu"
-  mkdir -p "$prefix/include" "$prefix/bin" "$prefix/share/gpuckpt-criu" "$prefix/lib/criu"
-  cp -a "$work/include/criu" "$prefix/include/criu"
+  setup_apt
+  version=${want_version:-$(newest_source_version)}
+  [ -n "$version" ] || die "no criu source package in Debian ${suites[*]} at $mirror"
+  upstream=${version#*:}
+  upstream=${upstream%-*}
+  [ "$(printf '%s\n%s\n' "$min_upstream" "$upstream" | sort -V | head -n1)" = "$min_upstream" ] \
+    || die "criu $version is older than $min_upstream, which kernels >= 6.16 need (docs/CRIU.md)"
 
-  cat >"$wrapper.new" <<EOF
-#!/bin/sh
-# gpuckpt: CRIU $version from Debian $suite, installed by scripts/install-criu.sh (docs/CRIU.md).
-# criu needs glibc >= 2.38, so it runs with trixie's own loader and libraries from the prefix;
-# --library-path (not LD_LIBRARY_PATH) keeps them away from anything criu executes.
-root=\$(dirname "\$(readlink -f "\$0")")/../root
-exec "\$root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" --argv0 criu \\
-  --library-path "\$root/usr/lib/x86_64-linux-gnu:\$root/lib/x86_64-linux-gnu" \\
-  "\$root/usr/sbin/criu" "\$@"
-EOF
-  chmod 755 "$wrapper.new"
-  mv "$wrapper.new" "$wrapper"
-  cp "$work/share/packages.txt" "$stamp"
-  rm -rf "$aptdir/lists" "$aptdir/cache/srcpkgcache.bin" "$aptdir/cache/pkgcache.bin"
+  # Only the upstream tarball: Debian's packaging builds documentation and the Python library
+  # too, which gpuckpt does not use. apt verifies the tarball against the signed index.
+  mkdir -p "$work/src"
+  chown _apt "$work/src" 2>/dev/null || :
+  (cd "$work/src" && quiet "downloading the criu=$version source tarball" \
+    apt-get "${apt_opts[@]}" -q source --download-only --tar-only "criu=$version")
+  tarball=$(find "$work/src" -maxdepth 1 -name 'criu_*.orig.tar.*' | head -n1)
+  [ -n "$tarball" ] || die "apt downloaded no criu_*.orig.tar.* for criu=$version (see $log)"
+  quiet "unpacking $tarball" tar -xf "$tarball" -C "$work/src"
+  srcdir=$(find "$work/src" -mindepth 1 -maxdepth 1 -type d -name 'criu-*' | head -n1)
+  [ -n "$srcdir" ] || die "$tarball has no criu-* directory"
+  grep -q 'family == AF_UNIX || family == AF_NETLINK' "$srcdir/criu/sockets.c" \
+    || die "criu=$version lacks the SO_PASSCRED/SO_PASSSEC family check (TCP dumps fail on >= 6.16)"
+
+  jobs=$(nproc)
+  # CRIU's own Makefile; WERROR=0 because a newer compiler's new warnings are not our failure.
+  quiet "building criu=$version (make criu)" make -C "$srcdir" -j "$jobs" WERROR=0 criu
+  [ -x "$srcdir/criu/criu" ] || die "the build made no criu/criu"
+
+  new=$prefix/.new
+  rm -rf "$new"
+  mkdir -p "$new/bin" "$new/include/criu" "$new/share/gpuckpt-criu"
+  install -m 0755 "$srcdir/criu/criu" "$new/bin/criu"
+  install -m 0644 "$srcdir/criu/include/criu-plugin.h" "$srcdir/criu/include/criu-log.h" \
+    "$new/include/criu/"
+  {
+    echo "source criu $version"
+    echo "tarball $(basename "$tarball") sha256 $(sha256sum "$tarball" | cut -d' ' -f1)"
+    echo "compiler $(cc --version | head -n1)"
+    echo "glibc $(dpkg-query -W -f='${Version}' libc6)"
+    echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  } >"$new/share/gpuckpt-criu/build.txt"
+  sed -i 's/^source criu /source /' "$new/share/gpuckpt-criu/build.txt"
+
+  # Swap the new files in; an older install (a trixie tree run through its own loader) goes.
+  rm -rf "$prefix/root" "$prefix/root.old" "$prefix/lib/criu" "$prefix/include/criu"
+  mkdir -p "$prefix/bin" "$prefix/include" "$prefix/share/gpuckpt-criu"
+  mv "$new/include/criu" "$prefix/include/criu"
+  mv -f "$new/bin/criu" "$binary"
+  mv -f "$new/share/gpuckpt-criu/build.txt" "$stamp"
+  rm -f "$prefix/share/gpuckpt-criu/packages.txt"
+  rm -rf "$new" "$aptdir/lists" "$aptdir/cache"
 fi
 
 # ---------------------------------------------------------------- checks
-got=$("$wrapper" --version 2>&1) || die "$wrapper --version failed: $got"
+got=$("$binary" --version 2>&1) || die "$binary --version failed: $got"
 ver=$(printf '%s\n' "$got" | awk '/^Version:/ { print $2 }')
-[ -n "$ver" ] || die "unexpected output of $wrapper --version: $got"
+[ -n "$ver" ] || die "unexpected output of $binary --version: $got"
 
-if ! out=$(timeout 120 "$wrapper" check 2>&1); then
-  echo "$me: '$wrapper check' failed: this kernel cannot run CRIU $ver:" >&2
+if ! out=$(timeout 120 "$binary" check 2>&1); then
+  echo "$me: '$binary check' failed: this kernel cannot run CRIU $ver:" >&2
   printf '%s\n' "$out" | sed 's/^/  /' >&2
   exit 1
 fi
 
 if [ "${GPUCKPT_CRIU_NO_SMOKE:-0}" = 1 ]; then
-  echo "criu $ver at $wrapper: criu check OK (smoke test skipped)"
+  echo "criu $ver at $binary: criu check OK (smoke tests skipped)"
   exit 0
 fi
 
-# Smoke test: a bash loop (no child processes; it sleeps with `read -t` on a FIFO nobody writes)
-# appends a counter to a file (it must not inherit fd 9: CRIU refuses tasks holding file locks); dump it (criu kills it), reap it so its pid is free again, restore
-# it detached, and check that the counter continues exactly where it stopped.
+# Smoke test: a TCP counter server (python3, stdlib only) listens on loopback and answers each
+# connection with the next number. Dump it (criu kills it), wait until its pid is free, restore
+# it detached, and check that the listening socket is back and the count goes on exactly.
 smoke_fail() {
   echo "$me: smoke test failed: $*" >&2
   local f
@@ -212,45 +218,41 @@ smoke_fail() {
   done
   exit 1
 }
-last_line() { tail -n 1 "$work/counter" 2>/dev/null || :; }
-wait_count() { # wait until the counter file's last value reaches $1
-  local _ v
-  for _ in $(seq 1 100); do
-    v=$(last_line)
-    [ -n "$v" ] && [ "$v" -ge "$1" ] && return 0
-    sleep 0.1
-  done
-  return 1
+ask() { # ask PORT: one connection, prints the server's answer
+  python3 -c 'import socket,sys
+s=socket.create_connection(("127.0.0.1",int(sys.argv[1])),timeout=10)
+print(s.makefile().readline().strip())' "$1"
 }
 
-mkfifo "$work/fifo"
 mkdir "$work/img"
-# shellcheck disable=SC2016 # the loop's variables belong to the inner bash
-setsid bash -c 'echo $$ >"$3"; exec 3<>"$1"; i=0
-  while :; do echo $i >>"$2"; i=$((i + 1)); read -t 0.05 -u 3 || :; done' \
-  smoke "$work/fifo" "$work/counter" "$work/smoke.pid" </dev/null >/dev/null 2>&1 9>&- &
-child=$!
-disown "$child" # no job-status message when the dump kills it; bash still reaps it
-smoke_pids+=("$child")
-wait_count 5 || smoke_fail "the test process did not start counting"
-pid=$(cat "$work/smoke.pid")
+# The server is started with fd 9 (the install lock) closed: CRIU refuses tasks holding locks.
+setsid python3 -c 'import socket,sys,os
+s=socket.socket(); s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)
+s.bind(("127.0.0.1",0)); s.listen(8)
+open(sys.argv[1]+".tmp","w").write("%d %d\n"%(os.getpid(),s.getsockname()[1]))
+os.rename(sys.argv[1]+".tmp",sys.argv[1])
+n=0
+while True:
+    c,_=s.accept(); c.sendall(b"%d\n"%n); c.close(); n+=1' "$work/server" \
+  </dev/null >/dev/null 2>&1 9>&- &
+smoke_pids+=("$!")
+disown "$!"
+for _ in $(seq 1 100); do [ -s "$work/server" ] && break; sleep 0.05; done
+[ -s "$work/server" ] || smoke_fail "the TCP test server did not start"
+read -r pid port <"$work/server"
 smoke_pids+=("$pid")
+[ "$(ask "$port")" = 0 ] && [ "$(ask "$port")" = 1 ] || smoke_fail "the TCP test server does not answer"
 
-timeout 120 "$wrapper" dump -t "$pid" -D "$work/img" -o dump.log -v4 >>"$log" 2>&1 \
-  || smoke_fail "criu dump of pid $pid failed"
-# Until its zombie is reaped the pid is taken, and restore needs that very pid.
-for _ in $(seq 1 100); do [ -e "/proc/$pid" ] || break; sleep 0.1; done
+timeout 120 "$binary" dump -t "$pid" -D "$work/img" -o dump.log -v4 >>"$log" 2>&1 \
+  || smoke_fail "criu dump of the TCP listener (pid $pid) failed"
+for _ in $(seq 1 100); do [ -e "/proc/$pid" ] || break; sleep 0.05; done
 [ ! -e "/proc/$pid" ] || smoke_fail "pid $pid still exists after the dump (not reaped?)"
-at_dump=$(last_line)
-timeout 120 "$wrapper" restore -D "$work/img" -d -o restore.log -v4 --pidfile "$work/restored.pid" \
-  >>"$log" 2>&1 || smoke_fail "criu restore failed"
+timeout 120 "$binary" restore -D "$work/img" -d -o restore.log -v4 --pidfile "$work/restored.pid" \
+  >>"$log" 2>&1 || smoke_fail "criu restore of the TCP listener failed"
 rpid=$(cat "$work/restored.pid")
 smoke_pids+=("$rpid")
-wait_count $((at_dump + 5)) || smoke_fail "the restored process (pid $rpid) does not count on"
-# The counter must go on from exactly the value after the one printed before the dump.
-next=$(awk -v n="$at_dump" 'f { print; exit } $1 == n { f = 1 }' "$work/counter")
-[ "$next" = $((at_dump + 1)) ] || smoke_fail "counter jumped from $at_dump to $next after restore"
+next=$(ask "$port") || smoke_fail "the restored server (pid $rpid) does not accept on port $port"
+[ "$next" = 2 ] || smoke_fail "the restored server answered '$next', expected 2"
 kill -9 "$rpid" 2>/dev/null || :
 smoke_pids=()
-echo "criu $ver at $wrapper: criu check OK; dump+restore smoke test OK" \
-  "(pid $pid, counter $at_dump -> $(last_line) after restore)"
+echo "criu $ver at $binary: criu check OK; TCP listener dump+restore smoke test OK (port $port)"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command on a fresh Debian 12 machine: installs every dependency from Debian's packages
-# (CRIU from Debian 13 into a private prefix, see docs/CRIU.md), builds gpuckpt, and runs the
-# demo (cold start vs restore of the demo server, with the transient report).
+# (CRIU >= 4.2 built from Debian's source package into a private prefix, see docs/CRIU.md),
+# builds gpuckpt, and runs the demo (cold start vs restore of the demo server, with the
+# transient report).
 #   scripts/setup.sh            # install, build, run the demo
 #   scripts/setup.sh --no-demo  # install and build only (CI)
 set -euo pipefail
@@ -20,7 +21,9 @@ done
 pkgs=(build-essential cmake ninja-build pkg-config git
       liburing-dev libzstd-dev zstd libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
       nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-      librsvg2-bin netpbm python3 clang-format)
+      librsvg2-bin netpbm python3 clang-format libsodium-dev
+      # servers this project did not write, checkpointed by the end-to-end tests
+      nginx redis-server redis-tools)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

@@ -294,8 +294,14 @@ TEST_F(E2eProcess, LeaveRunningSnapshotKeepsTheServerAndRestoresTheSnapshotState
   Cli busy = run({"restore", ckpt.string()});
   EXPECT_EQ(busy.code, 10) << busy.err;
   EXPECT_NE(busy.err.find("in use"), std::string::npos) << busy.err;
-  // ...and a restore into a new pid namespace brings back the snapshot beside it.
-  Cli r = run({"--json", "restore", ckpt.string(), "--new-pidns", "--probe",
+  // ...a restore into a new pid namespace would take the live original's socket path: it is
+  // refused rather than done silently...
+  Cli taken = run({"restore", ckpt.string(), "--new-pidns"});
+  EXPECT_EQ(taken.code, 10) << taken.err;
+  EXPECT_NE(taken.err.find("--take-endpoints"), std::string::npos) << taken.err;
+  EXPECT_EQ(s.ask("STATE"), later) << "the refused restore disturbed the original";
+  // ...and, asked for explicitly, brings back the snapshot beside it.
+  Cli r = run({"--json", "restore", ckpt.string(), "--new-pidns", "--take-endpoints", "--probe",
                "unix:" + s.socket().string(), "--request", "STATE"});
   ASSERT_EQ(r.code, 0) << r.err;
   const pid_t restored = r.j["pid"].get<pid_t>();

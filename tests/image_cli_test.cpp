@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuckpt/image.h"
+#include "image/manifest.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -35,6 +36,11 @@ class ImageCli : public ::testing::Test {
     auto r = test::run_cli(args);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return r;
+  }
+  // Writes the manifest and a seal that matches it (as a future writer would).
+  void reseal(const std::string& text) {
+    std::ofstream(ckpt_ / "manifest.json", std::ios::trunc) << text;
+    std::ofstream(ckpt_ / "manifest.seal", std::ios::trunc) << image::make_seal(text);
   }
   void flip_byte_in_blob() {
     std::fstream f(ckpt_ / "blob-000000.bin", std::ios::in | std::ios::out | std::ios::binary);
@@ -76,7 +82,7 @@ TEST_F(ImageCli, PackInspectVerifyUnpackWithJson) {
 
   r = test::run_cli({"inspect", ckpt_.string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "format       1.0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "format       1." + std::to_string(kImageFormatMinor))) << r.out;
   EXPECT_TRUE(contains(r.out, "sub/core-1.img")) << r.out;
 
   r = test::run_cli({"--json", "verify", ckpt_.string()});
@@ -133,7 +139,7 @@ TEST_F(ImageCli, WrongFormatVersionExitsFive) {
   pack_ok();
   json m = json::parse(read_file(ckpt_ / "manifest.json"));
   m["format_version"] = 99;
-  std::ofstream(ckpt_ / "manifest.json", std::ios::trunc) << m.dump();
+  reseal(m.dump());
   for (const char* cmd : {"inspect", "verify"}) {
     auto r = test::run_cli({cmd, ckpt_.string()});
     EXPECT_EQ(r.exit_code, 5) << cmd;
@@ -143,7 +149,7 @@ TEST_F(ImageCli, WrongFormatVersionExitsFive) {
 
 TEST_F(ImageCli, UnparsableOrMissingManifestExitsFour) {
   pack_ok();
-  std::ofstream(ckpt_ / "manifest.json", std::ios::trunc) << "{\"format\": ";
+  reseal("{\"format\": ");
   auto r = test::run_cli({"inspect", ckpt_.string()});
   EXPECT_EQ(r.exit_code, 4);
   EXPECT_TRUE(contains(r.err, "not valid JSON")) << r.err;

@@ -11,6 +11,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "image/manifest.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -54,8 +55,11 @@ class ImageErrors : public ::testing::Test {
   }
 
   nlohmann::json manifest() { return nlohmann::json::parse(read_file(ckpt_ / "manifest.json")); }
+  // Rewrites the seal too: these tests exercise the checks behind the whole-manifest
+  // checksum, which anyone who can recompute it (it is not a secret) must still pass.
   void write_manifest(const std::string& text) {
     std::ofstream(ckpt_ / "manifest.json", std::ios::trunc) << text;
+    std::ofstream(ckpt_ / "manifest.seal", std::ios::trunc) << image::make_seal(text);
   }
   void flip_byte(std::uint64_t offset) {
     std::fstream f(ckpt_ / "blob-000000.bin", std::ios::in | std::ios::out | std::ios::binary);

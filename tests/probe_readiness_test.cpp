@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "gpuckpt/error.h"
@@ -67,6 +68,66 @@ void serve_one(int lfd) {
   write_all(c.get(), "pong " + req + "\r\n");
 }
 
+// Reads one HTTP request: the header and a Content-Length body.
+std::string read_http_request(int fd) {
+  std::string req;
+  char buf[4096];
+  size_t want = std::string::npos;
+  while (req.size() < want) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) break;
+    req.append(buf, static_cast<size_t>(n));
+    const auto end = req.find("\r\n\r\n");
+    if (end != std::string::npos && want == std::string::npos) {
+      const auto cl = req.find("Content-Length: ");
+      want = end + 4 + (cl < end ? std::stoul(req.substr(cl + 16)) : 0);
+    }
+  }
+  return req;
+}
+
+// A tiny HTTP server: one connection per answer, in order; each request is recorded. With
+// `repeat`, the last answer is given to every further connection until the listener is shut
+// down.
+class HttpServer {
+ public:
+  HttpServer(std::vector<std::string> answers, bool repeat = false)
+      : listener_(bound_tcp_socket(port_)), answers_(std::move(answers)) {
+    if (::listen(listener_.get(), 16) != 0) throw_errno(Errc::kInternal, "listen");
+    thread_ = std::thread([this, repeat] {
+      for (size_t i = 0; i < answers_.size() || repeat; ++i) {
+        UniqueFd c(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!c) return;  // shut down
+        requests_.push_back(read_http_request(c.get()));
+        const std::string& a = answers_[std::min(i, answers_.size() - 1)];
+        if (::write(c.get(), a.data(), a.size()) < 0) return;
+      }
+    });
+  }
+  ~HttpServer() { stop(); }
+  // Joins the server; after that requests() is safe to read.
+  void stop() {
+    ::shutdown(listener_.get(), SHUT_RDWR);  // wakes a blocked accept()
+    if (thread_.joinable()) thread_.join();
+  }
+  int port() const { return port_; }
+  std::string url(const std::string& path) const {
+    return "http://127.0.0.1:" + std::to_string(port_) + path;
+  }
+  const std::vector<std::string>& requests() const { return requests_; }
+
+ private:
+  int port_ = 0;
+  UniqueFd listener_;
+  std::vector<std::string> answers_, requests_;
+  std::thread thread_;
+};
+
+std::string http_answer(const std::string& status, const std::string& body) {
+  return "HTTP/1.1 " + status + "\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\nConnection: close\r\n\r\n" + body;
+}
+
 }  // namespace
 
 TEST(ProbeParse, AcceptsTheThreeKinds) {
@@ -85,10 +146,22 @@ TEST(ProbeParse, AcceptsTheThreeKinds) {
   EXPECT_EQ(describe_probe(t), "tcp:127.0.0.1:8000");
 }
 
+TEST(ProbeParse, HttpSpecsKeepHostPortAndPath) {
+  auto h = parse_probe("http://127.0.0.1:8000/health");
+  EXPECT_EQ(h.kind, ReadinessProbe::Kind::kHttp);
+  EXPECT_EQ(h.target, "127.0.0.1:8000");
+  EXPECT_EQ(h.path, "/health");
+  EXPECT_EQ(describe_probe(h), "http://127.0.0.1:8000/health");
+  auto root = parse_probe("http://[::1]:80");
+  EXPECT_EQ(root.target, "[::1]:80");
+  EXPECT_EQ(root.path, "/");
+  EXPECT_EQ(parse_probe("http://svc:9/v1/models?x=1&y=%20").path, "/v1/models?x=1&y=%20");
+}
+
 TEST(ProbeParse, RejectsBadSpecsAsUsageErrors) {
   for (const std::string& bad : std::vector<std::string>{
            "", "unix", "unix:", "tcp:", "tcp:host", "tcp::80", "tcp:host:", "tcp:host:0",
-           "tcp:host:65536", "tcp:host:8o", "tcp:host:123456", "stdout:", "http://x:80", "udp:x:1",
+           "tcp:host:65536", "tcp:host:8o", "tcp:host:123456", "stdout:", "https://x:80", "udp:x:1",
            "unix:" + std::string(200, 'a')}) {
     try {
       parse_probe(bad);
@@ -96,6 +169,21 @@ TEST(ProbeParse, RejectsBadSpecsAsUsageErrors) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), Errc::kUsage) << bad;
       EXPECT_NE(std::string(e.what()).find("probe"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(ProbeParse, RejectsBadHttpSpecsAsUsageErrors) {
+  const std::vector<std::string> bad = {"http:",       "http:x:80",   "http://",
+                                        "http://x",    "http://x:0/", "http://:80/",
+                                        "http://x:8a", "http//x:80/", "http://x:80/a b"};
+  for (const std::string& spec : bad) {
+    try {
+      parse_probe(spec);
+      ADD_FAILURE() << "accepted '" << spec << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kUsage) << spec;
+      EXPECT_NE(std::string(e.what()).find(spec), std::string::npos) << e.what();
     }
   }
 }
@@ -289,4 +377,106 @@ TEST(ProbeWait, AbstractUnixSocket) {
   p.timeout = 20s;
   EXPECT_EQ(wait_ready(p), "pong abs");
   server.join();
+}
+
+TEST(ProbeHttp, PollsUntilA2xxAndReturnsTheFirstBodyLine) {
+  HttpServer server({http_answer("503 Service Unavailable", "loading\n"),
+                     http_answer("503 Service Unavailable", "loading\n"),
+                     http_answer("200 OK", "ok\nsecond line\n")});
+  auto p = parse_probe(server.url("/health"));
+  p.timeout = 20s;
+  EXPECT_EQ(wait_ready(p), "ok");
+  server.stop();
+  ASSERT_EQ(server.requests().size(), 3u);
+  const std::string& req = server.requests()[2];
+  EXPECT_EQ(req.rfind("GET /health HTTP/1.1\r\n", 0), 0u) << req;
+  EXPECT_NE(req.find("\r\nHost: 127.0.0.1:" + std::to_string(server.port()) + "\r\n"),
+            std::string::npos)
+      << req;
+}
+
+TEST(ProbeHttp, NotFoundIsRetriedUntilTheTimeout) {
+  HttpServer server({http_answer("404 Not Found", "no such page\n")}, /*repeat=*/true);
+  auto p = parse_probe(server.url("/missing"));
+  p.timeout = 300ms;
+  try {
+    wait_ready(p);
+    FAIL() << "a 404 is not ready";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("HTTP/1.1 404 Not Found"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(server.url("/missing")), std::string::npos) << e.what();
+  }
+  server.stop();
+  EXPECT_GT(server.requests().size(), 1u) << "the probe polls";
+}
+
+TEST(ProbeHttp, RefusedConnectionsTimeOut) {
+  int port = 0;
+  UniqueFd refusing = bound_tcp_socket(port);
+  auto p = parse_probe("http://127.0.0.1:" + std::to_string(port) + "/health");
+  p.timeout = 200ms;
+  try {
+    wait_ready(p);
+    FAIL() << "should time out";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProbeHttp, RequestIsPostedAsJson) {
+  const std::string answer = R"({"choices":[{"text":" hi"}]})";
+  HttpServer server({http_answer("200 OK", answer)});
+  auto p = parse_probe(server.url("/v1/completions"));
+  p.request = R"({"prompt": "x", "max_tokens": 1})";
+  p.timeout = 20s;
+  EXPECT_EQ(wait_ready(p), answer);  // no newline: the whole (Content-Length) body
+  server.stop();
+  ASSERT_EQ(server.requests().size(), 1u);
+  const std::string& req = server.requests()[0];
+  EXPECT_EQ(req.rfind("POST /v1/completions HTTP/1.1\r\n", 0), 0u) << req;
+  EXPECT_NE(req.find("\r\nContent-Type: application/json\r\n"), std::string::npos) << req;
+  EXPECT_NE(req.find("\r\nContent-Length: " + std::to_string(p.request.size()) + "\r\n"),
+            std::string::npos);
+  EXPECT_EQ(req.substr(req.size() - p.request.size()), p.request);
+}
+
+TEST(ProbeHttp, ChunkedEmptyAndNonHttpAnswers) {
+  HttpServer server({"PONG\n",
+                     "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+                     "HTTP/1.1 204 No Content\r\n\r\n"});
+  auto p = parse_probe(server.url("/"));
+  p.timeout = 20s;
+  EXPECT_EQ(wait_ready(p), "hello");  // after one failed attempt on "PONG"
+  EXPECT_EQ(wait_ready(p), "HTTP/1.1 204 No Content");
+  server.stop();
+  EXPECT_EQ(server.requests().size(), 3u);
+
+  HttpServer garbage({"PONG\n"}, /*repeat=*/true);
+  auto g = parse_probe(garbage.url("/"));
+  g.timeout = 200ms;
+  try {
+    wait_ready(g);
+    FAIL() << "not HTTP";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not an HTTP answer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProbeHttp, AnswersOfTheVllmDemo) {
+  auto dir = test::scratch_dir();
+  auto demo = test::start_vllm_demo(dir.path(), {"--workers", "1", "--weights-mib", "1"});
+  const std::string base = "http://127.0.0.1:" + std::to_string(demo.port);
+  auto health = parse_probe(base + "/health");
+  health.timeout = 20s;
+  EXPECT_EQ(wait_ready(health), "ok");
+  auto complete = parse_probe(base + "/v1/completions");
+  complete.request = R"({"prompt": "probe me", "max_tokens": 3, "session": "probe"})";
+  complete.timeout = 20s;
+  const auto j = nlohmann::json::parse(wait_ready(complete));
+  EXPECT_EQ(j["choices"][0]["text"], test::vllm_complete(demo.port, "again", "probe me", 3));
+  auto missing = parse_probe(base + "/v2/none");
+  missing.timeout = 200ms;
+  EXPECT_THROW(wait_ready(missing), Error);
 }

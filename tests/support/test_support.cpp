@@ -1,15 +1,25 @@
 #include "test_support.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
 #include <random>
+#include <thread>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
+#include "probe/probe.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -81,6 +91,214 @@ bool same_contents(const fs::path& a, const fs::path& b) {
     if (std::memcmp(ba.data(), bb.data(), fa.gcount()) != 0) return false;
     if (!fa) return !fb;
   }
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int ms_until(Clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return static_cast<int>(std::max<long long>(left.count(), 0));
+}
+
+// Waits for `events` on `fd` until the deadline; throws Error(kTimeout) naming `what`.
+void wait_fd(int fd, short events, Clock::time_point deadline, const std::string& what) {
+  for (;;) {
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, ms_until(deadline));
+    if (r > 0) return;
+    if (r == 0) throw Error(Errc::kTimeout, what + ": timed out");
+    if (errno != EINTR) throw_errno(Errc::kInternal, "poll");
+  }
+}
+
+}  // namespace
+
+HttpResponse http_request(int port, const std::string& method, const std::string& path,
+                          const std::string& body, std::chrono::milliseconds timeout,
+                          const std::string& host) {
+  const auto deadline = Clock::now() + timeout;
+  const std::string what = method + " http://" + host + ":" + std::to_string(port) + path;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<std::uint16_t>(port));
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1)
+    throw Error(Errc::kUsage, what + ": not an IPv4 address");
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd) throw_errno(Errc::kInternal, "socket");
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0) {
+    if (errno != EINPROGRESS) throw_errno(Errc::kProcess, what);
+    wait_fd(fd.get(), POLLOUT, deadline, what);
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (err != 0) throw_errno(Errc::kProcess, what, err);
+  }
+  std::string msg = method + " " + path + " HTTP/1.1\r\nHost: " + host + ":" +
+                    std::to_string(port) + "\r\nConnection: close\r\n";
+  if (!body.empty())
+    msg +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
+  msg += "\r\n" + body;
+  for (std::size_t off = 0; off < msg.size();) {
+    const ssize_t n = ::send(fd.get(), msg.data() + off, msg.size() - off, MSG_NOSIGNAL);
+    if (n >= 0) {
+      off += static_cast<std::size_t>(n);
+    } else if (errno == EAGAIN) {
+      wait_fd(fd.get(), POLLOUT, deadline, what);
+    } else if (errno != EINTR) {
+      throw_errno(Errc::kProcess, what);
+    }
+  }
+  std::string in;
+  char chunk[65536];
+  for (;;) {  // Connection: close: the answer ends at EOF
+    wait_fd(fd.get(), POLLIN, deadline, what);
+    const ssize_t n = ::recv(fd.get(), chunk, sizeof chunk, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0 && errno == ECONNRESET && !in.empty()) break;
+    if (n < 0) throw_errno(Errc::kProcess, what);
+    if (n == 0) break;
+    in.append(chunk, static_cast<std::size_t>(n));
+  }
+  const auto head_end = in.find("\r\n\r\n");
+  if (in.rfind("HTTP/1.", 0) != 0 || head_end == std::string::npos)
+    throw Error(Errc::kProcess, what + ": no HTTP answer (got '" + in.substr(0, 200) + "')");
+  HttpResponse r;
+  r.status = std::atoi(in.c_str() + in.find(' ') + 1);
+  r.body = in.substr(head_end + 4);
+  std::string head = in.substr(0, head_end);
+  std::transform(head.begin(), head.end(), head.begin(), ::tolower);
+  if (const auto cl = head.find("\r\ncontent-length:"); cl != std::string::npos) {
+    const std::size_t length = std::strtoull(head.c_str() + cl + 17, nullptr, 10);
+    if (r.body.size() < length) throw Error(Errc::kProcess, what + ": answer body cut short");
+    r.body.resize(length);
+  }
+  return r;
+}
+
+std::string http_post_json(int port, const std::string& path, const std::string& json,
+                           std::chrono::milliseconds timeout) {
+  HttpResponse r = http_request(port, "POST", path, json, timeout);
+  if (r.status < 200 || r.status > 299)
+    throw Error(Errc::kProcess,
+                "POST " + path + " answered " + std::to_string(r.status) + ": " + r.body);
+  return std::move(r.body);
+}
+
+std::string vllm_complete(int port, const std::string& session, const std::string& prompt,
+                          int max_tokens) {
+  const nlohmann::json req = {{"prompt", prompt}, {"max_tokens", max_tokens}, {"session", session}};
+  const auto reply = nlohmann::json::parse(http_post_json(port, "/v1/completions", req.dump()));
+  return reply.at("choices").at(0).at("text").get<std::string>();
+}
+
+VllmDemo start_vllm_demo(const fs::path& dir, const std::vector<std::string>& args,
+                         std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  const fs::path port_file = dir / "vllm-demo.port";
+  fs::remove(port_file);
+  VllmDemo d;
+  d.log = dir / "vllm-demo.log";
+  std::vector<std::string> argv{(bin_dir() / "gpuckpt-vllm-demo").string(), "--port", "0",
+                                "--port-file", port_file.string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  SpawnOptions so;
+  so.stdout_file = d.log;
+  so.stderr_file = d.log;
+  so.new_session = true;
+  d.front = spawn(argv, so);
+  const auto exited = [&] {
+    if (auto st = d.front.wait_for(std::chrono::milliseconds(0)))
+      throw Error(Errc::kProcess, "gpuckpt-vllm-demo exited (" + st->describe() +
+                                      ") before it answered; its log:\n" + read_file(d.log));
+  };
+  // The port file appears (atomically) as soon as the port is bound; the wait on the child
+  // paces the polling and notices an early exit.
+  while (!fs::exists(port_file)) {
+    if (auto st = d.front.wait_for(std::chrono::milliseconds(10)))
+      throw Error(Errc::kProcess, "gpuckpt-vllm-demo exited (" + st->describe() +
+                                      ") before it listened; its log:\n" + read_file(d.log));
+    if (Clock::now() > deadline)
+      throw Error(Errc::kTimeout, "gpuckpt-vllm-demo wrote no port file within " +
+                                      std::to_string(timeout.count()) + " ms");
+  }
+  d.port = std::stoi(read_file(port_file));
+  ReadinessProbe health = parse_probe("http://127.0.0.1:" + std::to_string(d.port) + "/health");
+  health.timeout = std::chrono::milliseconds(std::max(ms_until(deadline), 1));
+  wait_ready(health, exited);
+  return d;
+}
+
+std::vector<pid_t> descendants(pid_t root) {
+  std::multimap<pid_t, pid_t> children;  // ppid -> pid
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), {});
+    const auto paren = stat.rfind(')');  // the name in (...) may hold spaces
+    if (paren == std::string::npos) continue;
+    char state = 0;
+    pid_t ppid = 0;
+    if (std::sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) != 2) continue;
+    if (state == 'Z' || state == 'X') continue;
+    children.emplace(ppid, std::stoi(name));
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{root};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (auto [it, end] = children.equal_range(p); it != end; ++it) {
+      out.push_back(it->second);
+      todo.push_back(it->second);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace gpuckpt::test
+
+namespace gpuckpt::test {
+
+void close_inherited_fds() {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/self/fd", ec)) {
+    const int fd = std::stoi(e.path().filename().string());
+    if (fd > 2) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+}
+
+int free_tcp_port() {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof sa;
+  if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+    throw_errno(Errc::kInternal, "cannot find a free TCP port");
+  return ntohs(sa.sin_port);
+}
+
+bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!cond()) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // polling a condition
+  }
+  return true;
+}
+
+char process_state(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), {});
+  const auto paren = stat.rfind(')');
+  if (paren == std::string::npos || stat.size() < paren + 3) return 0;
+  return stat[paren + 2];
 }
 
 }  // namespace gpuckpt::test

@@ -1,8 +1,10 @@
 // Shared test helpers: paths of the built binaries, scratch directories, running the CLI.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,5 +34,63 @@ void write_test_file(const std::filesystem::path& path, std::uint64_t size, std:
 
 // True if `a` and `b` have identical bytes.
 bool same_contents(const std::filesystem::path& a, const std::filesystem::path& b);
+
+// ---- HTTP, and the vLLM-shaped demo (tools/vllm_demo) ----
+
+struct HttpResponse {
+  int status = 0;    // e.g. 200
+  std::string body;  // decoded by Content-Length, else read to EOF
+};
+// One HTTP/1.1 request with "Connection: close" to HOST:PORT, bounded by `timeout`; a
+// non-empty body is sent as application/json. Throws Error(kProcess) if the server refuses or
+// closes without an answer, Error(kTimeout) past `timeout`.
+HttpResponse http_request(int port, const std::string& method, const std::string& path,
+                          const std::string& body = {},
+                          std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                          const std::string& host = "127.0.0.1");
+// POSTs `json` and returns the answer's body; throws Error(kProcess) unless the status is 2xx.
+std::string http_post_json(int port, const std::string& path, const std::string& json,
+                           std::chrono::milliseconds timeout = std::chrono::seconds(60));
+// POST /v1/completions to the vLLM demo; returns choices[0].text.
+std::string vllm_complete(int port, const std::string& session, const std::string& prompt,
+                          int max_tokens = 8);
+
+struct VllmDemo {
+  Child front;  // the root of the tree
+  int port = 0;
+  std::filesystem::path log;  // its stdout and stderr, appended (the READY line is in it)
+};
+// Starts build/bin/gpuckpt-vllm-demo --port 0 --port-file DIR/vllm-demo.port [args...] in its
+// own session, stdin from /dev/null, output appended to DIR/vllm-demo.log (what CRIU needs),
+// and waits until GET /health answers 2xx. Throws Error (quoting the log) if the demo exits
+// first or `timeout` passes.
+VllmDemo start_vllm_demo(const std::filesystem::path& dir,
+                         const std::vector<std::string>& args = {},
+                         std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// Pids of `root`'s live descendants (children, their children, ...), from /proc; zombies are
+// left out.
+std::vector<pid_t> descendants(pid_t root);
+
+}  // namespace gpuckpt::test
+
+namespace gpuckpt::test {
+
+// ---- services for the end-to-end checkpoint tests ----
+
+// Test runners hand us open files (ctest: its LastTest.log, without O_CLOEXEC). A service that
+// inherits such a file cannot be restored once the file has grown (CRIU checks the size of
+// files open for writing), so the suites call this first: nothing of ours is inherited.
+void close_inherited_fds();
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for servers that need a number).
+int free_tcp_port();
+
+// Polls `cond` (every few ms) until it holds or `timeout` passes; returns whether it held.
+bool wait_until(const std::function<bool()>& cond,
+                std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// The state letter of /proc/PID/stat ('R', 'S', 'T', 'Z', ...), or 0 if there is no process.
+char process_state(pid_t pid);
 
 }  // namespace gpuckpt::test

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -15,7 +16,8 @@ namespace gpuckpt {
 // Checkpoint format version written by this build; readers accept any minor of this major
 // and reject other majors with Errc::kVersion.
 inline constexpr std::uint32_t kImageFormatMajor = 1;
-inline constexpr std::uint32_t kImageFormatMinor = 0;
+// 1.1: manifest.seal (whole-manifest checksum, optional ed25519 signature).
+inline constexpr std::uint32_t kImageFormatMinor = 1;
 
 struct PackOptions {
   int zstd_level = 1;                    // fast levels: the pipeline is throughput-bound
@@ -30,9 +32,14 @@ struct PackOptions {
   // A blob file is closed and the next one started once it would exceed this size.
   std::uint64_t max_blob_bytes = 1ull << 30;
   ProgressFn progress;
+  // Called with the temporary sibling the checkpoint is built in, before anything is written
+  // there: a caller that may be killed (dump's guard) removes it if the pack never finishes.
+  std::function<void(const std::filesystem::path&)> on_temp_path;
   // Free-form metadata stored in the manifest (e.g. the process record and stage timings of
   // a dump). Must be a JSON object serialised as text; empty = none.
   std::string extra_json;
+  // ed25519 secret key file (`gpuckpt keygen`) that signs the manifest; empty = unsigned.
+  std::filesystem::path sign_key;
 };
 
 struct UnpackOptions {
@@ -55,6 +62,25 @@ struct FileEntry {
   std::string target;      // symlink target
 };
 
+enum class SignatureState {
+  kUnsigned,  // no signature in manifest.seal
+  kValid,     // the signature matches the manifest and its own public key
+  kInvalid,   // present but does not verify (tampered or damaged)
+};
+
+struct SignatureInfo {
+  SignatureState state = SignatureState::kUnsigned;
+  std::string key_id;      // signer's key id (16 hex digits), when signed
+  std::string public_key;  // signer's public key (base64), when signed
+  std::string problem;     // kInvalid: why
+  // Set by signature_status(): the trusted key file holding the signer's key (kValid only);
+  // empty when the signer is not among the trusted keys.
+  std::filesystem::path trusted_by;
+  bool trusted() const { return state == SignatureState::kValid && !trusted_by.empty(); }
+};
+
+const char* signature_state_name(SignatureState s);  // "unsigned", "valid", "invalid"
+
 struct ImageInfo {
   std::uint32_t format_version = 0;  // major
   std::uint32_t format_minor = 0;
@@ -71,6 +97,8 @@ struct ImageInfo {
   std::uint64_t blob_count = 0;
   std::vector<FileEntry> files;  // every entry: files, directories, symlinks
   std::string extra_json;        // as given in PackOptions::extra_json ("" if none)
+  bool sealed = false;           // manifest.seal checksums the whole manifest (format >= 1.1)
+  SignatureInfo signature;       // trusted_by is not filled in (see signature_status)
 };
 
 struct TransferResult {
@@ -104,5 +132,59 @@ ImageInfo inspect(const std::filesystem::path& checkpoint);
 // Reads and checksums every chunk, decompresses and checks whole-file hashes; throws
 // Error(kCorrupt/kVersion/...) on the first problem.
 TransferResult verify(const std::filesystem::path& checkpoint, const UnpackOptions& opts = {});
+
+// ---- Trust: who may hand us a checkpoint to restore (docs/OPERATORS.md) ---------------------
+
+struct TrustOptions {
+  // Skip the ownership/mode checks of check_trust (like sshd's StrictModes=no). Signature
+  // checks still apply.
+  bool allow_untrusted = false;
+  // Refuse a checkpoint that is not signed by one of `trusted_keys`.
+  bool require_signature = false;
+  // A public key file (`gpuckpt keygen` writes KEY.pub; several keys, one per line, may be
+  // concatenated) or a directory of *.pub files. Empty = no trusted keys.
+  std::filesystem::path trusted_keys;
+};
+
+// Restore runs what a checkpoint holds, as root: refuses (Error(kInvalidInput)) a checkpoint
+// whose directory, manifest, seal or blobs are not owned by root or the effective uid, or are
+// writable by group or others, or that lies under such a directory (sticky ones excepted);
+// unless opts.allow_untrusted. Then applies the signature policy (enforce_signature).
+void check_trust(const std::filesystem::path& checkpoint, const TrustOptions& opts);
+
+// The manifest's signature state, with trusted_by filled in from `trusted_keys` (empty = none).
+// Throws only when the checkpoint or the keys cannot be read.
+SignatureInfo signature_status(const std::filesystem::path& checkpoint,
+                               const std::filesystem::path& trusted_keys);
+
+// Throws unless `sig` passes the policy: an invalid signature always fails (kCorrupt); with
+// opts.require_signature, so do a missing signature and one by an untrusted key
+// (kInvalidInput).
+void enforce_signature(const SignatureInfo& sig, const TrustOptions& opts,
+                       const std::filesystem::path& checkpoint);
+
+struct KeyPairInfo {
+  std::filesystem::path secret_key;  // mode 0600
+  std::filesystem::path public_key;  // secret_key + ".pub", mode 0644
+  std::string key_id;
+};
+
+// Generates an ed25519 key pair for signing checkpoints. Error(kExists) if either file exists
+// and !force.
+KeyPairInfo generate_signing_key(const std::filesystem::path& secret_key,
+                                 const std::string& comment, bool force = false);
+
+// Site defaults for signing and trust, from the JSON file named by $GPUCKPT_CONFIG, else
+// /etc/gpuckpt/config.json when it exists (docs/OPERATORS.md):
+//   {"sign_key": PATH, "trusted_keys": PATH, "require_signature": BOOL}
+// The file must be owned by root (or the effective uid) and not writable by group/others.
+struct SecurityConfig {
+  std::filesystem::path file;          // the file read; empty = none
+  std::filesystem::path sign_key;      // default PackOptions::sign_key
+  std::filesystem::path trusted_keys;  // default TrustOptions::trusted_keys; else
+                                       // /etc/gpuckpt/trusted-keys when it exists
+  bool require_signature = false;      // default TrustOptions::require_signature
+};
+SecurityConfig load_security_config();
 
 }  // namespace gpuckpt

@@ -1,6 +1,9 @@
 #include "criu/criu.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +15,7 @@
 
 #include "gpuckpt/error.h"
 #include "util/fs.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 
@@ -52,12 +56,17 @@ std::string tail_of(const fs::path& file, std::size_t max_lines) {
 // Runs argv with stdout and stderr appended to `out_file`, killing it past `timeout`.
 ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_file,
                       const std::vector<std::string>& env, std::chrono::seconds timeout,
-                      const std::string& what) {
+                      const std::string& what,
+                      const std::function<void(pid_t)>& on_start = nullptr) {
   SpawnOptions so;
   so.env = env;
   so.stdout_file = out_file;
   so.stderr_file = out_file;
+  // A Ctrl-C to gpuckpt's process group must not interrupt criu behind the guard's back: the
+  // guard lets criu finish and then puts the tasks back (process/guard.h).
+  so.new_process_group = true;
   Child c = spawn(argv, so);
+  if (on_start) on_start(c.pid());
   if (auto st = c.wait_for(timeout)) return *st;
   // CRIU has no clean cancel: SIGTERM first so that it can detach from the tasks if it is
   // between stages, then SIGKILL. A task killed mid-dump is resumed by the kernel when its
@@ -113,14 +122,35 @@ std::string version(const Installation& inst) {
 }
 
 void check(const Installation& inst, std::chrono::seconds timeout) {
-  TempDir tmp(fs::temp_directory_path(), "gpuckpt-criu-check");
-  const fs::path out = tmp.path() / "check.out";
-  const ExitStatus st = run_logged({inst.binary.string(), "check"}, out, {}, timeout, "criu check");
-  if (!st.ok()) {
-    throw Error(Errc::kCriu, "criu check failed (" + st.describe() +
+  // criu's output goes to an anonymous file: no temporary directory for a SIGKILL to leave.
+  UniqueFd out(::memfd_create("gpuckpt-criu-check", MFD_CLOEXEC));
+  if (!out) throw_errno(Errc::kInternal, "memfd_create");
+  SpawnOptions so;
+  so.stdout_fd = out.get();
+  so.stderr_fd = out.get();
+  so.new_process_group = true;
+  Child c = spawn({inst.binary.string(), "check"}, so);
+  auto st = c.wait_for(timeout);
+  if (!st) {
+    c.kill(SIGKILL);
+    c.wait();
+    throw Error(Errc::kTimeout,
+                "criu check did not finish within " + std::to_string(timeout.count()) + " s");
+  }
+  if (!st->ok()) {
+    const std::string text = read_file("/proc/self/fd/" + std::to_string(out.get()));
+    std::istringstream in(text);
+    std::deque<std::string> last;
+    for (std::string line; std::getline(in, line);) {
+      last.push_back(line);
+      if (last.size() > 12) last.pop_front();
+    }
+    std::string tail;
+    for (const auto& l : last) tail += "  " + l + "\n";
+    throw Error(Errc::kCriu, "criu check failed (" + st->describe() +
                                  "): this kernel or CRIU "
                                  "installation cannot checkpoint processes:\n" +
-                                 tail_of(out, 12) + "See docs/CRIU.md.");
+                                 tail + "See docs/CRIU.md.");
   }
 }
 
@@ -184,12 +214,27 @@ std::string log_excerpt(const fs::path& log, std::size_t max_lines) {
 
 fs::path preserve_log(const fs::path& log, const std::string& tag) {
   const char* t = std::getenv("TMPDIR");
-  const fs::path dir = t && *t ? t : "/tmp";
-  const fs::path copy = dir / ("gpuckpt-" + tag + "-" + std::to_string(::time(nullptr)) + "-" +
-                               std::to_string(::getpid()) + ".log");
-  std::error_code ec;
-  fs::copy_file(log, copy, fs::copy_options::overwrite_existing, ec);
-  return ec ? log : copy;
+  const fs::path dir =
+      fs::path(t && *t ? t : "/tmp") / ("gpuckpt-logs-" + std::to_string(::geteuid()));
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return log;
+  struct stat st {};
+  // Someone else's directory, or a link planted in a shared /tmp: keep the original path.
+  if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & 077) != 0)
+    return log;
+  std::string name = (dir / (tag + "-" + std::to_string(::time(nullptr)) + "-XXXXXX.log")).string();
+  UniqueFd out(::mkostemps(name.data(), 4, O_CLOEXEC | O_NOFOLLOW));
+  if (!out) return log;
+  UniqueFd in(::open(log.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!in) return log;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = ::read(in.get(), buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    if (::write(out.get(), buf, static_cast<std::size_t>(n)) != n) return log;
+  }
+  return name;
 }
 
 void check_exit(const std::string& what, const ExitStatus& st, const fs::path& log) {
@@ -201,13 +246,14 @@ void check_exit(const std::string& what, const ExitStatus& st, const fs::path& l
 namespace {
 
 Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs::path& log,
-           const std::vector<std::string>& env, std::chrono::seconds timeout) {
+           const std::vector<std::string>& env, std::chrono::seconds timeout,
+           const std::function<void(pid_t)>& on_start) {
   Run r{argv, log, {}, {}};
   const fs::path out = log.parent_path() / ("criu-" + op + ".out");
   r.start = std::chrono::steady_clock::now();
   ExitStatus st;
   try {
-    st = run_logged(argv, out, env, timeout, "criu " + op);
+    st = run_logged(argv, out, env, timeout, "criu " + op, on_start);
   } catch (const Error& e) {
     if (e.code() != Errc::kTimeout) throw;
     const fs::path kept = preserve_log(log, "criu-" + op);
@@ -229,13 +275,19 @@ Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs
 
 Run dump(const Installation& inst, const DumpArgs& a) {
   const fs::path log = a.images_dir / "dump.log";
-  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout);
+  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout, a.on_start);
 }
 
 Run restore(const Installation& inst, const RestoreArgs& a) {
   // The log goes beside the pidfile, outside the images (which CRIU only reads).
   const fs::path log = a.pidfile.parent_path() / "restore.log";
-  return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout);
+  return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout, a.on_start);
+}
+
+std::vector<std::string> tcp_args(bool established) {
+  // nftables: CRIU locks each connection with libnftables (no iptables binary needed).
+  if (established) return {"--tcp-established", "--network-lock", "nftables"};
+  return {"--tcp-close"};
 }
 
 bool needs_shell_job(pid_t pid) {

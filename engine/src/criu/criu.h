@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,7 @@ struct DumpArgs {
   std::vector<std::string> env;         // "KEY=VALUE" for criu and the plugin inside it
   std::chrono::seconds timeout{1800};
   std::chrono::seconds freeze_timeout{10};  // criu --timeout: bounds the freezing stage
+  std::function<void(pid_t)> on_start;      // called with criu's pid once it runs (the guard)
 };
 
 struct RestoreArgs {
@@ -58,6 +60,7 @@ struct RestoreArgs {
   std::vector<std::string> extra_args;
   std::vector<std::string> env;
   std::chrono::seconds timeout{1800};
+  std::function<void(pid_t)> on_start;
 };
 
 // Argument vectors, exposed so that a restore can be launched from inside another pid
@@ -87,9 +90,15 @@ void check_exit(const std::string& what, const ExitStatus& st, const std::filesy
 // The log's error lines (at most `max_lines`, the last ones), or its last lines if it has none.
 std::string log_excerpt(const std::filesystem::path& log, std::size_t max_lines = 8);
 
-// Copies a log out of a directory that is about to be removed; returns the copy's path (or the
-// original path if copying failed).
+// Copies a log out of a directory that is about to be removed, into a private directory
+// ($TMPDIR/gpuckpt-logs-<uid>, mode 0700, refused if it is not ours or is a link) under a fresh
+// name opened with O_EXCL|O_NOFOLLOW, so that nobody can plant a link there; returns the copy's
+// path (or the original path if copying failed).
 std::filesystem::path preserve_log(const std::filesystem::path& log, const std::string& tag);
+
+// criu options for established TCP connections, the same on dump and restore: dumped with
+// their state (--tcp-established) or not at all (--tcp-close). docs/PROCESS.md ("TCP").
+std::vector<std::string> tcp_args(bool established);
 
 // Whether the pid's session/process group lead is outside a tree rooted at it, or it has a
 // controlling terminal: then CRIU needs --shell-job.

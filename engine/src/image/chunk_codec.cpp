@@ -1,5 +1,6 @@
 #include "image/chunk_codec.h"
 
+#include <sodium.h>
 #include <xxhash.h>
 #include <zstd.h>
 #include <zstd_errors.h>
@@ -28,6 +29,36 @@ std::optional<std::uint64_t> parse_hex64(std::string_view s) {
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v, 16);
   if (ec != std::errc() || p != s.data() + s.size()) return std::nullopt;
   return v;
+}
+
+Digest blake2b(const void* data, std::size_t len) {
+  Digest d{};
+  // No sodium_init() needed: generichash uses no randomness and no CPU-feature dispatch.
+  crypto_generichash(d.data(), d.size(), static_cast<const unsigned char*>(data), len, nullptr, 0);
+  return d;
+}
+
+std::string hex(const Digest& d) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  s.reserve(2 * d.size());
+  for (unsigned char c : d) {
+    s += digits[c >> 4];
+    s += digits[c & 15];
+  }
+  return s;
+}
+
+std::optional<Digest> parse_digest(std::string_view s) {
+  if (s.size() != 64) return std::nullopt;
+  Digest d{};
+  for (std::size_t i = 0; i < d.size(); ++i) {
+    unsigned v = 0;
+    auto [p, ec] = std::from_chars(s.data() + 2 * i, s.data() + 2 * i + 2, v, 16);
+    if (ec != std::errc() || p != s.data() + 2 * i + 2) return std::nullopt;
+    d[i] = static_cast<unsigned char>(v);
+  }
+  return d;
 }
 
 StreamHash::StreamHash() : state_(XXH3_createState()) {

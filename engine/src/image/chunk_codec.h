@@ -2,6 +2,7 @@
 // (de)compress in parallel; each worker owns one reusable context.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -17,6 +18,13 @@ namespace gpuckpt::image {
 std::uint64_t xxh3(const void* data, std::size_t len);
 std::string hex64(std::uint64_t v);  // 16 lower-case hex digits
 std::optional<std::uint64_t> parse_hex64(std::string_view s);
+
+// BLAKE2b-256: what a signature needs to cover the data and not only the manifest (XXH3 is
+// fast but offers no resistance to someone crafting data that matches it).
+using Digest = std::array<unsigned char, 32>;
+Digest blake2b(const void* data, std::size_t len);
+std::string hex(const Digest& d);  // 64 lower-case hex digits
+std::optional<Digest> parse_digest(std::string_view s);
 
 // Streaming XXH3-64 over a file's chunks, fed in order.
 class StreamHash {

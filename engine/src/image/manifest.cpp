@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 
@@ -9,6 +10,8 @@
 #include "gpuckpt/image.h"
 #include "image/aligned_buffer.h"
 #include "image/chunk_codec.h"
+#include "trust/keys.h"
+#include "trust/secure_file.h"
 #include "util/fs.h"
 
 namespace fs = std::filesystem;
@@ -97,7 +100,266 @@ bool safe_relative_path(const std::string& p) {
 
 bool safe_blob_name(const std::string& n) {
   return !n.empty() && n.find('/') == std::string::npos && n != "." && n != ".." &&
-         n != kManifestName && n.find('\0') == std::string::npos;
+         n != kManifestName && n != kSealName && n.find('\0') == std::string::npos;
+}
+
+// A chunk record as read by the SAX reader: its fields and how each one looked, so that
+// validation can report exactly what a JSON tree would have shown.
+struct RawChunk {
+  enum Field : std::uint8_t { kBlob, kOffset, kStored, kRaw, kXxh3, kCodec, kBlake2b, kFields };
+  enum State : std::uint8_t { kMissing, kOk, kWrongType, kBadValue };
+  std::uint64_t num[4] = {};  // blob, offset, stored, raw
+  std::uint64_t hash = 0;
+  Codec codec = Codec::kRaw;
+  std::array<unsigned char, 32> digest{};
+  State state[kFields] = {};
+  bool not_object = false;
+};
+
+const char* const kChunkFieldNames[] = {"blob", "offset", "stored", "raw",
+                                        "xxh3", "codec",  "blake2b"};
+
+int chunk_field(const std::string& key) {
+  const auto& names = kChunkFieldNames;
+  for (int i = 0; i < RawChunk::kFields; ++i)
+    if (key == names[i]) return i;
+  return -1;
+}
+
+// SAX handler that builds the JSON tree of the manifest, except for the chunk arrays of
+// top-level entries: those are read straight into RawChunk records (the tree gets an empty
+// array in their place). A JSON tree costs ~1 KiB per chunk record, and a manifest may list
+// millions of them, most of all one written to exhaust the reader.
+class ManifestSax : public json::json_sax_t {
+ public:
+  json root;
+  std::vector<std::vector<RawChunk>> chunks;  // per element of the top-level "entries"
+  std::string error;
+
+  bool null() override { return scalar(nullptr); }
+  bool boolean(bool v) override { return scalar(v); }
+  bool number_integer(number_integer_t v) override { return scalar(v); }
+  bool number_unsigned(number_unsigned_t v) override { return scalar(v); }
+  bool number_float(number_float_t v, const string_t&) override { return scalar(v); }
+  bool string(string_t& v) override { return scalar(std::move(v)); }
+  bool binary(binary_t&) override {  // CBOR and friends only; JSON text has none
+    error = "binary value";
+    return false;
+  }
+
+  bool start_object(std::size_t) override {
+    if (collecting_) return collect_open(true);
+    note_element();
+    stack_.push_back(put(json::object()));
+    return true;
+  }
+  bool end_object() override {
+    if (collecting_) return collect_close();
+    stack_.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override {
+    if (collecting_) return collect_open(false);
+    if (expect_chunks_ && stack_.size() == 3 && entries_open_) {
+      // entries[i].chunks: collected, not built.
+      put(json::array());
+      chunks.back().clear();  // a repeated key replaces, as it does in a tree
+      collecting_ = true;
+      expect_chunks_ = false;
+      return true;
+    }
+    const bool is_entries = expect_entries_ && stack_.size() == 1;
+    note_element();
+    stack_.push_back(put(json::array()));
+    if (is_entries) {
+      entries_open_ = true;
+      chunks.clear();
+    }
+    return true;
+  }
+  bool end_array() override {
+    if (collecting_) return collect_close();
+    stack_.pop_back();
+    if (stack_.size() == 1) entries_open_ = false;
+    return true;
+  }
+  bool key(string_t& k) override {
+    if (collecting_) {
+      if (skip_ == 0) field_ = chunk_field(k);
+      return true;
+    }
+    expect_entries_ = stack_.size() == 1 && k == "entries";
+    expect_chunks_ = stack_.size() == 3 && entries_open_ && k == "chunks";
+    slot_ = &(*stack_.back())[k];
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = e.what();
+    return false;
+  }
+
+ private:
+  // A value arrives: into the open array, or into the slot of the last key.
+  template <class V>
+  json* put(V&& v) {
+    if (stack_.empty()) {
+      root = json(std::forward<V>(v));
+      return &root;
+    }
+    json& top = *stack_.back();
+    if (top.is_array()) {
+      top.emplace_back(std::forward<V>(v));
+      return &top.back();
+    }
+    *slot_ = json(std::forward<V>(v));
+    return slot_;
+  }
+
+  // Keeps `chunks` indexed like the elements of the top-level entries array.
+  void note_element() {
+    if (entries_open_ && stack_.size() == 2) chunks.emplace_back();
+    expect_entries_ = expect_chunks_ = false;
+  }
+
+  template <class V>
+  bool scalar(V&& v) {
+    if (collecting_) return collect_scalar(json(std::forward<V>(v)));
+    note_element();
+    put(std::forward<V>(v));
+    return true;
+  }
+
+  bool collect_open(bool object) {
+    auto& out = chunks.back();
+    if (skip_ > 0) {
+      ++skip_;
+    } else if (!in_chunk_) {
+      out.emplace_back();
+      if (object) {
+        in_chunk_ = true;
+        field_ = -1;
+      } else {
+        out.back().not_object = true;
+        skip_ = 1;
+      }
+    } else {
+      if (field_ >= 0) out.back().state[field_] = RawChunk::kWrongType;
+      skip_ = 1;
+    }
+    return true;
+  }
+
+  bool collect_close() {
+    if (skip_ > 0)
+      --skip_;
+    else if (in_chunk_)
+      in_chunk_ = false;
+    else
+      collecting_ = false;  // the end of the chunks array
+    return true;
+  }
+
+  bool collect_scalar(const json& v) {
+    if (skip_ > 0) return true;
+    auto& out = chunks.back();
+    if (!in_chunk_) {
+      out.emplace_back().not_object = true;
+      return true;
+    }
+    if (field_ < 0) return true;
+    RawChunk& c = out.back();
+    auto& st = c.state[field_];
+    if (field_ <= RawChunk::kRaw) {
+      st = v.is_number_unsigned() ? RawChunk::kOk : RawChunk::kWrongType;
+      if (st == RawChunk::kOk) c.num[field_] = v.get<std::uint64_t>();
+    } else if (!v.is_string()) {
+      st = RawChunk::kWrongType;
+    } else if (field_ == RawChunk::kXxh3) {
+      const auto h = parse_hex64(v.get_ref<const std::string&>());
+      st = h ? RawChunk::kOk : RawChunk::kBadValue;
+      if (h) c.hash = *h;
+    } else if (field_ == RawChunk::kBlake2b) {
+      const auto d = parse_digest(v.get_ref<const std::string&>());
+      st = d ? RawChunk::kOk : RawChunk::kBadValue;
+      if (d) c.digest = *d;
+    } else {
+      const auto& name = v.get_ref<const std::string&>();
+      st = name == "zstd" || name == "raw" ? RawChunk::kOk : RawChunk::kBadValue;
+      c.codec = name == "zstd" ? Codec::kZstd : Codec::kRaw;
+    }
+    return true;
+  }
+
+  std::vector<json*> stack_;
+  json* slot_ = nullptr;
+  bool expect_entries_ = false, entries_open_ = false, expect_chunks_ = false;
+  bool collecting_ = false, in_chunk_ = false;
+  int skip_ = 0;  // depth inside a container where a chunk field or record should be
+  int field_ = -1;
+};
+
+ChunkRecord check_chunk(const RawChunk& r, const std::string& cw, const std::string& origin) {
+  if (r.not_object) corrupt(origin, "field '" + cw + "' is not an object");
+  for (int f = 0; f < RawChunk::kFields; ++f) {
+    const std::string name = cw + kChunkFieldNames[f];
+    switch (r.state[f]) {
+      case RawChunk::kMissing:
+        if (f == RawChunk::kBlake2b) break;  // optional: signed checkpoints have it
+        corrupt(origin, "lacks '" + name + "'");
+      case RawChunk::kWrongType:
+        corrupt(origin, "field '" + name + "' is not " +
+                            (f <= RawChunk::kRaw ? "an unsigned integer" : "a string"));
+      case RawChunk::kBadValue:
+        corrupt(origin, "field '" + name + "' " +
+                            (f == RawChunk::kXxh3      ? "is not a 16-digit hex xxh3"
+                             : f == RawChunk::kBlake2b ? "is not a 64-digit hex blake2b"
+                                                       : "names an unknown codec"));
+      case RawChunk::kOk:
+        break;
+    }
+    if ((f == RawChunk::kBlob || f == RawChunk::kStored || f == RawChunk::kRaw) &&
+        r.num[f] > UINT32_MAX)
+      corrupt(origin, "field '" + name + "' is out of range");
+  }
+  ChunkRecord c;
+  c.blob = static_cast<std::uint32_t>(r.num[RawChunk::kBlob]);
+  c.offset = r.num[RawChunk::kOffset];
+  c.stored = static_cast<std::uint32_t>(r.num[RawChunk::kStored]);
+  c.raw = static_cast<std::uint32_t>(r.num[RawChunk::kRaw]);
+  c.xxh3 = r.hash;
+  c.codec = r.codec;
+  c.has_blake2b = r.state[RawChunk::kBlake2b] == RawChunk::kOk;
+  c.blake2b = r.digest;
+  return c;
+}
+
+// Chunks may not share bytes: then reading every chunk costs at most the blobs' size, however
+// many records a manifest lists.
+void check_no_overlap(const Manifest& m, const std::string& origin) {
+  struct Span {
+    std::uint64_t offset, end;
+    std::uint32_t blob, entry, chunk;
+  };
+  std::vector<Span> spans;
+  spans.reserve(m.chunk_count());
+  for (std::uint32_t i = 0; i < m.entries.size(); ++i)
+    for (std::uint32_t k = 0; k < m.entries[i].chunks.size(); ++k) {
+      const ChunkRecord& c = m.entries[i].chunks[k];
+      spans.push_back({c.offset, c.offset + c.stored, c.blob, i, k});
+    }
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.blob != b.blob ? a.blob < b.blob : a.offset < b.offset;
+  });
+  for (std::size_t i = 1; i < spans.size(); ++i) {
+    const Span &a = spans[i - 1], &b = spans[i];
+    if (a.blob == b.blob && b.offset < a.end) {
+      auto name = [](const Span& s) {
+        return "entries[" + std::to_string(s.entry) + "].chunks[" + std::to_string(s.chunk) + "]";
+      };
+      corrupt(origin, "chunk '" + name(b) + "' overlaps chunk '" + name(a) + "' in blob " +
+                          m.blobs[a.blob].name);
+    }
+  }
 }
 
 }  // namespace
@@ -159,6 +421,7 @@ std::string serialize(const Manifest& m) {
                           {"raw", c.raw},
                           {"codec", c.codec == Codec::kZstd ? "zstd" : "raw"},
                           {"xxh3", hex64(c.xxh3)}});
+        if (c.has_blake2b) chunks.back()["blake2b"] = hex(c.blake2b);
       }
       j["chunks"] = std::move(chunks);
     } else if (e.type == EntryType::kSymlink) {
@@ -189,12 +452,10 @@ std::string serialize(const Manifest& m) {
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& origin) {
-  json doc;
-  try {
-    doc = json::parse(text);
-  } catch (const json::parse_error& e) {
-    corrupt(origin, std::string("is not valid JSON (") + e.what() + ")");
-  }
+  ManifestSax sax;
+  if (!json::sax_parse(text.begin(), text.end(), &sax))
+    corrupt(origin, "is not valid JSON (" + sax.error + ")");
+  const json& doc = sax.root;
   if (!doc.is_object()) corrupt(origin, "is not a JSON object");
   auto fmt = doc.find("format");
   if (fmt == doc.end() || !fmt->is_string() || fmt->get<std::string>() != kFormatName)
@@ -275,29 +536,19 @@ Manifest parse_manifest(std::string_view text, const std::string& origin) {
       const json& chunks = field(j, "chunks", where, origin);
       if (!chunks.is_array()) corrupt(origin, "field '" + where + "chunks' is not an array");
       std::uint64_t total = 0;
-      for (size_t k = 0; k < chunks.size(); ++k) {
+      // The tree holds an empty array where the reader collected the records.
+      std::vector<RawChunk> raw;
+      if (chunks.empty() && i < sax.chunks.size()) raw.swap(sax.chunks[i]);
+      e.chunks.reserve(raw.size());
+      for (size_t k = 0; k < raw.size(); ++k) {
         const std::string cw = where + "chunks[" + std::to_string(k) + "].";
         const std::string cname = cw.substr(0, cw.size() - 1);
-        const json& cj = chunks[k];
-        if (!cj.is_object()) corrupt(origin, "field '" + cw + "' is not an object");
-        ChunkRecord c;
-        c.blob = get_u32(cj, "blob", cw, origin);
-        c.offset = get_u64(cj, "offset", cw, origin);
-        c.stored = get_u32(cj, "stored", cw, origin);
-        c.raw = get_u32(cj, "raw", cw, origin);
-        c.xxh3 = get_hash(cj, "xxh3", cw, origin);
-        const std::string codec = get_str(cj, "codec", cw, origin);
-        if (codec == "zstd")
-          c.codec = Codec::kZstd;
-        else if (codec == "raw")
-          c.codec = Codec::kRaw;
-        else
-          corrupt(origin, "field '" + cw + "codec' names an unknown codec");
+        const ChunkRecord c = check_chunk(raw[k], cw, origin);
         if (c.blob >= m.blobs.size()) corrupt(origin, "field '" + cw + "blob' is out of range");
         if (c.raw == 0 || c.raw > m.chunk_bytes || c.stored == 0 || c.stored > c.raw ||
             (c.codec == Codec::kRaw && c.stored != c.raw))
           corrupt(origin, "chunk '" + cname + "' has inconsistent sizes");
-        if (k + 1 < chunks.size() && c.raw != m.chunk_bytes)
+        if (k + 1 < raw.size() && c.raw != m.chunk_bytes)
           corrupt(origin, "chunk '" + cname + "' is short but not the last of its file");
         if (c.offset > m.blobs[c.blob].size || m.blobs[c.blob].size - c.offset < c.stored)
           corrupt(origin, "chunk '" + cname + "' lies outside its blob");
@@ -322,8 +573,94 @@ Manifest parse_manifest(std::string_view text, const std::string& origin) {
     if (!it->is_object()) corrupt(origin, "field 'extra' is not an object");
     m.extra = *it;
   }
+  check_no_overlap(m, origin);
   return m;
 }
+
+std::string make_seal(std::string_view manifest, const trust::SigningKey* key) {
+  json seal = {{"format", kSealFormatName},
+               {"version", 1},
+               {"manifest_bytes", manifest.size()},
+               {"manifest_xxh3", hex64(xxh3(manifest.data(), manifest.size()))}};
+  if (key) {
+    const trust::Signature sig = key->sign(manifest);
+    seal["signature"] = {{"algorithm", trust::kAlgorithm},
+                         {"key_id", trust::key_id(key->public_key())},
+                         {"public_key", trust::to_base64(key->public_key().data(), 32)},
+                         {"value", trust::to_base64(sig.data(), sig.size())}};
+  }
+  return seal.dump(1) + "\n";
+}
+
+namespace {
+
+// What the seal says about `manifest`; sets `problem` (and returns false) when the seal is
+// not one this reader understands.
+bool check_seal(const std::string& seal_text, std::string_view manifest, const std::string& origin,
+                SignatureInfo& sig, std::string& problem) {
+  const json seal = json::parse(seal_text, nullptr, false);
+  const auto fmt = seal.is_object() ? seal.find("format") : seal.end();
+  if (!seal.is_object() || fmt == seal.end() || *fmt != kSealFormatName ||
+      !seal.contains("version") || !seal["version"].is_number_unsigned()) {
+    problem = "is not a gpuckpt seal";
+    return false;
+  }
+  if (seal["version"] != 1) {
+    problem = "has version " + seal["version"].dump() + " (this gpuckpt reads version 1)";
+    return false;
+  }
+  const auto size = seal.find("manifest_bytes");
+  const auto hash = seal.find("manifest_xxh3");
+  std::optional<std::uint64_t> h;
+  if (hash != seal.end() && hash->is_string()) h = parse_hex64(hash->get<std::string>());
+  if (size == seal.end() || !size->is_number_unsigned() || !h) {
+    problem = "lacks a valid 'manifest_bytes' or 'manifest_xxh3'";
+    return false;
+  }
+  if (size->get<std::uint64_t>() != manifest.size() || *h != xxh3(manifest.data(), manifest.size()))
+    throw Error(Errc::kCorrupt, "checkpoint " + origin + ": " + kManifestName +
+                                    " does not match its checksum in " + kSealName +
+                                    " (the manifest was changed or damaged)");
+  const auto s = seal.find("signature");
+  if (s == seal.end()) return true;
+  sig.state = SignatureState::kInvalid;
+  if (!s->is_object()) {
+    sig.problem = "the signature is not an object";
+    return true;
+  }
+  auto str = [&](const char* k) {
+    auto it = s->find(k);
+    return it != s->end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  sig.key_id = str("key_id");
+  sig.public_key = str("public_key");
+  if (str("algorithm") != trust::kAlgorithm) {
+    sig.problem = "unknown signature algorithm '" + str("algorithm") + "'";
+    return true;
+  }
+  const auto pk = trust::from_base64(sig.public_key, 32);
+  const auto value = trust::from_base64(str("value"), 64);
+  if (!pk || !value) {
+    sig.problem = "the signature's public key or value is not valid base64 of the right length";
+    return true;
+  }
+  trust::PublicKey key;
+  trust::Signature sv;
+  std::copy(pk->begin(), pk->end(), key.begin());
+  std::copy(value->begin(), value->end(), sv.begin());
+  if (trust::key_id(key) != sig.key_id) {
+    sig.problem = "the key id does not match the signature's public key";
+    return true;
+  }
+  if (!trust::verify(key, sv, manifest)) {
+    sig.problem = "the signature does not match the manifest";
+    return true;
+  }
+  sig.state = SignatureState::kValid;
+  return true;
+}
+
+}  // namespace
 
 Manifest load_manifest(const fs::path& checkpoint) {
   std::error_code ec;
@@ -334,16 +671,46 @@ Manifest load_manifest(const fs::path& checkpoint) {
     throw Error(Errc::kInvalidInput, "checkpoint " + checkpoint.string() +
                                          " is not a directory (a checkpoint is a " +
                                          "directory holding " + kManifestName + " and blobs)");
-  const fs::path mpath = checkpoint / kManifestName;
-  if (!fs::exists(mpath, ec)) {
+  const std::string origin = checkpoint.string();
+  // Only regular files are read: a FIFO would block, a symlink may point at /dev/zero.
+  const auto text = trust::read_regular_file(checkpoint / kManifestName,
+                                             "checkpoint " + origin + ": " + kManifestName,
+                                             {kMaxManifestBytes, Errc::kCorrupt, false});
+  if (!text) {
     // Blobs without a manifest: a damaged checkpoint; nothing at all: not a checkpoint.
-    if (fs::exists(checkpoint / blob_name(0), ec))
-      throw Error(Errc::kCorrupt, "checkpoint " + checkpoint.string() +
-                                      " is damaged: " + kManifestName + " is missing");
+    if (fs::exists(fs::symlink_status(checkpoint / blob_name(0), ec)))
+      throw Error(Errc::kCorrupt,
+                  "checkpoint " + origin + " is damaged: " + kManifestName + " is missing");
     throw Error(Errc::kInvalidInput,
-                checkpoint.string() + " is not a gpuckpt checkpoint (no " + kManifestName + ")");
+                origin + " is not a gpuckpt checkpoint (no " + kManifestName + ")");
   }
-  return parse_manifest(read_file(mpath), checkpoint.string());
+  const auto seal =
+      trust::read_regular_file(checkpoint / kSealName, "checkpoint " + origin + ": " + kSealName,
+                               {kMaxSealBytes, Errc::kCorrupt, false});
+  // The checksum is checked before the parser sees a byte of the manifest.
+  SignatureInfo sig;
+  std::string seal_problem;
+  const bool sealed = seal && check_seal(*seal, *text, origin, sig, seal_problem);
+  Manifest m = parse_manifest(*text, origin);  // kVersion for a major we do not know
+  if (seal && !sealed)
+    throw Error(Errc::kCorrupt, "checkpoint " + origin + ": " + kSealName + " " + seal_problem);
+  if (!seal && m.minor >= 1)
+    throw Error(Errc::kCorrupt, "checkpoint " + origin + " is damaged: " + kSealName +
+                                    " is missing (format 1." + std::to_string(m.minor) +
+                                    " manifests are sealed)");
+  // The signature vouches for the blobs only through digests nobody can match with other data.
+  const auto undigested = std::find_if(m.entries.begin(), m.entries.end(), [](const auto& e) {
+    return std::any_of(e.chunks.begin(), e.chunks.end(),
+                       [](const ChunkRecord& c) { return !c.has_blake2b; });
+  });
+  if (sig.state == SignatureState::kValid && undigested != m.entries.end()) {
+    sig.state = SignatureState::kInvalid;
+    sig.problem = "the signed manifest lacks the blake2b digest of a chunk of '" +
+                  undigested->path + "', so the signature does not cover its data";
+  }
+  m.sealed = sealed;
+  m.signature = std::move(sig);
+  return m;
 }
 
 }  // namespace gpuckpt::image

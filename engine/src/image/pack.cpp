@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/gpuckpt.h"
@@ -17,6 +19,7 @@
 #include "image/pipeline.h"
 #include "image/publish.h"
 #include "image/transfer_common.h"
+#include "trust/keys.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
 
@@ -39,7 +42,7 @@ struct PackChunk {
 
 class PackWorker : public ChunkWorker {
  public:
-  explicit PackWorker(int level) : comp_(level) {}
+  PackWorker(int level, bool digest) : comp_(level), digest_(digest) {}
   void process(Slot& s) override {
     const std::size_t n = comp_.compress(s.chunk(), s.in_len, s.out, s.capacity);
     if (n > 0) {
@@ -54,10 +57,12 @@ class PackWorker : public ChunkWorker {
       s.codec = Codec::kRaw;
     }
     s.hash = xxh3(s.data, s.data_len);
+    if (digest_) s.digest = blake2b(s.data, s.data_len);
   }
 
  private:
   Compressor comp_;
+  bool digest_;
 };
 
 // Appends chunks to blob-NNNNNN.bin files in sequence order, each at a 4 KiB-aligned offset
@@ -65,8 +70,8 @@ class PackWorker : public ChunkWorker {
 class BlobWriter : public ChunkSink {
  public:
   BlobWriter(const fs::path& dir, const std::vector<PackChunk>& chunks, Manifest& m, bool direct,
-             std::uint64_t max_blob)
-      : dir_(dir), chunks_(chunks), m_(m), direct_(direct), max_blob_(max_blob) {}
+             std::uint64_t max_blob, bool digest)
+      : dir_(dir), chunks_(chunks), m_(m), direct_(direct), digest_(digest), max_blob_(max_blob) {}
 
   std::uint64_t consume(Slot& s, SinkIo& io) override {
     const PackChunk& c = chunks_[s.seq];
@@ -100,7 +105,7 @@ class BlobWriter : public ChunkSink {
     ++b.pending;
     io.submit(w);
     e.chunks.push_back({static_cast<std::uint32_t>(blobs_.size() - 1), b.pos, s.data_len, s.in_len,
-                        s.hash, s.codec});
+                        s.hash, s.codec, digest_, s.digest});
     b.end = b.pos + s.data_len;
     b.pos += padded;
     stored_ += s.data_len;
@@ -148,8 +153,9 @@ class BlobWriter : public ChunkSink {
     const fs::path p = dir_ / blob_name(index);
     bool direct = false;
     Blob b;
-    b.fd.reset(open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0644, direct_, &direct));
+    b.fd.reset(open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, direct_, &direct));
     if (!b.fd) throw_errno(Errc::kIo, "create " + p.string());
+    if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
     direct_used_ = direct_used_ || direct;
     blobs_.push_back(std::move(b));
   }
@@ -180,6 +186,7 @@ class BlobWriter : public ChunkSink {
   const std::vector<PackChunk>& chunks_;
   Manifest& m_;
   bool direct_;
+  bool digest_;
   bool direct_used_ = false;
   std::uint64_t max_blob_;
   StreamHash hash_;
@@ -216,6 +223,25 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
   return ob == b.end();
 }
 
+// Checkpoints hold a process's memory (keys, tokens, user data): readable by the owner only,
+// whatever the umask. `dir` is private (0700), so the fixed temporary name cannot clash.
+void write_private_file(const fs::path& dir, const char* name, const std::string& data) {
+  const fs::path path = dir / name, tmp = dir / (std::string(".") + name + ".tmp");
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) throw_errno(Errc::kIo, "create " + tmp.string());
+  if (::fchmod(fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + tmp.string());
+  std::size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(Errc::kIo, "write " + tmp.string());
+    off += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync " + tmp.string());
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    throw_errno(Errc::kIo, "rename to " + path.string());
+}
+
 // --force may replace a previous checkpoint or an empty directory, never arbitrary data.
 void check_output(const fs::path& output, bool force) {
   std::error_code ec;
@@ -248,6 +274,9 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
     throw Error(Errc::kInvalidInput,
                 "output " + output.string() + " lies inside the input " + input.string());
   check_output(output, opts.force);
+  // Before any work: a key we cannot use should not cost a whole dump.
+  std::optional<trust::SigningKey> key;
+  if (!opts.sign_key.empty()) key.emplace(trust::SigningKey::load(opts.sign_key));
 
   TransferResult res;
   Timeline& tl = res.timeline;
@@ -304,8 +333,14 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
   const std::size_t buf_bytes = slot_buffer_bytes(largest);
   const unsigned slots = resolve_slots(opts.inflight_chunks, threads, buf_bytes, ranges.size());
 
-  TempDir tmp = TempDir::at(temp_sibling(output));
-  BlobWriter sink(tmp.path(), chunks, m, opts.direct_io, opts.max_blob_bytes);
+  const fs::path tmp_path = temp_sibling(output);
+  if (opts.on_temp_path) opts.on_temp_path(tmp_path);
+  TempDir tmp = TempDir::at(tmp_path);
+  if (::chmod(tmp.path().c_str(), 0700) != 0)
+    throw_errno(Errc::kIo, "chmod " + tmp.path().string());
+  // A signature covers the data only through digests it can rely on: BLAKE2b per chunk.
+  const bool digest = key.has_value();
+  BlobWriter sink(tmp.path(), chunks, m, opts.direct_io, opts.max_blob_bytes, digest);
   PipelineConfig cfg;
   cfg.phase = "pack";
   cfg.workers = threads;
@@ -317,13 +352,22 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
   cfg.short_read_errc = Errc::kIo;  // an input file shrank while we read it
   const int level = opts.zstd_level;
   const PipelineStats ps = run_pipeline(
-      cfg, sources, ranges, [level] { return std::make_unique<PackWorker>(level); }, sink);
+      cfg, sources, ranges, [level, digest] { return std::make_unique<PackWorker>(level, digest); },
+      sink);
 
   add_pipeline_stages(tl, ps, "compress_write", "compress", raw_total, sink.stored(), true);
   tl.add("sync", sink.sync_start, sink.sync_end);
   {
     auto s = tl.scope("commit");
-    write_file_atomic(tmp.path() / kManifestName, serialize(m));  // fsyncs tmp too
+    const std::string text = serialize(m);
+    if (text.size() > kMaxManifestBytes)
+      throw Error(Errc::kUsage, "the manifest would be " + std::to_string(text.size() >> 20) +
+                                    " MiB, more than readers accept (" +
+                                    std::to_string(kMaxManifestBytes >> 20) +
+                                    " MiB): use a larger chunk size");
+    write_private_file(tmp.path(), kSealName, make_seal(text, key ? &*key : nullptr));
+    write_private_file(tmp.path(), kManifestName, text);
+    fsync_dir(tmp.path());
     publish(tmp, output, opts.force);
   }
   res.raw_bytes = raw_total;

@@ -10,6 +10,7 @@
 // makes the output deterministic whatever the thread timing.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -39,6 +40,8 @@ struct Slot {
   int data_index = -1;  // registered buffer index of `data`
   Codec codec = Codec::kRaw;
   std::uint64_t hash = 0;
+  // BLAKE2b-256 of `data`, when the job asks for it (signed checkpoints).
+  std::array<unsigned char, 32> digest{};
   unsigned pending = 0;    // sink I/O outstanding (sink thread only)
   bool consuming = false;  // inside ChunkSink::consume (sink thread only)
 

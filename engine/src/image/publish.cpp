@@ -53,6 +53,11 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
     fsync_dir(parent);
     return;
   }
+  // Only a directory is ever replaced (an earlier output); a file or a symlink's target is
+  // not ours to delete. Callers check this too, with better messages.
+  if (!fs::is_directory(fs::symlink_status(final_path, ec)))
+    throw Error(Errc::kExists, "output " + final_path.string() +
+                                   " exists and is not a directory; refusing to replace it");
   // Replace: swap the two names in one step, then delete the old content (now at tmp).
   if (rename2(tmp.path(), final_path, RENAME_EXCHANGE) == 0) {
     fsync_dir(parent);

@@ -72,12 +72,17 @@ void check_blobs(const Manifest& m, const fs::path& ckpt) {
   for (const auto& b : m.blobs) {
     const fs::path p = ckpt / b.name;
     struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) {
+    // lstat: a symlink may lead anywhere (/dev/zero); a blob is a plain file.
+    if (::lstat(p.c_str(), &st) != 0) {
       if (errno == ENOENT)
         throw Error(Errc::kCorrupt,
                     "checkpoint " + ckpt.string() + " is damaged: blob " + b.name + " is missing");
       throw_errno(Errc::kIo, "stat " + p.string());
     }
+    if (!S_ISREG(st.st_mode))
+      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
+                                      " is not a regular file" +
+                                      (S_ISLNK(st.st_mode) ? " (a symbolic link)" : ""));
     const auto size = static_cast<std::uint64_t>(st.st_size);
     if (size < b.size)
       throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
@@ -109,6 +114,8 @@ class UnpackWorker : public ChunkWorker {
     // Checksum the stored bytes before zstd ever sees them.
     if (xxh3(s.chunk(), s.in_len) != r.xxh3)
       chunk_corrupt(ckpt_, m_, c, "stored bytes fail their xxh3 checksum");
+    if (r.has_blake2b && blake2b(s.chunk(), s.in_len) != r.blake2b)
+      chunk_corrupt(ckpt_, m_, c, "stored bytes fail their blake2b digest");
     if (r.codec == Codec::kRaw) {
       s.data = s.chunk();
       s.data_index = s.in_index();
@@ -254,6 +261,34 @@ void validate(const UnpackOptions& o) {
   validate_io_options(o.threads, o.queue_depth, o.inflight_chunks);
 }
 
+// A signature that fails is a manifest changed after signing (or a damaged seal): like a
+// failed checksum, nothing is read from such a checkpoint. inspect() still shows it.
+void check_signature_intact(const Manifest& m, const fs::path& ckpt) {
+  enforce_signature(m.signature, TrustOptions{}, ckpt);
+}
+
+// The output is created, or replaces an empty directory, or with `force` any directory (an
+// earlier unpack); never a file or whatever a symlink points at.
+void check_output(const fs::path& output, bool force) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(output, ec);
+  if (fs::is_symlink(st))
+    throw Error(Errc::kExists, "output " + output.string() +
+                                   " is a symbolic link; refusing to replace it (name the "
+                                   "directory itself)");
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw Error(Errc::kExists, "output " + output.string() +
+                                   " exists and is not a directory; refusing to replace it "
+                                   "(--force only replaces a directory, such as an earlier "
+                                   "unpack output)");
+  if (fs::exists(st) && !force && !is_empty_dir(output))
+    throw Error(Errc::kExists, "output " + output.string() +
+                                   " already exists and is not empty (use --force to replace it)");
+  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
+}
+
 PipelineConfig make_config(const std::string& phase, const UnpackOptions& o, const Manifest& m,
                            unsigned threads, unsigned slots, std::size_t buf_bytes) {
   PipelineConfig cfg;
@@ -320,16 +355,10 @@ TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
   {
     auto s = tl.scope("manifest");
     m = load_manifest(checkpoint);
+    check_signature_intact(m, checkpoint);
     check_blobs(m, checkpoint);
   }
-  std::error_code ec;
-  const bool exists = fs::exists(fs::symlink_status(output, ec));
-  if (exists && !opts.force && !is_empty_dir(output))
-    throw Error(Errc::kExists, "output " + output.string() +
-                                   " already exists and is not empty (use --force to replace it)");
-  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
-  if (!fs::is_directory(parent, ec))
-    throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
+  check_output(output, opts.force);
 
   const Plan plan = make_plan(m, checkpoint, opts.direct_io);
   const unsigned threads = resolve_threads(opts.threads);
@@ -338,6 +367,10 @@ TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
       resolve_slots(opts.inflight_chunks, threads, buf_bytes, plan.ranges.size());
 
   TempDir tmp = TempDir::at(temp_sibling(output));
+  // The tree's root is ours alone whatever the umask: entries keep their recorded modes, but
+  // nobody else reaches them through it.
+  if (::chmod(tmp.path().c_str(), 0700) != 0)
+    throw_errno(Errc::kIo, "chmod " + tmp.path().string());
   {
     auto s = tl.scope("create_tree");
     create_skeleton(m, tmp.path(), checkpoint);
@@ -369,6 +402,7 @@ TransferResult verify(const fs::path& checkpoint, const UnpackOptions& opts) {
   {
     auto s = tl.scope("manifest");
     m = load_manifest(checkpoint);
+    check_signature_intact(m, checkpoint);
     check_blobs(m, checkpoint);
   }
   const Plan plan = make_plan(m, checkpoint, opts.direct_io);
@@ -425,6 +459,8 @@ ImageInfo inspect(const fs::path& checkpoint) {
     info.files.push_back(std::move(f));
   }
   if (!m.extra.is_null()) info.extra_json = m.extra.dump();
+  info.sealed = m.sealed;
+  info.signature = m.signature;
   return info;
 }
 

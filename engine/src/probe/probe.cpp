@@ -7,8 +7,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "gpuckpt/error.h"
@@ -109,11 +112,8 @@ UniqueFd connect_tcp(const std::string& target, Clock::time_point deadline, std:
   return fd;
 }
 
-// Sends request + '\n' and reads one reply line. False (with `err`) if the peer closed first
-// or the deadline passed; the caller retries.
-bool exchange(int fd, const std::string& request, Clock::time_point deadline, std::string& reply,
-              std::string& err) {
-  const std::string msg = request + "\n";
+// Sends all of `msg`; false (with `err`) past the deadline or if the peer is gone.
+bool send_all(int fd, const std::string& msg, Clock::time_point deadline, std::string& err) {
   size_t off = 0;
   while (off < msg.size()) {
     ssize_t n = ::send(fd, msg.data() + off, msg.size() - off, MSG_NOSIGNAL);
@@ -132,6 +132,14 @@ bool exchange(int fd, const std::string& request, Clock::time_point deadline, st
       return false;
     }
   }
+  return true;
+}
+
+// Sends request + '\n' and reads one reply line. False (with `err`) if the peer closed first
+// or the deadline passed; the caller retries.
+bool exchange(int fd, const std::string& request, Clock::time_point deadline, std::string& reply,
+              std::string& err) {
+  if (!send_all(fd, request + "\n", deadline, err)) return false;
   std::string buf;
   char chunk[4096];
   for (;;) {
@@ -163,6 +171,132 @@ bool exchange(int fd, const std::string& request, Clock::time_point deadline, st
   }
 }
 
+// Appends what arrives on `fd` before the deadline to `buf`: 1 if some bytes came, 0 at EOF,
+// -1 on an error or timeout (with `err`).
+int recv_some(int fd, Clock::time_point deadline, std::string& buf, std::string& err) {
+  char chunk[4096];
+  for (;;) {
+    pollfd p{fd, POLLIN, 0};
+    int pr = ::poll(&p, 1, ms_left(deadline));
+    if (pr < 0 && errno != EINTR) throw_errno(Errc::kInternal, "poll");
+    if (pr == 0) {
+      err = "connected, but no HTTP answer in time";
+      return -1;
+    }
+    if (pr < 0) continue;
+    ssize_t n = ::recv(fd, chunk, sizeof chunk, 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n < 0) {
+      err = std::string("reading the answer failed: ") + std::strerror(errno);
+      return -1;
+    }
+    buf.append(chunk, static_cast<size_t>(n));
+    return n > 0 ? 1 : 0;
+  }
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
+  return s;
+}
+
+// One HTTP/1.1 request (GET, or POST of probe.request) with Connection: close. True on a 2xx
+// answer; `reply` is then the first line of its body, or its status line if the body is empty.
+// Any other status is a failed attempt: a server that is still loading answers 503.
+bool http_exchange(int fd, const ReadinessProbe& probe, Clock::time_point deadline,
+                   std::string& reply, std::string& err) {
+  constexpr size_t kMaxHead = 64 << 10;
+  std::string msg = (probe.request.empty() ? "GET " : "POST ") + probe.path +
+                    " HTTP/1.1\r\nHost: " + probe.target +
+                    "\r\nUser-Agent: gpuckpt-probe\r\nAccept: */*\r\nConnection: close\r\n";
+  if (!probe.request.empty())
+    msg += "Content-Type: application/json\r\nContent-Length: " +
+           std::to_string(probe.request.size()) + "\r\n";
+  msg += "\r\n" + probe.request;
+  if (!send_all(fd, msg, deadline, err)) return false;
+
+  std::string buf;
+  size_t head_end;
+  while ((head_end = buf.find("\r\n\r\n")) == std::string::npos) {
+    // A line-protocol server answers at once, and not in HTTP: say so rather than wait.
+    const size_t n = std::min<size_t>(buf.size(), 5);
+    if (buf.compare(0, n, "HTTP/", n) != 0) {
+      err = "not an HTTP answer: '" + buf.substr(0, std::min(buf.find('\n'), size_t{80})) + "'";
+      return false;
+    }
+    if (buf.size() > kMaxHead) {
+      err = "HTTP answer header longer than " + std::to_string(kMaxHead) + " bytes";
+      return false;
+    }
+    const int r = recv_some(fd, deadline, buf, err);
+    if (r < 0) return false;
+    if (r == 0) {
+      err = buf.empty() ? "connection closed before an HTTP answer"
+                        : "connection closed inside the HTTP answer header";
+      return false;
+    }
+  }
+  const std::string status = buf.substr(0, buf.find("\r\n"));
+  // "HTTP/1.1 200 OK": the code is the second word.
+  const auto sp = status.find(' ');
+  const int code = status.rfind("HTTP/", 0) == 0 && sp != std::string::npos
+                       ? std::atoi(status.c_str() + sp + 1)
+                       : 0;
+  if (code < 100 || code > 599) {
+    err = "not an HTTP answer: '" + status.substr(0, 80) + "'";
+    return false;
+  }
+  if (code < 200 || code > 299) {
+    err = "answered " + status.substr(0, 200);
+    return false;
+  }
+
+  std::optional<size_t> length;
+  bool chunked = false;
+  for (size_t pos = buf.find("\r\n") + 2; pos < head_end;) {
+    const size_t eol = buf.find("\r\n", pos);
+    const std::string line = buf.substr(pos, eol - pos);
+    pos = eol + 2;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string name = lower(line.substr(0, colon));
+    std::string value = lower(line.substr(colon + 1));
+    value.erase(0, value.find_first_not_of(" \t"));
+    if (name == "content-length") length = std::strtoull(value.c_str(), nullptr, 10);
+    if (name == "transfer-encoding") chunked = value.find("chunked") != std::string::npos;
+  }
+  // The first body line is enough: stop at it, at the end of the body, at EOF or at the cap.
+  std::string body = buf.substr(head_end + 4);
+  auto first_line = [&]() -> std::optional<std::string> {
+    std::string data = body;
+    std::optional<size_t> limit = length;
+    if (chunked) {  // only the first chunk: "<hex size>[;ext]\r\n<data>"
+      const auto eol = data.find("\r\n");
+      if (eol == std::string::npos) return std::nullopt;
+      limit = std::strtoull(data.c_str(), nullptr, 16);
+      data = data.substr(eol + 2);
+    }
+    if (limit) data.resize(std::min(data.size(), *limit));
+    const auto nl = data.find('\n');
+    if (nl != std::string::npos) return data.substr(0, nl);
+    if ((limit && data.size() >= *limit) || data.size() >= kMaxLine)
+      return data.substr(0, kMaxLine);
+    return std::nullopt;
+  };
+  std::optional<std::string> line;
+  while (!(line = first_line())) {
+    std::string more_err;
+    const int r = recv_some(fd, deadline, body, more_err);
+    if (r <= 0) {  // the 2xx is the answer; a body cut short only shortens what we report
+      line = chunked ? std::string() : body.substr(0, std::min(body.size(), kMaxLine));
+      break;
+    }
+  }
+  if (!line->empty() && line->back() == '\r') line->pop_back();
+  reply = line->empty() ? status : *line;
+  return true;
+}
+
 }  // namespace
 
 ReadinessProbe parse_probe(const std::string& spec) {
@@ -170,7 +304,8 @@ ReadinessProbe parse_probe(const std::string& spec) {
   const auto colon = spec.find(':');
   const std::string kind = spec.substr(0, colon);
   const std::string rest = colon == std::string::npos ? "" : spec.substr(colon + 1);
-  const std::string expect = "expected unix:PATH, tcp:HOST:PORT or stdout:TEXT";
+  const std::string expect =
+      "expected unix:PATH, tcp:HOST:PORT, http://HOST:PORT/PATH or stdout:TEXT";
   if (colon == std::string::npos)
     throw Error(Errc::kUsage, "bad readiness probe '" + spec + "': " + expect);
   if (kind == "unix") {
@@ -185,6 +320,25 @@ ReadinessProbe parse_probe(const std::string& spec) {
       throw Error(Errc::kUsage, "bad readiness probe '" + spec +
                                     "': expected tcp:HOST:PORT with a port in 1..65535");
     p.kind = ReadinessProbe::Kind::kTcp;
+  } else if (kind == "http") {
+    const std::string bad = "bad readiness probe '" + spec + "': ";
+    if (rest.rfind("//", 0) != 0) throw Error(Errc::kUsage, bad + "expected http://HOST:PORT/PATH");
+    const auto slash = rest.find('/', 2);
+    const std::string host_port = rest.substr(2, slash == std::string::npos ? slash : slash - 2);
+    std::string host, port;
+    if (!split_host_port(host_port, host, port))
+      throw Error(Errc::kUsage, bad + "expected http://HOST:PORT/PATH with a port in 1..65535");
+    p.path = slash == std::string::npos ? "/" : rest.substr(slash);
+    // The path goes verbatim into the request line: no spaces or control characters.
+    if (!std::all_of(p.path.begin(), p.path.end(),
+                     [](unsigned char c) { return c > 0x20 && c < 0x7f; }))
+      throw Error(Errc::kUsage, bad + "the path must be URL-encoded (no spaces or controls)");
+    p.kind = ReadinessProbe::Kind::kHttp;
+    p.target = host_port;
+    return p;
+  } else if (kind == "https") {
+    throw Error(Errc::kUsage, "bad readiness probe '" + spec +
+                                  "': https is not supported; probe the plain-HTTP port");
   } else if (kind == "stdout") {
     if (rest.empty())
       throw Error(Errc::kUsage, "bad readiness probe '" + spec + "': empty text to wait for");
@@ -204,6 +358,8 @@ std::string describe_probe(const ReadinessProbe& probe) {
       return "tcp:" + probe.target;
     case ReadinessProbe::Kind::kStdoutLine:
       return "stdout:" + probe.target;
+    case ReadinessProbe::Kind::kHttp:
+      return "http://" + probe.target + probe.path;
     case ReadinessProbe::Kind::kNone:
       break;
   }
@@ -218,7 +374,7 @@ void require_socket_probe(const ReadinessProbe& probe) {
   if (probe.kind == ReadinessProbe::Kind::kStdoutLine)
     throw Error(Errc::kUsage, "readiness probe " + describe_probe(probe) +
                                   ": a stdout probe can only watch a process gpuckpt starts "
-                                  "itself; use unix:PATH or tcp:HOST:PORT");
+                                  "itself; use unix:PATH, tcp:HOST:PORT or http://HOST:PORT/PATH");
 }
 
 std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>& between_attempts) {
@@ -230,15 +386,20 @@ std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>&
   // Short back-off: the probe's polling granularity is part of every measured restore time.
   auto sleep = std::chrono::microseconds(500);
   std::string err = "no attempt made";
+  std::string before;  // the previous attempt's error
   for (;;) {
     UniqueFd fd = probe.kind == K::kUnix ? connect_unix(probe.target, deadline, err)
                                          : connect_tcp(probe.target, deadline, err);
-    if (fd) {
+    if (fd && probe.kind == K::kHttp) {
+      std::string reply;
+      if (http_exchange(fd.get(), probe, deadline, reply, err)) return reply;
+    } else if (fd) {
       if (probe.request.empty()) return {};
       std::string reply;
       if (exchange(fd.get(), probe.request, deadline, reply, err)) return reply;
     }
     if (Clock::now() >= deadline) break;
+    before = err;
     if (between_attempts) between_attempts();
     std::this_thread::sleep_for(
         std::min<Clock::duration>(sleep, std::max<Clock::duration>(deadline - Clock::now(), {})));
@@ -246,7 +407,9 @@ std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>&
   }
   throw Error(Errc::kTimeout,
               "readiness probe " + describe_probe(probe) + " did not succeed within " +
-                  std::to_string(probe.timeout.count()) + " ms (last attempt: " + err + ")");
+                  std::to_string(probe.timeout.count()) + " ms (last attempt: " + err +
+                  // The deadline often cuts the last attempt short: say why the others failed.
+                  (before.empty() || before == err ? "" : "; the one before: " + before) + ")");
 }
 
 std::string wait_for_line(int fd, const std::string& text, std::chrono::milliseconds timeout) {

@@ -1,5 +1,6 @@
-// gpuckpt::dump(): preflight, criu dump (the plugin locks and checkpoints CUDA inside it), pack
-// of CRIU's images into the checkpoint, then the end of the original process.
+// gpuckpt::dump(): preflight of the whole tree, criu dump (the plugin locks and checkpoints CUDA
+// inside it), pack of CRIU's images into the checkpoint, then the end of every process of the
+// tree. A guard process (process/guard.h) undoes the dump if gpuckpt fails or dies before that.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
@@ -12,9 +13,11 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "process/dump_impl.h"
+#include "process/guard.h"
 #include "process/proc_info.h"
 #include "process/stages.h"
 #include "process/support.h"
+#include "util/fault.h"
 #include "util/fs.h"
 
 namespace fs = std::filesystem;
@@ -30,6 +33,17 @@ void preflight_output(const DumpOptions& o) {
   std::error_code ec;
   if (fs::exists(o.output, ec) && !o.pack.force)
     throw Error(Errc::kExists, o.output.string() + " exists (use --force to replace it)");
+  if (fs::exists(fs::symlink_status(o.output, ec)) && o.pack.force) {
+    // --force replaces a checkpoint, nothing else, and says so before anything is frozen.
+    try {
+      inspect(o.output);
+    } catch (const Error& e) {
+      throw Error(Errc::kExists, o.output.string() +
+                                     " exists and is not a gpuckpt checkpoint, so --force does "
+                                     "not replace it (" +
+                                     e.what() + "); nothing was frozen");
+    }
+  }
   const fs::path parent = o.output.parent_path().empty() ? "." : o.output.parent_path();
   if (!fs::is_directory(parent, ec))
     throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
@@ -38,26 +52,68 @@ void preflight_output(const DumpOptions& o) {
                 "staging directory " + o.staging_root.string() + " does not exist");
 }
 
-std::string state_after_failure(pid_t pid) {
-  auto p = read_proc(pid);
-  if (!p || p->state == 'Z') return "the process is gone";
-  if (p->state == 'T')
-    return "the process is stopped (resume it with kill -CONT " + std::to_string(pid) + ")";
-  return "the process continues to run";
+// Everything that can be known before anything is frozen: each refusal here costs the service
+// nothing.
+struct Target {
+  ProcInfo root;
+  std::vector<pid_t> tree;
+  std::uint64_t memory_bytes = 0;
+  bool tcp_listener = false;
+  std::vector<std::string> unix_listeners;  // absolute paths, "@name" for abstract ones
+};
+
+Target preflight_target(pid_t pid) {
+  if (pid <= 0) throw Error(Errc::kUsage, "no pid given");
+  if (pid == ::getpid()) throw Error(Errc::kUsage, "gpuckpt cannot dump itself");
+  Target t;
+  const auto info = read_proc(pid);
+  if (!info || info->state == 'Z')
+    throw Error(Errc::kProcess, "no process with pid " + std::to_string(pid));
+  t.root = *info;
+  t.tree = process_tree(pid);
+  for (pid_t q : t.tree) {
+    if (q == ::getpid())
+      throw Error(Errc::kUsage, "gpuckpt cannot dump a tree it belongs to (pid " +
+                                    std::to_string(pid) + " is an ancestor of gpuckpt)");
+    const auto p = read_proc(q);
+    if (!p) continue;               // exited since the scan: CRIU will not see it either
+    if (p->state == 'Z') continue;  // CRIU dumps zombies as such
+    if (const std::string why = undumpable_reason(*p); !why.empty())
+      throw Error(
+          Errc::kProcess,
+          q == pid ? why : why + " (it belongs to the tree of pid " + std::to_string(pid) + ")");
+    if (in_child_pid_namespace(q))
+      throw Error(Errc::kProcess,
+                  "process " + std::to_string(q) + " (" + p->comm +
+                      ") lives in a pid namespace of its own (a `restore --new-pidns` or a "
+                      "frozen-handoff migration put it there): CRIU can dump it only together "
+                      "with that namespace's init. Nothing was frozen. Restore without "
+                      "--new-pidns, or migrate with --handoff release, to keep a process "
+                      "re-checkpointable");
+    t.memory_bytes += dumpable_memory_bytes(q);
+    t.tcp_listener |= has_tcp_listener(q);
+    std::error_code ec;
+    const fs::path cwd = fs::read_symlink("/proc/" + std::to_string(q) + "/cwd", ec);
+    for (const auto& l : unix_listeners(q)) {
+      fs::path path = l.path;
+      if (!l.abstract && path.is_relative() && !cwd.empty()) path = cwd / path;
+      t.unix_listeners.push_back(path.string());
+    }
+  }
+  return t;
+}
+
+// The processes with CUDA state, from the plugin's report (the root alone if it says none).
+std::vector<pid_t> cuda_pids_of(const std::optional<criu::PluginReport>& plugin) {
+  if (!plugin || !plugin->cuda) return {};
+  return plugin->cuda_pids;
 }
 
 }  // namespace
 
-DumpOutcome dump_keep_stopped(const DumpOptions& o) {
-  if (o.pid <= 0) throw Error(Errc::kUsage, "no pid given");
-  if (o.pid == ::getpid()) throw Error(Errc::kUsage, "gpuckpt cannot dump itself");
+DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
+  const Target target = preflight_target(o.pid);
   preflight_output(o);
-  const auto info = read_proc(o.pid);
-  if (!info || info->state == 'Z')
-    throw Error(Errc::kProcess, "no process with pid " + std::to_string(o.pid));
-  if (info->state == 'T' || info->state == 't')
-    throw Error(Errc::kProcess, "process " + std::to_string(o.pid) + " (" + info->comm +
-                                    ") is stopped or traced; resume it before dumping");
 
   DumpOutcome out;
   Timeline& tl = out.result.timeline;
@@ -73,25 +129,32 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o) {
         "CUDA processes cannot be dumped (set GPUCKPT_CRIU_PLUGIN_DIR)",
         criu::kPluginFile);
 
-  // CRIU would find out after freezing the process for as long as it took to fill the tmpfs.
-  const std::uint64_t need = dumpable_memory_bytes(o.pid);
+  // CRIU would find out after freezing the tree for as long as it took to fill the tmpfs.
+  const std::uint64_t need = target.memory_bytes;
   const std::uint64_t free_bytes = fs::space(o.staging_root).available;
   if (need > free_bytes)
     throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
-                               std::to_string(free_bytes >> 20) + " MiB free, but process " +
+                               std::to_string(free_bytes >> 20) + " MiB free, but the tree of " +
                                std::to_string(o.pid) + " has " + std::to_string(need >> 20) +
                                " MiB of memory to dump: use --staging DIR on a larger filesystem");
 
   rec.pid = o.pid;
-  rec.comm = info->comm;
-  rec.cmdline = info->cmdline;
-  rec.exe = info->exe;
+  rec.comm = target.root.comm;
+  rec.cmdline = target.root.cmdline;
+  rec.exe = target.root.exe;
   rec.hostname = hostname();
   rec.shell_job = criu::needs_shell_job(o.pid);
   rec.leave_running = o.leave_running;
-  rec.gpu_uuids = nvidia_gpu_uuids(o.pid);
+  for (pid_t q : target.tree)
+    for (auto& u : nvidia_gpu_uuids(q))
+      if (std::find(rec.gpu_uuids.begin(), rec.gpu_uuids.end(), u) == rec.gpu_uuids.end())
+        rec.gpu_uuids.push_back(u);
+  rec.tcp_listener = target.tcp_listener;
+  rec.unix_listeners = target.unix_listeners;
+  rec.tcp_established = o.tcp_established ? "established" : "closed";
 
-  TempDir staging(o.staging_root, "gpuckpt-dump");
+  TempDir staging = make_staging(o.staging_root, "gpuckpt-dump", guard.pid());
+  guard.remove_on_recovery(staging.path());
   const fs::path images = staging.path() / "images";
   fs::create_directory(images);
 
@@ -100,17 +163,23 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o) {
   a.images_dir = images;
   a.final_state = o.leave_running ? criu::FinalState::kRunning : criu::FinalState::kStopped;
   a.shell_job = rec.shell_job;
-  a.extra_args = o.criu.extra_args;
+  a.extra_args = criu::tcp_args(o.tcp_established);
+  a.extra_args.insert(a.extra_args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   a.timeout = o.criu.timeout;
   // CRIU's --timeout bounds the freezing stage, which includes the plugin's CUDA lock.
   a.freeze_timeout =
       std::chrono::duration_cast<std::chrono::seconds>(o.lock_timeout) + std::chrono::seconds(10);
+  a.on_start = [&guard](pid_t criu_pid) {
+    guard.criu_started(criu_pid);
+    fault_point("criu_dump");
+  };
   const fs::path report_path = images / criu::kDumpReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + report_path.string(),
            std::string(criu::kEnvFinalState) + "=" + (o.leave_running ? "running" : "stopped"),
            std::string(criu::kEnvLockTimeoutMs) + "=" + std::to_string(o.lock_timeout.count())};
   const auto argv = criu::dump_argv(inst, a, images / "dump.log");
   rec.criu_args.assign(argv.begin() + 1, argv.end());
+  guard.protect(o.pid, target.tree);
   preflight.reset();
 
   criu::Run run;
@@ -118,55 +187,60 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o) {
     DirProgress progress(o.pack.progress, "criu_dump", images, need);
     try {
       run = criu::dump(inst, a);
+      guard.criu_finished();
     } catch (const Error& e) {
-      // A failed CUDA step inside criu is the cause to report, not criu's "Dumping FAILED".
+      // criu resumes the tree itself after a failed dump; the guard makes sure of it (a
+      // timed-out criu was killed with the tree possibly stopped).
       std::optional<criu::PluginReport> rep;
       try {
         rep = criu::read_plugin_report(report_path);
       } catch (const Error&) {
       }
       const bool device = rep && !rep->all_ok();
+      guard.criu_finished();
+      const std::string undone = guard.abort();
       throw Error(device ? Errc::kDevice : e.code(),
                   (device ? "CUDA checkpoint failed: " + rep->first_error() + "\n" : "") +
-                      e.what() + "\n" + state_after_failure(o.pid));
+                      e.what() + "\nno checkpoint was written; " + undone);
     }
   }
-  // From here on a stopped process must not be lost: if anything fails before the checkpoint
-  // is durable, it is resumed, exactly as if the dump had not happened.
+  // From here on a stopped tree must not be lost: if anything fails before the checkpoint is
+  // durable, the guard resumes it, exactly as if the dump had not happened.
   try {
+    // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
+    rec.tree = o.leave_running ? target.tree : process_tree(o.pid);
+    guard.protect(o.pid, rec.tree);
     out.result.image_bytes = tree_bytes(images);
     const auto stats = criu::read_dump_stats(images);
     const auto plugin = criu::read_plugin_report(report_path);
     if (!plugin && !inst.plugin_dir.empty())
       spdlog::warn("the CRIU plugin wrote no report ({}): device stages are missing",
                    report_path.string());
+    rec.cuda_pids = cuda_pids_of(plugin);
+    if (!o.leave_running) guard.cuda(rec.cuda_pids);
     add_dump_stages(tl, run, out.result.image_bytes, stats, plugin);
     rec.cuda = plugin && plugin->cuda;
     out.result.gpu = rec.cuda;
     out.result.gpu_uuids = rec.gpu_uuids;
     out.result.criu_version = rec.criu_version;
     out.result.comm = rec.comm;
+    out.result.tree = rec.tree;
 
     rec.timeline = tl;
     PackOptions po = o.pack;
     po.extra_json = to_extra_json(rec);
+    po.on_temp_path = [&guard](const fs::path& p) {
+      guard.remove_on_recovery(p);
+      fault_point("compress_write");
+    };
     auto scope = tl.scope("compress_write");
     const TransferResult tr = pack(images, o.output, po);
     scope.set_bytes(tr.raw_bytes);
   } catch (const std::exception& e) {
     const auto* ge = dynamic_cast<const Error*>(&e);
-    std::string what = std::string(e.what()) + "\nno checkpoint was written; ";
-    if (!o.leave_running) {
-      try {
-        resume_stopped(o.pid, rec.cuda);
-        what += "process " + std::to_string(o.pid) + " was resumed";
-      } catch (const Error& re) {
-        what += re.what();
-      }
-    } else {
-      what += "the process continues to run";
-    }
-    throw Error(ge ? ge->code() : Errc::kInternal, what);
+    const std::string undone = guard.abort();
+    throw Error(ge ? ge->code() : Errc::kInternal,
+                std::string(e.what()) + "\nno checkpoint was written; " + undone);
   }
   std::error_code ec;
   out.result.checkpoint_bytes =
@@ -177,12 +251,21 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o) {
 }  // namespace process
 
 DumpResult dump(const DumpOptions& opts) {
-  process::DumpOutcome out = process::dump_keep_stopped(opts);
-  if (!opts.leave_running && !process::kill_and_wait(opts.pid)) {
-    throw Error(Errc::kProcess, "the checkpoint " + opts.output.string() +
-                                    " is complete, but process " + std::to_string(opts.pid) +
-                                    " did not end after SIGKILL (it is left stopped)");
+  process::Guard guard("dump");
+  process::DumpOutcome out = process::dump_keep_stopped(opts, guard);
+  guard.durable(!opts.leave_running);
+  fault_point("durable");
+  if (!opts.leave_running) {
+    const auto left = process::end_tree(out.record.tree);
+    if (!left.empty()) {
+      // The guard would try again; the checkpoint is complete either way.
+      guard.abort();
+      throw Error(Errc::kProcess, "the checkpoint " + opts.output.string() +
+                                      " is complete, but process " + std::to_string(left.front()) +
+                                      " of the tree did not end after SIGKILL");
+    }
   }
+  guard.disarm();
   return std::move(out.result);
 }
 

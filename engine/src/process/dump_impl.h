@@ -12,8 +12,11 @@ struct DumpOutcome {
   ProcessRecord record;
 };
 
-// On any failure the process is running again when this throws (CRIU resumes it after a failed
-// criu dump; after a failed write it is resumed here), and the message says so.
-DumpOutcome dump_keep_stopped(const DumpOptions& opts);
+class Guard;
+
+// On any failure the tree is running again when this throws (the guard has resumed it), and
+// the message says so. On success the checkpoint is durable and the tree still stopped (or
+// running, for a snapshot): the caller decides its end and tells the guard.
+DumpOutcome dump_keep_stopped(const DumpOptions& opts, Guard& guard);
 
 }  // namespace gpuckpt::process

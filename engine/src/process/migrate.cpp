@@ -1,16 +1,24 @@
-// gpuckpt::migrate() on one host: dump with the original kept frozen, write the checkpoint to
-// the target directory, restore from it into a new pid namespace, and end the original only
-// once the new process answers. Any failure rolls back: the new process is killed and the
-// original resumed. Design and limits: docs/PROCESS.md.
+// gpuckpt::migrate() on one host: dump the tree with the original kept stopped, write the
+// checkpoint to the target directory, restore it, and end the original only once it can no
+// longer be needed. Two handoffs (docs/PROCESS.md, "Migration"):
+//   frozen:  the copy is restored into a new pid namespace while the original stays frozen; the
+//            original ends after the copy answers. Rollback = kill the copy, resume the original.
+//   release: the original's TCP ports and abstract sockets cannot be shared with a copy, so the
+//            original ends as soon as the checkpoint is durable, and the copy is restored in
+//            place. Rollback = kill the copy, restore the original from the same checkpoint.
+// Every rollback is the guard's recovery (process/guard.h), so a signal or a crash of gpuckpt
+// rolls back exactly like an error.
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
 #include <cstring>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "probe/probe.h"
 #include "process/dump_impl.h"
+#include "process/guard.h"
 #include "process/proc_info.h"
 #include "process/restore_impl.h"
 #include "process/support.h"
@@ -19,48 +27,81 @@ namespace fs = std::filesystem;
 
 namespace gpuckpt {
 
+const char* handoff_name(MigrateHandoff h) {
+  switch (h) {
+    case MigrateHandoff::kAuto:
+      return "auto";
+    case MigrateHandoff::kFrozen:
+      return "frozen";
+    case MigrateHandoff::kRelease:
+      return "release";
+  }
+  return "?";
+}
+
 namespace {
 
-// CRIU's restore unlinks and re-binds the path of every listening unix socket, which would
-// strand the frozen original's sockets if we had to roll back. A hard link to each socket
-// inode, taken while the original is frozen, lets a rollback put the paths back (rename).
-class SocketPathGuard {
+// CRIU's restore of the copy unlinks and re-binds the path of every listening unix socket. Had
+// it unlinked the frozen original's own entry, a rollback could only put a different link there,
+// and the original's socket would stay bound to a deleted name: every later dump would carry it
+// as deleted, and every restore would come back unreachable. So the original's entries are
+// renamed aside before the copy is restored (the same dentry, only moved), the guard's rollback
+// renames them back over the copy's, and a successful handoff removes them.
+class SocketPathsAside {
  public:
-  explicit SocketPathGuard(pid_t pid) {
-    const fs::path cwd = fs::read_symlink("/proc/" + std::to_string(pid) + "/cwd", ec_);
-    for (const auto& l : process::unix_listeners(pid)) {
-      if (l.abstract) continue;
-      fs::path path = l.path;
-      if (path.is_relative() && !cwd.empty()) path = cwd / path;
+  SocketPathsAside(const std::vector<std::string>& listeners, pid_t pid, process::Guard& guard) {
+    for (const auto& l : listeners) {
+      if (l.empty() || l[0] == '@') continue;
+      const fs::path path = l;
       struct stat st {};
       if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-      fs::path backup = path.parent_path() / ("." + path.filename().string() +
-                                              ".gpuckpt-rollback-" + std::to_string(pid));
-      ::unlink(backup.c_str());
-      if (::link(path.c_str(), backup.c_str()) == 0)
-        links_.push_back({path, backup});
-      else
-        spdlog::warn("cannot keep {} for a rollback: {}", path.string(), std::strerror(errno));
+      const fs::path aside = path.parent_path() / ("." + path.filename().string() +
+                                                   ".gpuckpt-rollback-" + std::to_string(pid));
+      // The guard first, so that a crash right after the rename still puts the path back.
+      guard.rename_on_recovery(aside, path);
+      if (::rename(path.c_str(), aside.c_str()) != 0) {
+        spdlog::warn("cannot move {} aside for a rollback: {}", path.string(),
+                     std::strerror(errno));
+        continue;
+      }
+      aside_.push_back(aside);
     }
   }
-  SocketPathGuard(const SocketPathGuard&) = delete;
-  SocketPathGuard& operator=(const SocketPathGuard&) = delete;
-  ~SocketPathGuard() {
-    for (const auto& [path, backup] : links_) ::unlink(backup.c_str());
-  }
-  // Points the paths at the original's sockets again.
-  void put_back() {
-    for (const auto& [path, backup] : links_) {
-      if (::rename(backup.c_str(), path.c_str()) != 0)
-        spdlog::warn("cannot put {} back: {}", path.string(), std::strerror(errno));
-    }
-    links_.clear();
+  SocketPathsAside(const SocketPathsAside&) = delete;
+  SocketPathsAside& operator=(const SocketPathsAside&) = delete;
+  // The handoff is complete: the original's entries are of no use any more.
+  void drop() {
+    for (const auto& a : aside_) ::unlink(a.c_str());
+    aside_.clear();
   }
 
  private:
-  std::error_code ec_;
-  std::vector<std::pair<fs::path, fs::path>> links_;
+  std::vector<fs::path> aside_;
 };
+
+MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& info) {
+  bool release_needed = false;
+  std::string why;
+  for (pid_t q : process::process_tree(o.pid)) {
+    if (process::has_tcp_listener(q)) {
+      release_needed = true;
+      why = "process " + std::to_string(q) + " listens on a TCP port";
+    }
+    for (const auto& l : process::unix_listeners(q)) {
+      if (!l.abstract) continue;
+      release_needed = true;
+      why = "process " + std::to_string(q) + " listens on the abstract unix socket " + l.path;
+    }
+  }
+  if (o.handoff == MigrateHandoff::kFrozen && release_needed)
+    throw Error(Errc::kUsage, "--handoff frozen is impossible for the tree of " +
+                                  std::to_string(o.pid) + " (" + info.comm + "): " + why +
+                                  ", which a copy beside the frozen original could not bind. "
+                                  "Use --handoff release (the default for it)");
+  if (o.handoff != MigrateHandoff::kAuto) return o.handoff;
+  if (release_needed) spdlog::info("handoff: release ({})", why);
+  return release_needed ? MigrateHandoff::kRelease : MigrateHandoff::kFrozen;
+}
 
 }  // namespace
 
@@ -72,29 +113,15 @@ MigrateResult migrate(const MigrateOptions& o) {
   const auto info = read_proc(o.pid);
   if (!info || info->state == 'Z')
     throw Error(Errc::kProcess, "no process with pid " + std::to_string(o.pid));
-  // The frozen original keeps its listening sockets; a restored copy on the same host could
-  // not bind the same TCP port while it exists.
-  if (has_tcp_listener(o.pid))
-    throw Error(Errc::kProcess,
-                "process " + std::to_string(o.pid) + " (" + info->comm +
-                    ") listens on a TCP port: a same-host migration keeps the original frozen "
-                    "until the copy answers, and the copy could not bind that port. Use "
-                    "`gpuckpt dump` then `gpuckpt restore` (see docs/PROCESS.md)");
-  for (const auto& l : unix_listeners(o.pid)) {
-    if (l.abstract)
-      throw Error(Errc::kProcess, "process " + std::to_string(o.pid) + " (" + info->comm +
-                                      ") listens on the abstract unix socket " + l.path +
-                                      ": a copy on the same host could not bind it while the "
-                                      "frozen original exists. Use dump then restore");
-  }
+  MigrateResult res;
+  res.old_pid = o.pid;
+  res.handoff = choose_handoff(o, *info);
   std::error_code ec;
   fs::create_directories(o.to_dir, ec);
   if (ec) throw Error(Errc::kIo, "cannot create " + o.to_dir.string() + ": " + ec.message());
-
-  MigrateResult res;
-  res.old_pid = o.pid;
   res.checkpoint = o.to_dir / (info->comm + "-" + std::to_string(o.pid) + ".ckpt");
 
+  Guard guard("migrate");
   DumpOptions d;
   d.pid = o.pid;
   d.output = res.checkpoint;
@@ -102,10 +129,25 @@ MigrateResult migrate(const MigrateOptions& o) {
   d.staging_root = o.staging_root;
   d.pack = o.pack;
   d.lock_timeout = o.lock_timeout;
+  d.tcp_established = o.tcp_established;
   d.criu = o.criu;
-  DumpOutcome dumped = dump_keep_stopped(d);  // on failure the original already runs again
+  DumpOutcome dumped = dump_keep_stopped(d, guard);  // on failure the original already runs again
   res.timeline = dumped.result.timeline;
-  SocketPathGuard socket_paths(o.pid);
+  const bool release = res.handoff == MigrateHandoff::kRelease;
+  std::optional<SocketPathsAside> aside;
+  if (release) {
+    // The ports and pids pass to the copy: the original ends now that the checkpoint is
+    // durable, and from here on a rollback restores it from that checkpoint.
+    guard.restore_on_recovery(res.checkpoint, o.staging_root, o.criu.binary);
+    auto scope = res.timeline.scope("end_original");
+    if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
+      const std::string undone = guard.abort();
+      throw Error(Errc::kProcess, "migration failed: process " + std::to_string(left.front()) +
+                                      " of the original tree did not end after SIGKILL; " + undone);
+    }
+  } else {
+    aside.emplace(dumped.record.unix_listeners, o.pid, guard);
+  }
 
   RestoreOptions r;
   r.checkpoint = res.checkpoint;
@@ -113,40 +155,35 @@ MigrateResult migrate(const MigrateOptions& o) {
   r.staging_root = o.staging_root;
   r.unpack.progress = o.pack.progress;
   r.probe = o.probe;
-  r.new_pid_ns = true;
+  r.new_pid_ns = !release;
+  r.take_endpoints = true;  // the copy is meant to take the original's socket paths
   r.criu = o.criu;
   r.criu.check = false;  // checked by the dump a moment ago
+  r.trust = o.trust;
   RestoreResult restored;
   try {
-    restore_into(r, restored);
+    restore_into(r, restored, &guard, /*provisional=*/true);
   } catch (const std::exception& e) {
     const auto* ge = dynamic_cast<const Error*>(&e);
-    std::string what = "migration failed: " + std::string(e.what()) + "\nrollback: ";
-    if (restored.pid > 0 || restored.pidns_init > 0) {
-      kill_restored(restored);
-      if (restored.pid > 0)
-        what += "the new process " + std::to_string(restored.pid) + " was killed; ";
-    }
-    socket_paths.put_back();
-    try {
-      resume_stopped(o.pid, dumped.record.cuda);
-      what += "the original process " + std::to_string(o.pid) + " was resumed";
-    } catch (const Error& re) {
-      what += std::string("resuming the original failed: ") + re.what();
-    }
-    what += "; the checkpoint is kept at " + res.checkpoint.string();
-    throw Error(ge ? ge->code() : Errc::kInternal, what);
+    const std::string undone = guard.abort();
+    throw Error(ge ? ge->code() : Errc::kInternal,
+                "migration failed: " + std::string(e.what()) + "\nrollback: " + undone +
+                    "; the checkpoint is kept at " + res.checkpoint.string());
   }
   res.timeline.append(restored.timeline);
   res.new_pid = restored.pid;
   res.first_answer = restored.first_answer;
 
-  {
-    // The new process answers (or, without a probe, was restored): the original may end.
+  if (!release) {
+    // The copy answers (or, without a probe, was restored): the original may end.
     auto scope = res.timeline.scope("end_original");
-    if (!kill_and_wait(o.pid))
-      spdlog::warn("the original process {} did not end after SIGKILL", o.pid);
+    if (const auto left = end_tree(dumped.record.tree); !left.empty())
+      spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
   }
+  guard.keep_copy();
+  guard.renames_done();
+  if (aside) aside->drop();
+  guard.disarm();
   if (!o.keep_checkpoint) {
     fs::remove_all(res.checkpoint, ec);
     if (ec) spdlog::warn("cannot remove {}: {}", res.checkpoint.string(), ec.message());

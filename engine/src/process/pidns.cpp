@@ -107,7 +107,7 @@ ArgArea arg_area() {
 
 PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
                           const std::vector<std::string>& env, const fs::path& out_file,
-                          std::chrono::seconds timeout) {
+                          std::chrono::seconds timeout, const std::function<void(pid_t)>& on_init) {
   std::vector<char*> argv;
   for (const auto& a : argv_in) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -157,6 +157,7 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
   PidnsRun run;
   if (::read(rd.get(), &run.init_pid, sizeof run.init_pid) != sizeof run.init_pid)
     throw Error(Errc::kInternal, "pid namespace helper did not report its init");
+  if (on_init) on_init(run.init_pid);
 
   pollfd p{rd.get(), POLLIN, 0};
   int pr;

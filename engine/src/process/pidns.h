@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,10 @@ struct PidnsRun {
 
 // Runs argv (a criu restore command line) as described above, its stdout/stderr appended to
 // `out_file`. Past `timeout` the whole namespace is killed and Error(kTimeout) is thrown.
+// `on_init` is called with the init's host pid as soon as it exists (criu is running then).
 PidnsRun run_in_new_pidns(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-                          const std::filesystem::path& out_file, std::chrono::seconds timeout);
+                          const std::filesystem::path& out_file, std::chrono::seconds timeout,
+                          const std::function<void(pid_t)>& on_init = nullptr);
 
 // Host pid of the process that has pid `ns_pid` in the namespace whose init is `init_pid`;
 // throws Error(kProcess) if there is none.

@@ -144,6 +144,62 @@ std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& p
   return out;
 }
 
+std::vector<pid_t> process_tree(pid_t root) {
+  std::vector<pid_t> out;
+  if (!read_proc(root)) return out;
+  out.push_back(root);
+  std::set<pid_t> seen{root};
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const fs::path tasks = "/proc/" + std::to_string(out[i]) + "/task";
+    std::error_code ec;
+    for (const auto& t : fs::directory_iterator(tasks, ec)) {
+      std::istringstream in(slurp(t.path() / "children"));
+      for (pid_t c; in >> c;)
+        if (seen.insert(c).second) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+std::string undumpable_reason(const ProcInfo& p) {
+  const std::string id = "process " + std::to_string(p.pid) + " (" + p.comm + ")";
+  // Kernel threads have no executable and the PF_KTHREAD flag (field 9 of stat).
+  {
+    const std::string stat = slurp("/proc/" + std::to_string(p.pid) + "/stat");
+    const auto close = stat.rfind(')');
+    if (close != std::string::npos) {
+      std::istringstream f(stat.substr(close + 2));
+      std::string field;
+      unsigned long flags = 0;
+      for (int i = 0; i < 6 && f >> field;) ++i;  // state .. tpgid
+      if (f >> flags && (flags & 0x00200000UL))   // PF_KTHREAD
+        return id + " is a kernel thread: only user processes can be checkpointed";
+    }
+  }
+  if (p.state == 'T' || p.state == 't')
+    return id + " is stopped or traced; resume it (or detach its debugger) before dumping";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(p.pid) + "/fd", ec)) {
+    std::error_code ec2;
+    if (fs::read_symlink(e.path(), ec2).string() == "anon_inode:[io_uring]")
+      return id + " uses io_uring (fd " + e.path().filename().string() +
+             "), which CRIU cannot checkpoint; nothing was frozen";
+  }
+  return {};
+}
+
+bool in_child_pid_namespace(pid_t pid) {
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("NSpid:", 0) != 0) continue;
+    std::istringstream f(line.substr(6));
+    int n = 0;
+    for (long v; f >> v;) ++n;
+    return n > 1;
+  }
+  return false;
+}
+
 std::vector<pid_t> pids_with_comm(const std::string& comm) {
   return live_pids_where([&](const ProcInfo& p) { return p.comm == comm; });
 }

@@ -46,6 +46,21 @@ std::vector<pid_t> pids_with_comm(const std::string& comm);
 // Live (not zombie) processes for which `pred` holds.
 std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& pred);
 
+// The tree CRIU dumps for `root`: root first, then every descendant (children of all its
+// threads, recursively), parents before children. Empty if root does not exist. Stable only
+// while the tree is frozen; before that it is a preflight's best view.
+std::vector<pid_t> process_tree(pid_t root);
+
+// Why CRIU cannot dump this process, found before anything is frozen: "" if nothing is known
+// to stop it. Covers kernel threads, io_uring instances (CRIU 4.2 cannot dump them) and
+// processes stopped or traced by someone else.
+std::string undumpable_reason(const ProcInfo& p);
+
+// True if the process lives in a pid namespace below ours (e.g. one that `restore --new-pidns`
+// or a same-host migration created): CRIU can dump such a process only with its namespace's
+// init, which gpuckpt does not dump.
+bool in_child_pid_namespace(pid_t pid);
+
 // True if the process holds a listening TCP socket (same-host migration cannot keep the old
 // process frozen while a new one binds the same port; see docs/PROCESS.md).
 bool has_tcp_listener(pid_t pid);

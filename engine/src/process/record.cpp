@@ -36,6 +36,10 @@ std::string to_extra_json(const ProcessRecord& r) {
          {"criu", {{"version", r.criu_version}, {"dump_args", r.criu_args}}},
          {"cuda", r.cuda},
          {"gpu_uuids", r.gpu_uuids},
+         {"tree", r.tree},
+         {"cuda_pids", r.cuda_pids},
+         {"tcp", {{"listener", r.tcp_listener}, {"established", r.tcp_established}}},
+         {"unix_listeners", r.unix_listeners},
          {"dump_timeline", stages_json(r.timeline)}};
   return json{{"process", p}}.dump();
 }
@@ -61,6 +65,16 @@ std::optional<ProcessRecord> from_extra_json(const std::string& extra_json) {
     }
     r.cuda = p.value("cuda", false);
     r.gpu_uuids = p.value("gpu_uuids", std::vector<std::string>{});
+    r.tree = p.value("tree", std::vector<pid_t>{});
+    if (r.tree.empty()) r.tree.push_back(r.pid);  // records of single-process dumps
+    r.cuda_pids = p.value("cuda_pids", std::vector<pid_t>{});
+    r.unix_listeners = p.value("unix_listeners", std::vector<std::string>{});
+    if (p.contains("tcp")) {
+      r.tcp_listener = p["tcp"].value("listener", false);
+      r.tcp_established = p["tcp"].value("established", "closed");
+      if (r.tcp_established != "closed" && r.tcp_established != "established")
+        throw Error(Errc::kCorrupt, "unknown tcp.established mode '" + r.tcp_established + "'");
+    }
     // The dump timeline is informational; it is not read back into r.timeline.
     return r;
   } catch (const json::exception& e) {

@@ -27,6 +27,16 @@ struct ProcessRecord {
   std::vector<std::string> criu_args;  // criu dump's arguments (without the binary)
   bool cuda = false;
   std::vector<std::string> gpu_uuids;
+  // Every process of the dumped tree (root first) and those with CUDA state; a restore needs
+  // all of these pids free.
+  std::vector<pid_t> tree;
+  std::vector<pid_t> cuda_pids;
+  // TCP: whether the tree listened on TCP, and how established connections were dumped
+  // ("closed": not dumped, clients see a reset; "established": dumped with criu
+  // --tcp-established, restored with the same option).
+  bool tcp_listener = false;
+  std::vector<std::string> unix_listeners;  // listening unix socket paths ("@name": abstract)
+  std::string tcp_established = "closed";
   Timeline timeline;  // the dump's stages up to (not including) the write
 };
 

@@ -3,7 +3,11 @@
 // then optionally wait for the first answer.
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 
+#include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <thread>
@@ -15,13 +19,16 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "probe/probe.h"
+#include "process/guard.h"
 #include "process/pidns.h"
 #include "process/proc_info.h"
 #include "process/record.h"
 #include "process/restore_impl.h"
 #include "process/stages.h"
 #include "process/support.h"
+#include "util/fault.h"
 #include "util/fs.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 
@@ -40,8 +47,8 @@ pid_t read_pidfile(const fs::path& p) {
 }
 
 // Returns true if it had to wait for a zombie to be reaped.
-bool check_pid_free(const ProcessRecord& rec) {
-  auto p = read_proc(rec.pid);
+bool check_pid_free(const ProcessRecord& rec, pid_t pid) {
+  auto p = read_proc(pid);
   // A zombie keeps its pid until its parent reaps it; an init reaping orphans late (the
   // dumped process's parent may have exited) usually gets to it within moments.
   const auto start = std::chrono::steady_clock::now();
@@ -49,47 +56,86 @@ bool check_pid_free(const ProcessRecord& rec) {
   for (int i = 0; p && p->state == 'Z' && i < 200; ++i) {
     waited = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    p = read_proc(rec.pid);
+    p = read_proc(pid);
   }
   if (waited && !p)
     spdlog::info("waited {:.1f} s for pid {} (a zombie) to be reaped",
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
-                 rec.pid);
+                 pid);
   if (!p) return waited;
-  const std::string id = "pid " + std::to_string(rec.pid) + " (" + p->comm + ")";
+  const std::string id = "pid " + std::to_string(pid) + " (" + p->comm + ")";
   if (p->state == 'Z')
     throw Error(Errc::kProcess, id + " is a zombie its parent (pid " + std::to_string(p->ppid) +
                                     ") has not reaped yet; CRIU restores the checkpointed pid, "
                                     "so it must be free");
-  throw Error(Errc::kProcess,
-              id + " is in use" +
-                  (p->comm == rec.comm ? " (the checkpointed process still runs?)" : "") +
-                  "; CRIU restores a process with its checkpointed pid: stop that process, or "
-                  "restore into a new pid namespace (--new-pidns)");
+  throw Error(
+      Errc::kProcess,
+      id + " is in use" + (p->comm == rec.comm ? " (the checkpointed process still runs?)" : "") +
+          (pid != rec.pid
+               ? " (it belongs to the checkpointed tree of pid " + std::to_string(rec.pid) + ")"
+               : "") +
+          "; CRIU restores a process with its checkpointed pid: stop that process, or "
+          "restore into a new pid namespace (--new-pidns)");
 }
 
 }  // namespace
 
 void kill_restored(const RestoreResult& r) {
   if (r.pidns_init > 0) ::kill(r.pidns_init, SIGKILL);  // takes the whole namespace with it
-  if (r.pid > 0) kill_and_wait(r.pid, 10000);
+  std::vector<pid_t> tree = r.tree;
+  if (r.pid > 0)
+    for (pid_t q : process_tree(r.pid))
+      if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
+  end_tree(tree, 10000);
 }
 
-void restore_into(const RestoreOptions& o, RestoreResult& out) {
+namespace {
+
+// A listening unix socket of the checkpoint whose path a live process serves now: restoring
+// beside it (new pid namespace) would silently take that path over from it (CRIU re-binds it).
+std::string endpoint_in_use(const ProcessRecord& rec) {
+  for (const auto& path : rec.unix_listeners) {
+    if (path.empty() || path[0] == '@') continue;
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    sockaddr_un sa{};
+    sa.sun_family = AF_UNIX;
+    if (!fd || path.size() >= sizeof sa.sun_path) continue;
+    std::memcpy(sa.sun_path, path.c_str(), path.size());
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0 || errno == EAGAIN)
+      return path;
+  }
+  return {};
+}
+
+}  // namespace
+
+void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, bool provisional) {
   Timeline& tl = out.timeline;
   std::optional<Timeline::Scope> preflight;
   preflight.emplace(tl, "preflight");
   const ImageInfo info = inspect(o.checkpoint);
+  check_trust(o.checkpoint, o.trust);  // before anything in the checkpoint is acted on
   const auto rec = from_extra_json(info.extra_json);
   if (!rec)
     throw Error(Errc::kInvalidInput, o.checkpoint.string() +
                                          " is not a process checkpoint (its manifest has no "
                                          "process record; was it made by gpuckpt pack?)");
-  if (!o.new_pid_ns && check_pid_free(*rec)) {
+  bool waited = false;
+  if (!o.new_pid_ns)
+    for (pid_t q : rec->tree) waited |= check_pid_free(*rec, q);
+  if (waited) {
     // That wait was the previous process's teardown, not this restore: restart the clock.
     preflight.reset();
     tl = Timeline();
     preflight.emplace(tl, "preflight");
+  }
+  if (o.new_pid_ns && !o.take_endpoints) {
+    if (const std::string busy = endpoint_in_use(*rec); !busy.empty())
+      throw Error(Errc::kProcess,
+                  "a live process serves " + busy +
+                      ", which the checkpointed process listened on: a restore beside it would "
+                      "take that socket path over from it. End that process first, or pass "
+                      "--take-endpoints to hand the path to the restored copy");
   }
   if (!o.gpu_map.empty() && !rec->cuda)
     spdlog::warn("{} holds no CUDA state: the GPU map has nothing to remap", o.checkpoint.string());
@@ -129,7 +175,9 @@ void restore_into(const RestoreOptions& o, RestoreResult& out) {
                                " MiB: use --staging DIR on a larger filesystem");
   preflight.reset();
 
-  TempDir staging(o.staging_root, "gpuckpt-restore");
+  TempDir staging = guard ? make_staging(o.staging_root, "gpuckpt-restore", guard->pid())
+                          : TempDir(o.staging_root, "gpuckpt-restore");
+  if (guard) guard->remove_on_recovery(staging.path());
   const fs::path images = staging.path() / "images";
   {
     auto scope = tl.scope("read_decompress");
@@ -141,8 +189,13 @@ void restore_into(const RestoreOptions& o, RestoreResult& out) {
   a.images_dir = images;
   a.pidfile = staging.path() / "restore.pid";
   a.shell_job = rec->shell_job;
-  a.extra_args = o.criu.extra_args;
+  a.extra_args = criu::tcp_args(rec->tcp_established == "established");
+  a.extra_args.insert(a.extra_args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   a.timeout = o.criu.timeout;
+  a.on_start = [guard](pid_t criu_pid) {
+    if (guard) guard->criu_started(criu_pid);
+    fault_point("criu_restore");
+  };
   const fs::path report_path = staging.path() / criu::kRestoreReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + report_path.string(),
            std::string(criu::kEnvGpuMap) + "=" + gpu_map_env(o.gpu_map)};
@@ -154,8 +207,15 @@ void restore_into(const RestoreOptions& o, RestoreResult& out) {
     run.argv = criu::restore_argv(inst, a, log);
     run.log = log;
     run.start = std::chrono::steady_clock::now();
-    const PidnsRun pr =
-        run_in_new_pidns(run.argv, a.env, staging.path() / "criu-restore.out", a.timeout);
+    const PidnsRun pr = run_in_new_pidns(run.argv, a.env, staging.path() / "criu-restore.out",
+                                         a.timeout, [&](pid_t init) {
+                                           // The whole namespace goes with its init: the copy
+                                           // cannot outlive a rollback, even one that starts while
+                                           // criu still restores it.
+                                           if (guard && provisional)
+                                             guard->kill_on_recovery(0, init);
+                                           fault_point("criu_restore");
+                                         });
     run.end = std::chrono::steady_clock::now();
     out.pidns_init = pr.init_pid;
     if (!pr.criu.ok()) {
@@ -174,6 +234,9 @@ void restore_into(const RestoreOptions& o, RestoreResult& out) {
     run = criu::restore(inst, a);
     out.pid = out.ns_pid = read_pidfile(a.pidfile);
   }
+  if (guard) guard->criu_finished();
+  if (guard && provisional) guard->kill_on_recovery(out.pid, out.pidns_init);
+  out.tree = process_tree(out.pid);
   const auto plugin = criu::read_plugin_report(report_path);
   add_restore_stages(tl, run, criu::read_restore_stats(images), plugin);
   out.gpu = plugin && plugin->cuda;
@@ -193,6 +256,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out) {
   }
 
   if (o.probe.kind != ReadinessProbe::Kind::kNone) {
+    fault_point("first_answer");
     auto scope = tl.scope("first_answer");
     const pid_t pid = out.pid;
     out.first_answer = wait_ready(o.probe, [pid] {
@@ -208,9 +272,13 @@ void restore_into(const RestoreOptions& o, RestoreResult& out) {
 RestoreResult restore(const RestoreOptions& opts) {
   require_socket_probe(opts.probe);
   RestoreResult r;
+  // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
+  process::Guard guard("restore");
   try {
-    process::restore_into(opts, r);
+    process::restore_into(opts, r, &guard);
+    guard.disarm();
   } catch (const Error& e) {
+    guard.disarm();
     if (r.pid > 0 && process::alive(r.pid) && e.code() == Errc::kTimeout)
       throw Error(e.code(), std::string(e.what()) + "\nthe restored process " +
                                 std::to_string(r.pid) + " is left running");

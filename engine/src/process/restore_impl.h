@@ -8,7 +8,12 @@ namespace gpuckpt::process {
 
 // Fills `out` as it goes: out.pid is set as soon as the process exists. If this throws after
 // that, the restored process is still running unless the message says it was killed.
-void restore_into(const RestoreOptions& opts, RestoreResult& out);
+class Guard;
+// `guard` (may be null) learns criu's pid and the staging directory to remove; `provisional`:
+// it also learns the restored copy, to kill it on recovery (a migration's copy until the
+// handoff is complete).
+void restore_into(const RestoreOptions& opts, RestoreResult& out, Guard* guard = nullptr,
+                  bool provisional = false);
 
 // Ends a restored process (and its pid namespace, if any).
 void kill_restored(const RestoreResult& r);

@@ -26,8 +26,14 @@ class Pending {
            std::uint64_t bytes = 0) {
     v_.push_back({std::move(name), start, end, bytes});
   }
+  // A tree's processes each have their own device stages: "device_lock@1234" once the report
+  // covers more than one process, the plain name otherwise.
   void add_plugin(const criu::PluginReport& plugin) {
-    for (const auto& h : plugin.hooks) add(h.name, at_ns(h.start_ns), at_ns(h.end_ns));
+    bool several = false;
+    for (const auto& h : plugin.hooks) several |= h.pid != plugin.hooks.front().pid;
+    for (const auto& h : plugin.hooks)
+      add(several ? h.name + "@" + std::to_string(h.pid) : h.name, at_ns(h.start_ns),
+          at_ns(h.end_ns));
   }
   void flush(Timeline& tl) {
     std::stable_sort(v_.begin(), v_.end(),

@@ -1,15 +1,21 @@
 #include "process/support.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 
 #include "device/cuda_checkpoint.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "process/proc_info.h"
 #include "util/fs.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 
@@ -43,26 +49,70 @@ DirProgress::~DirProgress() {
   if (thread_.joinable()) thread_.join();
 }
 
-void resume_stopped(pid_t pid, bool cuda) {
-  if (::kill(pid, SIGCONT) != 0)
-    throw_errno(Errc::kProcess, "cannot resume process " + std::to_string(pid) + " (SIGCONT)");
-  if (!cuda) return;
-  // The CUDA state was checkpointed to host memory by the plugin; the process runs again but
-  // its CUDA calls block until it is restored and unlocked.
-  try {
-    device::restore(pid, GpuMap{});
-    device::unlock(pid);
-  } catch (const Error& e) {
-    throw Error(e.code(), "process " + std::to_string(pid) +
-                              " was resumed but its CUDA state could not be restored (it stays "
-                              "locked): " +
-                              e.what());
-  }
-}
-
 bool kill_and_wait(pid_t pid, int timeout_ms) {
   if (::kill(pid, SIGKILL) != 0 && errno == ESRCH) return true;
   return wait_ended(pid, std::chrono::milliseconds(timeout_ms));
+}
+
+namespace {
+
+constexpr const char* kOwnerFile = ".gpuckpt-owner";
+
+// Field 22 of /proc/PID/stat: tells a live owner from a later process that reuses its pid.
+std::string start_time(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(in)), {});
+  const auto close = s.rfind(')');
+  if (close == std::string::npos) return {};
+  std::istringstream f(s.substr(close + 2));
+  std::string field;
+  for (int i = 3; f >> field; ++i)
+    if (i == 22) return field;
+  return {};
+}
+
+bool owner_alive(const fs::path& dir) {
+  std::ifstream in(dir / kOwnerFile);
+  pid_t pid;
+  std::string start;
+  bool any = false;
+  while (in >> pid >> start) {
+    any = true;
+    if (alive(pid) && start_time(pid) == start) return true;
+  }
+  return !any && !in.eof();  // unreadable: keep it (not ours to judge)
+}
+
+}  // namespace
+
+TempDir make_staging(const fs::path& root, const std::string& prefix, pid_t guard_pid) {
+  UniqueFd lock(::open((root / ".gpuckpt-staging.lock").c_str(),
+                       O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (lock) ::flock(lock.get(), LOCK_EX);
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("gpuckpt-dump-", 0) != 0 && name.rfind("gpuckpt-restore-", 0) != 0) continue;
+    if (!e.is_directory(ec) || e.is_symlink(ec) || owner_alive(e.path())) continue;
+    spdlog::info("removing {}, left by a gpuckpt that was killed", e.path().string());
+    fs::remove_all(e.path(), ec);
+  }
+  TempDir dir(root, prefix);
+  std::ofstream(dir.path() / kOwnerFile) << ::getpid() << " " << start_time(::getpid()) << "\n"
+                                         << guard_pid << " " << start_time(guard_pid) << "\n";
+  return dir;
+}
+
+std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
+  for (pid_t p : tree) ::kill(p, SIGKILL);
+  std::vector<pid_t> left;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (pid_t p : tree) {
+    const auto rest = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (!wait_ended(p, std::max(rest, std::chrono::milliseconds(1)))) left.push_back(p);
+  }
+  return left;
 }
 
 std::string gpu_map_env(const GpuMap& map) {

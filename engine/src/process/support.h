@@ -8,9 +8,11 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "gpuckpt/device.h"
 #include "gpuckpt/progress.h"
+#include "util/fs.h"
 
 namespace gpuckpt::process {
 
@@ -33,14 +35,19 @@ class DirProgress {
   std::thread thread_;
 };
 
-// Resumes a process that CRIU left stopped (--leave-stopped): SIGCONT, then, if it had CUDA
-// state (checkpointed by the plugin), restores it onto its GPUs and unlocks it. Throws on
-// failure; the message says what state the process is left in.
-void resume_stopped(pid_t pid, bool cuda);
-
 // SIGKILLs a process that is not our child and waits until it has ended (or is a zombie).
 // Returns false if it is still there after `timeout_ms`.
 bool kill_and_wait(pid_t pid, int timeout_ms = 30000);
+
+// A staging directory PREFIX-XXXXXX under `root` for one operation, with an owner record (the
+// pids and start times of gpuckpt and its guard). Under a lock on `root`, it first sweeps the
+// staging directories whose owners are all gone: what a SIGKILL of both gpuckpt and its guard
+// left behind.
+TempDir make_staging(const std::filesystem::path& root, const std::string& prefix, pid_t guard_pid);
+
+// SIGKILLs every process of a tree (not our children) and waits for each to end; returns those
+// still there after `timeout_ms`.
+std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 30000);
 
 // Environment handed to criu for the plugin.
 std::string gpu_map_env(const GpuMap& map);

@@ -82,7 +82,9 @@ void Child::kill(int sig) {
   if (pid_ > 0) ::kill(pid_, sig);
 }
 
-pid_t Child::release() { return std::exchange(pid_, -1); }
+pid_t Child::release() {
+  return std::exchange(pid_, -1);
+}
 
 Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
   if (argv.empty()) throw Error(Errc::kInternal, "spawn: empty argv");
@@ -110,19 +112,32 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
   if (pid < 0) throw_errno(Errc::kInternal, "fork");
   if (pid == 0) {
     ::close(errpipe[0]);
+    // gpuckpt's CLI blocks the termination signals in every thread and waits for them in one;
+    // a child must start with the default mask and dispositions again.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
     if (opts.new_session) ::setsid();
+    if (opts.new_process_group && !opts.new_session) ::setpgid(0, 0);
     if (!opts.cwd.empty() && ::chdir(opts.cwd.c_str()) != 0) goto fail;
-    if (opts.null_stdin) {
+    if (opts.stdin_fd >= 0) {
+      if (::dup2(opts.stdin_fd, 0) < 0) goto fail;
+    } else if (opts.null_stdin) {
       int fd = ::open("/dev/null", O_RDONLY);
       if (fd < 0 || ::dup2(fd, 0) < 0) goto fail;
     }
-    if (opts.capture_stdout) {
+    if (opts.stdout_fd >= 0) {
+      if (::dup2(opts.stdout_fd, 1) < 0) goto fail;
+    } else if (opts.capture_stdout) {
       if (::dup2(outpipe[1], 1) < 0) goto fail;
     } else if (!opts.stdout_file.empty()) {
       int fd = ::open(opts.stdout_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd < 0 || ::dup2(fd, 1) < 0) goto fail;
     }
-    if (!opts.stderr_file.empty()) {
+    if (opts.stderr_fd >= 0) {
+      if (::dup2(opts.stderr_fd, 2) < 0) goto fail;
+    } else if (!opts.stderr_file.empty()) {
       int fd = ::open(opts.stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd < 0 || ::dup2(fd, 2) < 0) goto fail;
     }
@@ -165,8 +180,8 @@ RunResult run_capture(const std::vector<std::string>& argv, std::chrono::millise
     if (left.count() <= 0) {
       c.kill(SIGKILL);
       c.wait();
-      throw Error(Errc::kTimeout, argv[0] + " did not finish within " +
-                                      std::to_string(timeout.count()) + " ms");
+      throw Error(Errc::kTimeout,
+                  argv[0] + " did not finish within " + std::to_string(timeout.count()) + " ms");
     }
     pollfd p{c.stdout_fd(), POLLIN, 0};
     int pr = ::poll(&p, 1, static_cast<int>(left.count()));
@@ -183,8 +198,8 @@ RunResult run_capture(const std::vector<std::string>& argv, std::chrono::millise
   if (!st) {
     c.kill(SIGKILL);
     c.wait();
-    throw Error(Errc::kTimeout, argv[0] + " did not exit within " +
-                                    std::to_string(timeout.count()) + " ms");
+    throw Error(Errc::kTimeout,
+                argv[0] + " did not exit within " + std::to_string(timeout.count()) + " ms");
   }
   r.status = *st;
   return r;

@@ -15,12 +15,18 @@
 namespace gpuckpt {
 
 struct SpawnOptions {
-  std::vector<std::string> env;           // extra "KEY=VALUE" entries on top of environ
-  bool capture_stdout = false;            // stdout -> pipe (Child::stdout_fd)
-  std::filesystem::path stdout_file;      // else: stdout -> this file (appended), if set
-  std::filesystem::path stderr_file;      // stderr -> this file, if set; else inherited
-  bool null_stdin = true;                 // stdin from /dev/null
-  bool new_session = false;               // setsid(): detach from our terminal/job control
+  std::vector<std::string> env;       // extra "KEY=VALUE" entries on top of environ
+  bool capture_stdout = false;        // stdout -> pipe (Child::stdout_fd)
+  std::filesystem::path stdout_file;  // else: stdout -> this file (appended), if set
+  std::filesystem::path stderr_file;  // stderr -> this file, if set; else inherited
+  bool null_stdin = true;             // stdin from /dev/null
+  bool new_session = false;           // setsid(): detach from our terminal/job control
+  // setpgid(0, 0): out of our process group, so that a Ctrl-C to gpuckpt's group reaches
+  // gpuckpt alone (criu must not be interrupted behind the back of the recovery logic).
+  bool new_process_group = false;
+  int stdin_fd = -1;   // >= 0: this fd becomes the child's stdin (wins over null_stdin)
+  int stdout_fd = -1;  // >= 0: this fd becomes the child's stdout (wins over the others)
+  int stderr_fd = -1;  // >= 0: this fd becomes the child's stderr (wins over stderr_file)
   std::filesystem::path cwd;
 };
 

@@ -1,0 +1,430 @@
+#include "process/guard.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "device/cuda_checkpoint.h"
+#include "gpuckpt/device.h"
+#include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
+#include "process/proc_info.h"
+#include "process/restore_impl.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace gpuckpt::process {
+
+namespace {
+
+std::mutex g_guards_mu;
+std::set<Guard*> g_guards;
+std::set<std::function<void()>*> g_on_interrupt;  // guarded by g_guards_mu
+
+fs::path guard_binary() {
+  if (const char* e = std::getenv("GPUCKPT_GUARD"); e && *e) return e;
+  const fs::path candidates[] = {
+      self_exe_dir() / kGuardBinary,
+      self_exe_dir() / ".." / "bin" / kGuardBinary,  // test executables in build/tests
+      fs::path(GPUCKPT_INSTALL_LIB_DIR) / ".." / ".." / "bin" / kGuardBinary,
+  };
+  for (const auto& c : candidates)
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  throw Error(Errc::kInternal, std::string("the guard binary ") + kGuardBinary +
+                                   " was not found beside " + self_exe_dir().string() +
+                                   " (set GPUCKPT_GUARD): nothing is frozen without it");
+}
+
+// Reads one line (the guard's summary) from `fd` within `timeout`; "" if none came.
+std::string read_line(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string line;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return line;
+    pollfd p{fd, POLLIN, 0};
+    const int pr = ::poll(&p, 1, static_cast<int>(left.count()));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) return line;
+    char buf[4096];
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return line;
+    line.append(buf, static_cast<std::size_t>(n));
+    if (const auto nl = line.find('\n'); nl != std::string::npos) return line.substr(0, nl);
+    if (line.size() > (1u << 20)) return line;
+  }
+}
+
+}  // namespace
+
+Guard::Guard(const std::string& operation) {
+  int down[2], up[2];
+  // O_CLOEXEC: criu and every other child of gpuckpt must not hold the write end, or the
+  // guard would not see gpuckpt's death.
+  if (::pipe2(down, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe for the guard");
+  UniqueFd down_r(down[0]), down_w(down[1]);
+  if (::pipe2(up, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe for the guard");
+  UniqueFd up_r(up[0]), up_w(up[1]);
+  SpawnOptions so;
+  so.new_session = true;  // no terminal signals; survives the end of gpuckpt's session
+  so.stdin_fd = down_r.get();
+  so.stdout_fd = up_w.get();  // the guard's summary; its diagnostics go to our stderr
+  const fs::path bin = guard_binary();
+  child_ = spawn({bin.string(), "--operation", operation}, so);
+  to_guard_ = std::move(down_w);
+  from_guard_ = std::move(up_r);
+  // The guard says "ready" once it has set up its signal dispositions: from then on it is safe
+  // to freeze anything.
+  const std::string hello = read_line(from_guard_.get(), std::chrono::seconds(10));
+  if (hello != "ready")
+    throw Error(Errc::kInternal, "the guard (" + bin.string() + ") did not start: '" + hello + "'");
+  std::lock_guard lk(g_guards_mu);
+  g_guards.insert(this);
+}
+
+Guard::~Guard() {
+  {
+    std::lock_guard lk(g_guards_mu);
+    g_guards.erase(this);
+  }
+  if (armed()) {
+    try {
+      abort();
+    } catch (...) {
+    }
+  }
+  if (child_.running()) {
+    to_guard_.reset();  // EOF: a guard still waiting for commands recovers and exits
+    child_.wait_for(std::chrono::seconds(120));
+  }
+}
+
+void Guard::send(const json& msg) {
+  if (finished_) return;
+  const std::string line = msg.dump() + "\n";
+  std::size_t off = 0;
+  while (off < line.size()) {
+    const ssize_t n = ::write(to_guard_.get(), line.data() + off, line.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0)
+      throw_errno(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) + ") is gone");
+    off += static_cast<std::size_t>(n);
+  }
+}
+
+void Guard::protect(pid_t root, const std::vector<pid_t>& pids) {
+  send({{"op", "protect"}, {"root", root}, {"pids", pids}});
+}
+void Guard::cuda(const std::vector<pid_t>& pids) {
+  send({{"op", "cuda"}, {"pids", pids}});
+}
+void Guard::criu_started(pid_t pid) {
+  send({{"op", "criu"}, {"pid", pid}});
+}
+void Guard::criu_finished() {
+  send({{"op", "criu"}, {"pid", 0}});
+}
+void Guard::durable(bool end_targets) {
+  send({{"op", "durable"}, {"end", end_targets}});
+}
+void Guard::kill_on_recovery(pid_t pid, pid_t pidns_init) {
+  send({{"op", "copy"}, {"pid", pid}, {"pidns_init", pidns_init}});
+}
+void Guard::keep_copy() {
+  send({{"op", "keep_copy"}});
+}
+void Guard::remove_on_recovery(const fs::path& path) {
+  send({{"op", "remove"}, {"path", path.string()}});
+}
+void Guard::keep(const fs::path& path) {
+  send({{"op", "keep"}, {"path", path.string()}});
+}
+void Guard::rename_on_recovery(const fs::path& from, const fs::path& to) {
+  send({{"op", "rename"}, {"from", from.string()}, {"to", to.string()}});
+}
+void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& staging_root,
+                                const fs::path& criu_binary) {
+  send({{"op", "restore_from"},
+        {"checkpoint", checkpoint.string()},
+        {"staging", staging_root.string()},
+        {"criu", criu_binary.string()}});
+}
+void Guard::renames_done() {
+  send({{"op", "renames_done"}});
+}
+
+std::string Guard::abort(std::chrono::milliseconds timeout) {
+  if (finished_ || !child_.running()) return {};
+  send({{"op", "abort"}});
+  finished_ = true;
+  std::string summary = read_line(from_guard_.get(), timeout);
+  child_.wait_for(std::chrono::seconds(10));
+  if (summary.empty())
+    summary = "the guard did not report its recovery within " +
+              std::to_string(timeout.count() / 1000) + " s";
+  return summary;
+}
+
+void Guard::disarm() {
+  if (finished_ || !child_.running()) return;
+  send({{"op", "done"}});
+  finished_ = true;
+  child_.wait_for(std::chrono::seconds(10));
+}
+
+std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout) {
+  std::vector<Guard*> guards;
+  {
+    std::lock_guard lk(g_guards_mu);
+    guards.assign(g_guards.begin(), g_guards.end());
+  }
+  std::vector<std::string> out;
+  for (Guard* g : guards) {
+    try {
+      out.push_back(g->abort(timeout));
+    } catch (const std::exception& e) {
+      out.push_back(e.what());
+    }
+  }
+  return out;
+}
+
+}  // namespace gpuckpt::process
+
+namespace gpuckpt {
+
+std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout) {
+  auto out = process::abort_all_guards(timeout);
+  std::vector<std::function<void()>> hooks;
+  {
+    std::lock_guard lk(process::g_guards_mu);
+    for (auto* f : process::g_on_interrupt) hooks.push_back(*f);
+  }
+  for (auto& f : hooks) f();
+  return out;
+}
+
+OnInterrupt::OnInterrupt(std::function<void()> fn) : fn_(std::move(fn)) {
+  std::lock_guard lk(process::g_guards_mu);
+  process::g_on_interrupt.insert(&fn_);
+}
+
+OnInterrupt::~OnInterrupt() {
+  std::lock_guard lk(process::g_guards_mu);
+  process::g_on_interrupt.erase(&fn_);
+}
+
+}  // namespace gpuckpt
+
+namespace gpuckpt::process {
+
+// ------------------------------------------------------------------------- the guard itself
+
+namespace {
+
+struct Plan {
+  std::string operation;
+  std::vector<pid_t> roots;
+  std::set<pid_t> pids;
+  std::set<pid_t> cuda;
+  pid_t criu = 0;
+  bool durable = false, end_targets = false;
+  std::vector<std::pair<pid_t, pid_t>> copies;  // (pid, pidns init)
+  std::vector<std::pair<fs::path, fs::path>> renames;
+  std::vector<fs::path> remove;
+  fs::path restore_from, restore_staging, restore_criu;
+};
+
+void say(std::vector<std::string>& log, std::string s) {
+  log.push_back(std::move(s));
+}
+
+// Step 5, and the summary: every path of the plan goes, whichever way the targets went.
+std::string finish(const Plan& p, const std::vector<std::string>& log) {
+  for (const auto& path : p.remove) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  std::string out;
+  for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
+  return out.empty() ? "nothing to undo" : out;
+}
+
+std::string recover(const Plan& p) {
+  std::vector<std::string> log;
+  // 1. criu first: its tasks are in a clean state only once it has finished.
+  if (p.criu > 0 && alive(p.criu)) {
+    if (!wait_ended(p.criu, std::chrono::seconds(60))) {
+      ::kill(p.criu, SIGKILL);
+      wait_ended(p.criu, std::chrono::seconds(10));
+      say(log, "criu (pid " + std::to_string(p.criu) + ") was killed");
+    }
+  }
+  // 2. the copies, which may own the service's endpoints.
+  for (const auto& [pid, init] : p.copies) {
+    if (init > 0) ::kill(init, SIGKILL);  // takes its whole pid namespace
+    if (pid > 0) {
+      for (pid_t q : process_tree(pid)) ::kill(q, SIGKILL);
+      wait_ended(pid, std::chrono::seconds(10));
+    }
+    say(log, "the restored copy " + std::to_string(pid > 0 ? pid : init) + " was killed");
+  }
+  // 3. paths a rollback must put back.
+  for (const auto& [from, to] : p.renames) {
+    if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT)
+      say(log, "cannot put " + to.string() + " back: " + std::strerror(errno));
+  }
+  // 4. the targets: restored from the checkpoint if they already ended for a migration...
+  if (!p.restore_from.empty()) {
+    bool any_alive = false;
+    for (pid_t r : p.roots) any_alive |= alive(r);
+    if (!any_alive) {
+      RestoreOptions ro;
+      ro.checkpoint = p.restore_from;
+      ro.staging_root = p.restore_staging;
+      ro.criu.binary = p.restore_criu;
+      ro.criu.check = false;
+      RestoreResult rr;
+      try {
+        restore_into(ro, rr, nullptr);
+        say(log, "the original was restored from " + p.restore_from.string() + " as pid " +
+                     std::to_string(rr.pid));
+      } catch (const std::exception& e) {
+        say(log, "restoring the original from " + p.restore_from.string() +
+                     " failed (restore it by hand: gpuckpt restore " + p.restore_from.string() +
+                     "): " + e.what());
+      }
+      return finish(p, log);
+    }
+  }
+  // ...else resumed where they are frozen (or ended, once durable, if they were to end).
+  std::set<pid_t> all = p.pids;
+  for (pid_t r : p.roots)
+    for (pid_t q : process_tree(r)) all.insert(q);
+  std::vector<pid_t> live;
+  for (pid_t q : all)
+    if (alive(q)) live.push_back(q);
+  if (p.durable && p.end_targets) {
+    for (pid_t q : live) ::kill(q, SIGKILL);
+    for (pid_t q : live) wait_ended(q, std::chrono::seconds(10));
+    if (!live.empty())
+      say(log, "the checkpoint is durable, so the dumped processes ended as planned");
+  } else {
+    for (pid_t q : live) ::kill(q, SIGCONT);
+    for (pid_t q : live) {
+      if (!p.cuda.count(q)) continue;
+      try {
+        device::restore(q, GpuMap{});
+        device::unlock(q);
+      } catch (const Error& e) {
+        say(log, "process " + std::to_string(q) +
+                     " runs but its CUDA state could not be restored: " + e.what());
+      }
+    }
+    if (!live.empty()) {
+      std::string ids;
+      for (pid_t q : live) ids += (ids.empty() ? "" : ",") + std::to_string(q);
+      say(log, (live.size() == 1 ? "process " : "processes ") + ids +
+                   (live.size() == 1 ? " was" : " were") + " resumed");
+    }
+  }
+  return finish(p, log);
+}
+
+void apply(Plan& p, const json& m) {
+  const std::string op = m.at("op");
+  if (op == "protect") {
+    p.roots.push_back(m.at("root").get<pid_t>());
+    for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.pids.insert(q);
+  } else if (op == "cuda") {
+    for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.cuda.insert(q);
+  } else if (op == "criu") {
+    p.criu = m.at("pid").get<pid_t>();
+  } else if (op == "durable") {
+    p.durable = true;
+    p.end_targets = m.at("end").get<bool>();
+  } else if (op == "copy") {
+    p.copies.emplace_back(m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>());
+  } else if (op == "keep_copy") {
+    p.copies.clear();
+  } else if (op == "remove") {
+    p.remove.emplace_back(m.at("path").get<std::string>());
+  } else if (op == "keep") {
+    std::erase(p.remove, fs::path(m.at("path").get<std::string>()));
+  } else if (op == "rename") {
+    p.renames.emplace_back(m.at("from").get<std::string>(), m.at("to").get<std::string>());
+  } else if (op == "restore_from") {
+    p.restore_from = m.at("checkpoint").get<std::string>();
+    p.restore_staging = m.at("staging").get<std::string>();
+    p.restore_criu = m.at("criu").get<std::string>();
+  } else if (op == "renames_done") {
+    p.renames.clear();
+  }
+}
+
+bool write_all(int fd, const std::string& s) {
+  std::size_t off = 0;
+  while (off < s.size()) {
+    const ssize_t n = ::write(fd, s.data() + off, s.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+int guard_main(int in_fd, int out_fd) {
+  // Terminal and termination signals are gpuckpt's business; the guard must outlive them. A
+  // SIGPIPE (gpuckpt gone before reading the summary) must not kill it mid-recovery either.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT}) ::signal(sig, SIG_IGN);
+  if (!write_all(out_fd, "ready\n")) return 1;
+  Plan plan;
+  std::string buf;
+  bool aborted = false;
+  for (;;) {
+    char chunk[4096];
+    const ssize_t n = ::read(in_fd, chunk, sizeof chunk);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // gpuckpt is gone
+    buf.append(chunk, static_cast<std::size_t>(n));
+    for (std::size_t nl; (nl = buf.find('\n')) != std::string::npos;) {
+      const json m = json::parse(buf.substr(0, nl), nullptr, false);
+      buf.erase(0, nl + 1);
+      if (!m.is_object() || !m.contains("op")) continue;
+      if (m["op"] == "done") return 0;
+      if (m["op"] == "abort") {
+        aborted = true;
+        break;
+      }
+      try {
+        apply(plan, m);
+      } catch (const json::exception&) {
+      }
+    }
+    if (aborted) break;
+  }
+  const std::string summary = recover(plan);
+  if (!aborted) {
+    // gpuckpt died: nobody reads the pipe, so tell the operator on the inherited stderr.
+    const std::string msg =
+        "gpuckpt-guard: gpuckpt ended in the middle of an operation; " + summary + "\n";
+    write_all(2, msg);
+  }
+  write_all(out_fd, summary + "\n");
+  return 0;
+}
+
+}  // namespace gpuckpt::process

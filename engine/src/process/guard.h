@@ -1,0 +1,99 @@
+// The guard: a small process that outlives gpuckpt and undoes a half-done operation, so that a
+// signal, a crash or a SIGKILL of gpuckpt never leaves a service frozen (docs/PROCESS.md,
+// "Faults").
+//
+// gpuckpt starts it (gpuckpt-guard, in its own session so a Ctrl-C to the terminal does not
+// reach it) before anything is frozen, and tells it over a pipe, as JSON lines, what it would
+// have to undo: the trees to resume, the CRIU run in flight, the restored copies to kill, the
+// paths to remove or put back. If the pipe closes without a "done" (gpuckpt died), or on an
+// "abort" (gpuckpt failed or was interrupted and asks for the rollback), the guard recovers:
+//   1. waits for criu to finish (criu leaves its tasks in a clean state; killing it while its
+//      parasite code runs inside a task could kill that task), SIGKILL past a bound;
+//   2. kills the restored copies (they may own the service's endpoints);
+//   3. puts renamed paths back (a unix socket path that a rollback must restore);
+//   4. resumes every process of the target trees (SIGCONT, then the CUDA restore and unlock of
+//      those that were checkpointed), or ends them once the checkpoint is durable and they were
+//      meant to end; or, if the original already ended for a migration, restores it from the
+//      checkpoint in place;
+//   5. removes staging and temporary outputs.
+// One recovery path serves errors, signals and crashes alike.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "util/subprocess.h"
+#include "util/unique_fd.h"
+
+namespace gpuckpt::process {
+
+// File name of the guard binary (beside gpuckpt, or in the lib/gpuckpt directory).
+inline constexpr const char* kGuardBinary = "gpuckpt-guard";
+
+class Guard {
+ public:
+  // Starts the guard for `operation` ("dump", "migrate"). Throws Error(kInternal) when it cannot
+  // be started: without a guard nothing is frozen.
+  explicit Guard(const std::string& operation);
+  // Not disarmed: the guard recovers (as abort()) and this waits for it.
+  ~Guard();
+  Guard(const Guard&) = delete;
+  Guard& operator=(const Guard&) = delete;
+
+  // The tree rooted at `root` is to be resumed on recovery (its descendants are found again
+  // then); `pids` adds processes known to belong to it.
+  void protect(pid_t root, const std::vector<pid_t>& pids = {});
+  // These processes had their CUDA state checkpointed: recovery restores and unlocks them.
+  void cuda(const std::vector<pid_t>& pids);
+  // criu runs as `pid` / has exited.
+  void criu_started(pid_t pid);
+  void criu_finished();
+  // The checkpoint is durable. `end_targets`: recovery now ends the protected trees instead of
+  // resuming them (a dump that is to end the process).
+  void durable(bool end_targets);
+  // A restored copy (its root, and its pid namespace's init if any) to kill on recovery;
+  // keep_copy() forgets them once the copy is the service.
+  void kill_on_recovery(pid_t pid, pid_t pidns_init);
+  void keep_copy();
+  // Paths to remove on recovery (staging, temporary outputs); keep() forgets one.
+  void remove_on_recovery(const std::filesystem::path& path);
+  void keep(const std::filesystem::path& path);
+  // The original tree has ended and lives only in `checkpoint`: recovery restores it from
+  // there, in place, if no copy is kept (a release-handoff migration).
+  void restore_on_recovery(const std::filesystem::path& checkpoint,
+                           const std::filesystem::path& staging_root,
+                           const std::filesystem::path& criu_binary);
+  // On recovery, rename(from, to) (a hard link kept for a rollback); renames_done() forgets.
+  void rename_on_recovery(const std::filesystem::path& from, const std::filesystem::path& to);
+  void renames_done();
+
+  // Recover now and wait for it; returns the guard's summary of what it did ("process 12 was
+  // resumed; ..."). The guard has exited when this returns.
+  std::string abort(std::chrono::milliseconds timeout = std::chrono::seconds(120));
+  // The operation finished as planned: the guard exits without touching anything.
+  void disarm();
+  bool armed() const { return child_.running() && !finished_; }
+
+  pid_t pid() const { return child_.pid(); }
+
+ private:
+  void send(const nlohmann::json& msg);
+  Child child_;
+  UniqueFd to_guard_, from_guard_;
+  bool finished_ = false;
+};
+
+// Asks every live Guard of this process to recover and waits for them (for the CLI's handler of
+// SIGINT, SIGTERM and SIGHUP, which then exits). Returns the summaries.
+std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout);
+
+// The guard process's main loop: commands on `in_fd`, summary (after an abort) on `out_fd`.
+// Returns the exit code.
+int guard_main(int in_fd, int out_fd);
+
+}  // namespace gpuckpt::process

@@ -1,0 +1,13 @@
+// Test hook: deterministic places to interrupt gpuckpt. When $GPUCKPT_FAULT_PAUSE names a point
+// that an operation reaches, gpuckpt creates the file $GPUCKPT_FAULT_MARK and then blocks there
+// forever, so that a test can send its signal (or SIGKILL) at exactly that phase. Unset, a
+// fault point costs one getenv. docs/PROCESS.md ("Faults") lists the points.
+#pragma once
+
+#include <string_view>
+
+namespace gpuckpt {
+
+void fault_point(std::string_view name);
+
+}  // namespace gpuckpt

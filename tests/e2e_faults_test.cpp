@@ -1,0 +1,365 @@
+// Faults, with real CRIU: a signal (SIGINT, SIGTERM, SIGHUP or SIGKILL) at every phase of a dump,
+// a restore and a migration must leave the service running, restored, or ended only once its
+// checkpoint is durable; and nothing may be left behind (staging, temporary outputs, rollback
+// links, a second copy). gpuckpt is stopped at each phase deterministically by its fault points
+// (util/fault.h): $GPUCKPT_FAULT_PAUSE names the point, $GPUCKPT_FAULT_MARK is created there.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "criu/criu.h"
+#include "gpuckpt/error.h"
+#include "gpuckpt/image.h"
+#include "process/proc_info.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+std::string ask(const fs::path& socket, const std::string& line) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  timeval tv{30, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string req = line + "\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
+    return "";
+  std::string out;
+  char c;
+  while (::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
+  return out;
+}
+
+// Processes whose command line mentions `needle` (a restored server keeps its command line).
+std::vector<pid_t> serving(const std::string& needle) {
+  return process::live_pids_where([&](const process::ProcInfo& p) {
+    for (const auto& a : p.cmdline)
+      if (a.find(needle) != std::string::npos) return true;
+    return false;
+  });
+}
+
+// Entries of `dir` whose names start with `prefix` (leftovers).
+std::vector<std::string> entries(const fs::path& dir, const std::string& prefix = "") {
+  std::vector<std::string> v;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto n = e.path().filename().string();
+    if (n.rfind(prefix, 0) == 0 && n.rfind(".gpuckpt-staging.lock", 0) != 0) v.push_back(n);
+  }
+  return v;
+}
+
+class E2eFaults : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    test::close_inherited_fds();
+    weights_dir_ = new TempDir(test::scratch_dir("gpuckpt-faults-weights"));
+    weights_ = weights_dir_->path() / "w.bin";
+    auto r = run_capture({(test::bin_dir() / "gpuckpt-demo-server").string(), "--generate-weights",
+                          weights_.string(), "--size", "16M"},
+                         120s);
+    ASSERT_TRUE(r.status.ok());
+  }
+  static void TearDownTestSuite() {
+    delete weights_dir_;
+    weights_dir_ = nullptr;
+  }
+  void SetUp() override {
+    try {
+      criu::locate();
+    } catch (const Error& e) {
+      FAIL() << e.what();
+    }
+    dir_ = test::scratch_dir("gpuckpt-faults");
+    staging_ = dir_.path() / "staging";
+    out_ = dir_.path() / "out";
+    fs::create_directories(staging_);
+    fs::create_directories(out_);
+  }
+
+  // A demo server in its own session, answering on DIR/NAME.sock.
+  Child server(const std::string& name) {
+    SpawnOptions o;
+    o.new_session = true;
+    o.stdout_file = dir_.path() / (name + ".out");
+    o.stderr_file = dir_.path() / (name + ".err");
+    const fs::path sock = dir_.path() / (name + ".sock");
+    Child c = spawn({(test::bin_dir() / "gpuckpt-demo-server").string(), "--socket", sock.string(),
+                     "--weights", weights_.string(), "--init-seconds", "0"},
+                    o);
+    EXPECT_TRUE(test::wait_until([&] { return ask(sock, "PING") == "PONG"; }));
+    return c;
+  }
+  fs::path sock(const std::string& name) const { return dir_.path() / (name + ".sock"); }
+
+  // Starts gpuckpt ARGS paused at fault point `point`; returns once it is there.
+  Child paused_cli(const std::vector<std::string>& args, const std::string& point) {
+    const fs::path mark = dir_.path() / ("mark-" + point);
+    fs::remove(mark);
+    SpawnOptions o;
+    o.env = {"GPUCKPT_FAULT_PAUSE=" + point, "GPUCKPT_FAULT_MARK=" + mark.string()};
+    o.stderr_file = dir_.path() / "cli.err";
+    o.stdout_file = dir_.path() / "cli.out";
+    std::vector<std::string> argv{test::gpuckpt_binary().string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    Child c = spawn(argv, o);
+    EXPECT_TRUE(test::wait_until([&] { return fs::exists(mark); }, 60s))
+        << "gpuckpt never reached " << point << ": " << read_file(dir_.path() / "cli.err");
+    return c;
+  }
+
+  static inline TempDir* weights_dir_ = nullptr;
+  static inline fs::path weights_;
+  TempDir dir_;
+  fs::path staging_, out_;
+};
+
+}  // namespace
+
+TEST_F(E2eFaults, SignalAtAnyPhaseOfADumpLeavesTheServiceRunningAndNothingBehind) {
+  for (const std::string point : {"criu_dump", "compress_write"}) {
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGKILL}) {
+      SCOPED_TRACE(point + " / " + strsignal(sig));
+      Child s = server("d");
+      ask(sock("d"), "GEN before");
+      const std::string state = ask(sock("d"), "STATE");
+      const fs::path ckpt = out_ / "d.ckpt";
+      Child g = paused_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(),
+                            "--staging", staging_.string()},
+                           point);
+      g.kill(sig);
+      const ExitStatus st = g.wait();
+      EXPECT_FALSE(st.exited);
+      EXPECT_EQ(st.code, sig);
+      // The guard resumes it (after a SIGKILL of gpuckpt too), with its state.
+      EXPECT_TRUE(test::wait_until([&] {
+        const char c = test::process_state(s.pid());
+        return c != 'T' && c != 't';
+      })) << "the service was left frozen";
+      EXPECT_TRUE(test::wait_until([&] { return ask(sock("d"), "STATE") == state; }));
+      EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }))
+          << "staging left behind: " << entries(staging_).front();
+      EXPECT_TRUE(test::wait_until([&] { return entries(out_).empty(); }))
+          << "output left behind: " << entries(out_).front();
+      s.kill(SIGKILL);
+      s.wait();
+    }
+  }
+}
+
+TEST_F(E2eFaults, SignalOnceTheCheckpointIsDurableEndsTheServiceAsPlanned) {
+  for (const int sig : {SIGINT, SIGKILL}) {
+    SCOPED_TRACE(strsignal(sig));
+    Child s = server("e");
+    const fs::path ckpt = out_ / ("e" + std::to_string(sig) + ".ckpt");
+    Child g = paused_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(),
+                          "--staging", staging_.string()},
+                         "durable");
+    g.kill(sig);
+    g.wait();
+    // The checkpoint is complete, so the dump goes through: the process ends...
+    auto st = s.wait_for(30s);
+    EXPECT_TRUE(st.has_value()) << "the service outlived a durable dump";
+    // ...and the checkpoint restores it.
+    EXPECT_NO_THROW(verify(ckpt));
+    EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }));
+    auto r = test::run_cli({"restore", ckpt.string(), "--staging", staging_.string(), "--probe",
+                            "unix:" + sock("e").string()});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    for (pid_t p : serving(sock("e").string())) {
+      ::kill(p, SIGKILL);
+      process::wait_ended(p, 10s);
+    }
+  }
+}
+
+TEST_F(E2eFaults, SignalAtAnyPhaseOfAMigrationRollsBackToOneRunningOriginal) {
+  for (const std::string point : {"criu_dump", "compress_write", "criu_restore", "first_answer"}) {
+    for (const int sig : {SIGINT, SIGKILL}) {
+      SCOPED_TRACE(point + " / " + strsignal(sig));
+      Child s = server("m");
+      ask(sock("m"), "GEN m");
+      const std::string state = ask(sock("m"), "STATE");
+      Child g = paused_cli(
+          {"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "target").string(),
+           "--staging", staging_.string(), "--probe", "unix:" + sock("m").string()},
+          point);
+      g.kill(sig);
+      g.wait();
+      EXPECT_TRUE(test::wait_until([&] {
+        const char c = test::process_state(s.pid());
+        return c != 'T' && c != 't';
+      })) << "the original was left frozen";
+      // One server, the original, answers on its own socket path with its state: the copy is
+      // gone and the path was put back.
+      EXPECT_TRUE(test::wait_until([&] {
+        return serving(sock("m").string()) == std::vector<pid_t>{s.pid()};
+      })) << "a second copy survived the rollback";
+      EXPECT_EQ(ask(sock("m"), "STATE"), state);
+      EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }));
+      EXPECT_TRUE(entries(dir_.path(), ".m.sock.gpuckpt-rollback").empty());
+      s.kill(SIGKILL);
+      s.wait();
+      fs::remove_all(out_ / "target");
+    }
+  }
+}
+
+TEST_F(E2eFaults, SigkillDuringAReleaseMigrationRestoresTheOriginalFromTheCheckpoint) {
+  // A TCP listener: the original ends once the checkpoint is durable, so after a SIGKILL of
+  // gpuckpt in the probe phase the guard must bring the service back from the checkpoint.
+  const int port = test::free_tcp_port();
+  SpawnOptions o;
+  o.new_session = true;
+  o.stdout_file = dir_.path() / "http.out";
+  o.stderr_file = dir_.path() / "http.err";
+  o.cwd = dir_.path();
+  Child s = spawn({"python3", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1"}, o);
+  auto up = [&] {
+    try {
+      return test::http_request(port, "GET", "/", {}, 2s).status == 200;
+    } catch (const Error&) {
+      return false;
+    }
+  };
+  ASSERT_TRUE(test::wait_until(up));
+  const pid_t pid = s.pid();
+  // The original ends for the release handoff; like a supervisor, reap it at once.
+  std::thread reaper([&] { s.wait(); });
+  Child g = paused_cli(
+      {"migrate", "--pid", std::to_string(pid), "--to", (out_ / "t").string(), "--staging",
+       staging_.string(), "--probe", "tcp:127.0.0.1:" + std::to_string(port)},
+      "first_answer");
+  g.kill(SIGKILL);
+  g.wait();
+  reaper.join();
+  EXPECT_TRUE(test::wait_until(up, 60s)) << "the service did not come back";
+  const auto procs = serving("http.server");
+  EXPECT_EQ(procs.size(), 1u) << "not exactly one server";
+  for (pid_t p : procs) {
+    ::kill(p, SIGKILL);
+    process::wait_ended(p, 10s);
+  }
+}
+
+TEST_F(E2eFaults, InterruptedRestoreLeavesNoStaging) {
+  Child s = server("r");
+  const fs::path ckpt = out_ / "r.ckpt";
+  auto d = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  s.wait_for(10s);
+  Child g = paused_cli({"restore", ckpt.string(), "--staging", staging_.string()}, "criu_restore");
+  g.kill(SIGINT);
+  g.wait();
+  EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }))
+      << entries(staging_).front();
+  for (pid_t p : serving(sock("r").string())) {
+    ::kill(p, SIGKILL);
+    process::wait_ended(p, 10s);
+  }
+}
+
+TEST_F(E2eFaults, StagingLeftByAKilledGpuckptAndGuardIsSweptByTheNextRun) {
+  // What a SIGKILL of both would leave: a staging directory whose owners are gone.
+  const fs::path stale = staging_ / "gpuckpt-dump-STALE1";
+  fs::create_directories(stale / "images");
+  test::write_test_file(stale / "images" / "pages-1.img", 1 << 20, 1);
+  std::ofstream(stale / ".gpuckpt-owner") << "999999 1\n999998 1\n";
+  // One that belongs to a live process (this test) stays.
+  const fs::path live = staging_ / "gpuckpt-dump-LIVE01";
+  fs::create_directories(live);
+  std::ifstream st("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(st)), {});
+  std::istringstream f(stat.substr(stat.rfind(')') + 2));
+  std::string field, start;
+  for (int i = 3; f >> field; ++i)
+    if (i == 22) start = field;
+  std::ofstream(live / ".gpuckpt-owner") << ::getpid() << " " << start << "\n";
+
+  Child s = server("w");
+  auto d = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o",
+                          (out_ / "w.ckpt").string(), "--staging", staging_.string()});
+  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_FALSE(fs::exists(stale)) << "the stale staging was not swept";
+  EXPECT_TRUE(fs::exists(live)) << "a live operation's staging was swept";
+  s.wait_for(10s);
+}
+
+TEST_F(E2eFaults, RolledBackMigrationLeavesTheSocketPathBoundToTheOriginal) {
+  Child s = server("rb");
+  ask(sock("rb"), "GEN r");
+  const std::string state = ask(sock("rb"), "STATE");
+  auto m = test::run_cli(
+      {"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "t").string(), "--probe",
+       "unix:" + (dir_.path() / "nobody.sock").string(), "--probe-timeout", "2"});
+  EXPECT_EQ(m.exit_code, 11) << m.err;
+  EXPECT_EQ(ask(sock("rb"), "STATE"), state);
+  // Not a path left pointing at a deleted socket: the next dump and restore reach it again.
+  auto d =
+      test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", (out_ / "rb.ckpt").string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  s.wait_for(10s);
+  auto r = test::run_cli({"restore", (out_ / "rb.ckpt").string(), "--probe",
+                          "unix:" + sock("rb").string(), "--request", "STATE"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ask(sock("rb"), "STATE"), state);
+  for (pid_t p : serving(sock("rb").string())) {
+    ::kill(p, SIGKILL);
+    process::wait_ended(p, 10s);
+  }
+}
+
+TEST_F(E2eFaults, ProcessInItsOwnPidNamespaceIsRefusedBeforeItIsFrozen) {
+  Child s = server("ns");
+  auto m = test::run_cli({"--json", "migrate", "--pid", std::to_string(s.pid()), "--to",
+                          (out_ / "t").string(), "--probe", "unix:" + sock("ns").string()});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  const json mj = json::parse(m.out);
+  EXPECT_EQ(mj["handoff"], "frozen");
+  const pid_t moved = mj["pid"].get<pid_t>();
+  s.wait_for(10s);
+  auto d =
+      test::run_cli({"dump", "--pid", std::to_string(moved), "-o", (out_ / "ns.ckpt").string()});
+  EXPECT_EQ(d.exit_code, 10) << d.err;
+  EXPECT_NE(d.err.find("pid namespace"), std::string::npos) << d.err;
+  EXPECT_NE(test::process_state(moved), 'T');
+  EXPECT_EQ(ask(sock("ns"), "PING"), "PONG");
+  // With the release handoff the copy lives in our pid namespace and can be moved again.
+  auto m2 = test::run_cli({"--json", "migrate", "--pid", std::to_string(moved), "--to",
+                           (out_ / "t2").string(), "--handoff", "release"});
+  EXPECT_EQ(m2.exit_code, 10) << "the namespaced copy itself cannot be dumped: " << m2.err;
+  for (pid_t p : serving(sock("ns").string())) {
+    ::kill(p, SIGKILL);
+    process::wait_ended(p, 10s);
+  }
+}
+
+TEST_F(E2eFaults, ForceOntoSomethingThatIsNotACheckpointIsRefusedBeforeFreezing) {
+  Child s = server("f");
+  const fs::path precious = out_ / "precious";
+  fs::create_directories(precious);
+  std::ofstream(precious / "data.txt") << "not a checkpoint\n";
+  auto d =
+      test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", precious.string(), "--force"});
+  EXPECT_EQ(d.exit_code, 12) << d.err;  // exists
+  EXPECT_NE(d.err.find("not a gpuckpt checkpoint"), std::string::npos) << d.err;
+  EXPECT_NE(d.err.find("nothing was frozen"), std::string::npos) << d.err;
+  EXPECT_TRUE(fs::exists(precious / "data.txt"));
+  EXPECT_EQ(ask(sock("f"), "PING"), "PONG");
+  s.kill(SIGKILL);
+  s.wait();
+}
