@@ -59,12 +59,9 @@ class Rng {
 // similar magnitude (shared exponent, low-entropy mantissa), which compress about 2:1.
 void generate_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,
                    double random_fraction) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(Errc::kIo, "create " + path.string() + ": " + std::strerror(errno));
-  std::unique_ptr<int, void (*)(int*)> guard(new int(fd), [](int* f) {
-    ::close(*f);
-    delete f;
-  });
+  const UniqueFd owned(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!owned) throw Error(Errc::kIo, "create " + path.string() + ": " + std::strerror(errno));
+  const int fd = owned.get();
   Rng rng(seed);
   std::vector<std::uint64_t> buf(1 << 19);  // 4 MiB
   const auto random_bytes = static_cast<std::uint64_t>(static_cast<double>(size) * random_fraction);
@@ -118,21 +115,6 @@ std::string quote(const fs::path& p) {
 }
 
 // Runs `cmd` with /bin/sh; returns its exit status (-1 if it could not run or was killed).
-int run_shell(const std::string& cmd) {
-  spdlog::debug("bench io: {}", cmd);
-  const pid_t pid = ::fork();
-  if (pid < 0) throw Error(Errc::kInternal, std::string("fork: ") + std::strerror(errno));
-  if (pid == 0) {
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
-    ::_exit(127);
-  }
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) return -1;
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 bool have(const std::string& tool) {
   return run_shell("command -v " + tool + " >/dev/null 2>&1") == 0;
 }

@@ -19,20 +19,6 @@ namespace gpuckpt::cli {
 
 namespace {
 
-std::string probe_text(const ReadinessProbe& p) {
-  switch (p.kind) {
-    case ReadinessProbe::Kind::kUnix:
-      return "unix:" + p.target;
-    case ReadinessProbe::Kind::kTcp:
-      return "tcp:" + p.target;
-    case ReadinessProbe::Kind::kStdoutLine:
-      return "stdout:" + p.target;
-    case ReadinessProbe::Kind::kNone:
-      break;
-  }
-  return "";
-}
-
 // Ends a restored process that is not necessarily our child (CRIU restores it detached):
 // SIGTERM, then SIGKILL after `grace`, waiting on a pidfd for it to be gone.
 void end_process(pid_t pid, std::chrono::milliseconds grace) {
@@ -55,10 +41,10 @@ void print_runs(const char* what, const std::vector<Timeline>& runs) {
   const Timeline& m = median_run(runs);
   if (runs.size() > 1) {
     std::printf("%s: %zu runs:", what, runs.size());
-    for (const auto& t : runs) std::printf(" %s", human_seconds(t.total_seconds()).c_str());
-    std::printf("\n%s, median run %s:\n", what, human_seconds(m.total_seconds()).c_str());
+    for (const auto& t : runs) std::printf(" %s", format_seconds(t.total_seconds()).c_str());
+    std::printf("\n%s, median run %s:\n", what, format_seconds(m.total_seconds()).c_str());
   } else {
-    std::printf("%s: %s\n", what, human_seconds(m.total_seconds()).c_str());
+    std::printf("%s: %s\n", what, format_seconds(m.total_seconds()).c_str());
   }
   print_stages(m);
 }
@@ -92,10 +78,10 @@ void run_coldstart(const ColdArgs& a, Context& ctx) {
   for (int i = 0; i < a.runs; ++i) {
     runs.push_back(measure_cold_start(o));
     spdlog::info("cold start run {}/{}: {}", i + 1, a.runs,
-                 human_seconds(runs.back().total_seconds()));
+                 format_seconds(runs.back().total_seconds()));
   }
   if (ctx.json) {
-    const nlohmann::json extra = {{"command", a.command}, {"probe", probe_text(o.probe)}};
+    const nlohmann::json extra = {{"command", a.command}, {"probe", describe_probe(o.probe)}};
     ctx.emit(nlohmann::json::parse(bench_json("coldstart", runs, extra.dump())));
     return;
   }
@@ -128,7 +114,7 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
     last = restore(o);
     runs.push_back(last.timeline);
     spdlog::info("restore run {}/{}: {}", i + 1, a.runs,
-                 human_seconds(last.timeline.total_seconds()));
+                 format_seconds(last.timeline.total_seconds()));
     // The next run restores the same pid: this one must be gone first. The last one stays
     // up with --keep.
     if (i + 1 < a.runs || !a.keep)
@@ -136,7 +122,7 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
   }
   if (ctx.json) {
     nlohmann::json extra = {
-        {"checkpoint", a.checkpoint}, {"probe", probe_text(o.probe)}, {"gpu", last.gpu}};
+        {"checkpoint", a.checkpoint}, {"probe", describe_probe(o.probe)}, {"gpu", last.gpu}};
     if (a.keep) extra["pid"] = last.pid;
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = last.first_answer;
     ctx.emit(nlohmann::json::parse(bench_json("restore", runs, extra.dump())));
@@ -168,7 +154,7 @@ void run_migrate(const MigrateArgs& a, Context& ctx) {
   const MigrateResult r = migrate(o);
   if (ctx.json) {
     nlohmann::json extra = {
-        {"old_pid", r.old_pid}, {"new_pid", r.new_pid}, {"probe", probe_text(o.probe)}};
+        {"old_pid", r.old_pid}, {"new_pid", r.new_pid}, {"probe", describe_probe(o.probe)}};
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = r.first_answer;
     ctx.emit(nlohmann::json::parse(bench_json("migrate", {r.timeline}, extra.dump())));
     return;

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "flags.h"
+#include "gpuckpt/support.h"
 
 namespace gpuckpt::cli {
 
@@ -66,24 +67,12 @@ void print_summary(const char* verb, const TransferResult& r) {
   std::printf("%s %s raw / %s stored (ratio %.2f) in %s: %.2f GB/s\n", verb,
               human_bytes(r.raw_bytes).c_str(), human_bytes(r.compressed_bytes).c_str(),
               ratio(r.raw_bytes, r.compressed_bytes),
-              human_seconds(r.timeline.total_seconds()).c_str(), gbps(r.raw_bytes, r.timeline));
+              format_seconds(r.timeline.total_seconds()).c_str(), gbps(r.raw_bytes, r.timeline));
   std::printf("%llu entries, %llu chunks, %u threads, %s, %s, %s chunk buffers\n\n",
               static_cast<unsigned long long>(r.files), static_cast<unsigned long long>(r.chunks),
               r.threads, r.io_uring ? "io_uring" : "pread/pwrite (no io_uring)",
               r.direct_io ? "O_DIRECT" : "page cache", human_bytes(r.buffer_bytes).c_str());
   print_stages(r.timeline);
-}
-
-std::string mode_octal(std::uint32_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", mode);
-  return buf;
-}
-
-std::string hex16(std::uint64_t v) {
-  char buf[20];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 void add_pack(CLI::App& app, Context& ctx) {
@@ -217,12 +206,12 @@ void add_inspect(CLI::App& app, Context& ctx) {
     if (ctx.json) {
       nlohmann::json files = nlohmann::json::array();
       for (const auto& f : info.files) {
-        nlohmann::json e = {{"path", f.path}, {"type", f.type}, {"mode", mode_octal(f.mode)}};
+        nlohmann::json e = {{"path", f.path}, {"type", f.type}, {"mode", format_mode(f.mode)}};
         if (f.type == "file") {
           e["size"] = f.size;
           e["stored"] = f.compressed_size;
           e["chunks"] = f.chunks;
-          e["xxh3"] = hex16(f.xxh3);
+          e["xxh3"] = format_hex64(f.xxh3);
         } else if (f.type == "symlink") {
           e["target"] = f.target;
         }
@@ -279,7 +268,7 @@ void add_inspect(CLI::App& app, Context& ctx) {
       std::string path = f.path;
       if (f.type == "symlink") path += " -> " + f.target;
       if (f.type == "dir") path += "/";
-      std::printf("%-5s %-7s %12s %12s %7s  %s\n", mode_octal(f.mode).c_str(), f.type.c_str(),
+      std::printf("%-5s %-7s %12s %12s %7s  %s\n", format_mode(f.mode).c_str(), f.type.c_str(),
                   file ? human_bytes(f.size).c_str() : "-",
                   file ? human_bytes(f.compressed_size).c_str() : "-",
                   file ? std::to_string(f.chunks).c_str() : "-", path.c_str());

@@ -14,6 +14,25 @@ void print_header(const char* fmt, auto... args) {
   std::printf("\n");
 }
 
+// --staging DIR and --staging-mode (docs/PROCESS.md, "Streaming"): by default CRIU's images
+// stream through gpuckpt and DIR holds only CRIU's socket, log and stats; naming a staging
+// directory asks for the images to be staged there, unless --staging-mode stream says otherwise.
+struct StagingFlags {
+  std::string dir = "/dev/shm", mode;
+  CLI::Option* dir_opt = nullptr;
+  void add(CLI::App* c, const std::string& what) {
+    dir_opt = c->add_option("--staging", dir, what + " (implies --staging-mode staged)");
+    c->add_option("--staging-mode", mode,
+                  "stream (default): CRIU's images flow through gpuckpt's streamer, no copy of "
+                  "the process's memory in tmpfs; staged: through a directory under --staging")
+        ->check(CLI::IsMember({"stream", "staged"}));
+  }
+  StagingMode resolve() const {
+    if (!mode.empty()) return parse_staging_mode(mode);
+    return dir_opt && dir_opt->count() > 0 ? StagingMode::kStaged : StagingMode::kStream;
+  }
+};
+
 }  // namespace
 
 void add_process_commands(CLI::App& app, Context& ctx) {
@@ -22,7 +41,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
     auto* c = app.add_subcommand("dump", "Checkpoint a live process (CUDA state included) to CKPT");
     struct Opts {
       int pid = 0;
-      std::string output, staging = "/dev/shm";
+      std::string output;
+      StagingFlags staging;
       bool leave_running = false, force = false, tcp_established = false;
       int level = 1;
       int lock_timeout_ms = 10000;
@@ -42,7 +62,7 @@ void add_process_commands(CLI::App& app, Context& ctx) {
                 "Snapshot: the process continues after the dump (default: it ends once the "
                 "checkpoint is written)");
     c->add_flag("--force", o->force, "Replace an existing checkpoint");
-    c->add_option("--staging", o->staging, "Where CRIU writes its images first (tmpfs)");
+    o->staging.add(c, "Where CRIU writes its images first (tmpfs)");
     c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
     c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
         ->check(CLI::PositiveNumber);
@@ -53,7 +73,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
       d.pid = o->pid;
       d.output = o->output;
       d.leave_running = o->leave_running;
-      d.staging_root = o->staging;
+      d.staging_root = o->staging.dir;
+      d.staging_mode = o->staging.resolve();
       d.pack.zstd_level = o->level;
       d.pack.force = o->force;
       d.pack.progress = ctx.progress();
@@ -76,6 +97,7 @@ void add_process_commands(CLI::App& app, Context& ctx) {
                   {"criu_version", r.criu_version},
                   {"tree", r.tree},
                   {"tcp_established", d.tcp_established},
+                  {"staging_mode", staging_mode_name(r.staging_mode)},
                   {"timeline", to_json(r.timeline)}});
         return;
       }
@@ -96,7 +118,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
     auto* c =
         app.add_subcommand("restore", "Restore a process from CKPT (optionally onto other GPUs)");
     struct Opts {
-      std::string checkpoint, gpu_map, staging = "/dev/shm";
+      std::string checkpoint, gpu_map;
+      StagingFlags staging;
       bool new_pidns = false, take_endpoints = false;
       ProbeFlags probe;
       CriuFlags criu;
@@ -108,7 +131,7 @@ void add_process_commands(CLI::App& app, Context& ctx) {
                 "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
                 "even if a live process serves them (refused by default)");
     c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
-    c->add_option("--staging", o->staging, "Where the images are unpacked for CRIU (tmpfs)");
+    o->staging.add(c, "Where the images are unpacked for CRIU (tmpfs)");
     c->add_flag("--new-pidns", o->new_pidns,
                 "Restore into a new pid namespace (the checkpointed pid may be in use here)");
     o->probe.add(c);
@@ -118,7 +141,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
       RestoreOptions r;
       r.checkpoint = o->checkpoint;
       if (!o->gpu_map.empty()) r.gpu_map = parse_gpu_map(o->gpu_map);
-      r.staging_root = o->staging;
+      r.staging_root = o->staging.dir;
+      r.staging_mode = o->staging.resolve();
       r.unpack.progress = ctx.progress();
       r.probe = o->probe.probe();
       r.new_pid_ns = o->new_pidns;
@@ -128,8 +152,13 @@ void add_process_commands(CLI::App& app, Context& ctx) {
       const RestoreResult res = restore(r);
       ctx.progress_done();
       if (ctx.json) {
-        nlohmann::json j{{"ok", true},     {"pid", res.pid},   {"ns_pid", res.ns_pid},
-                         {"gpu", res.gpu}, {"tree", res.tree}, {"timeline", to_json(res.timeline)}};
+        nlohmann::json j{{"ok", true},
+                         {"pid", res.pid},
+                         {"ns_pid", res.ns_pid},
+                         {"gpu", res.gpu},
+                         {"tree", res.tree},
+                         {"timeline", to_json(res.timeline)},
+                         {"staging_mode", staging_mode_name(res.staging_mode)}};
         if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
         if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
         ctx.emit(j);
@@ -155,7 +184,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
         "new one answers, and is resumed if anything fails");
     struct Opts {
       int pid = 0;
-      std::string to, gpu_map, staging = "/dev/shm", handoff = "auto";
+      std::string to, gpu_map, handoff = "auto";
+      StagingFlags staging;
       bool keep = false, tcp_established = false;
       int level = 1;
       int lock_timeout_ms = 10000;
@@ -181,7 +211,7 @@ void add_process_commands(CLI::App& app, Context& ctx) {
         ->required();
     c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
     c->add_flag("--keep-checkpoint", o->keep, "Keep the checkpoint after a successful migration");
-    c->add_option("--staging", o->staging, "tmpfs staging directory for CRIU's images");
+    o->staging.add(c, "tmpfs staging directory for CRIU's images");
     c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
     c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
         ->check(CLI::PositiveNumber);
@@ -196,7 +226,8 @@ void add_process_commands(CLI::App& app, Context& ctx) {
       if (!o->gpu_map.empty()) m.gpu_map = parse_gpu_map(o->gpu_map);
       m.probe = o->probe.probe();
       m.keep_checkpoint = o->keep;
-      m.staging_root = o->staging;
+      m.staging_root = o->staging.dir;
+      m.staging_mode = o->staging.resolve();
       m.pack.zstd_level = o->level;
       m.pack.progress = ctx.progress();
       m.lock_timeout = std::chrono::milliseconds(o->lock_timeout_ms);

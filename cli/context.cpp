@@ -27,17 +27,6 @@ std::string human_bytes(std::uint64_t b) {
   return buf;
 }
 
-std::string human_seconds(double s) {
-  char buf[32];
-  if (s < 1e-3)
-    std::snprintf(buf, sizeof buf, "%.0f us", s * 1e6);
-  else if (s < 1)
-    std::snprintf(buf, sizeof buf, "%.1f ms", s * 1e3);
-  else
-    std::snprintf(buf, sizeof buf, "%.2f s", s);
-  return buf;
-}
-
 ProgressFn Context::progress() const {
   if (quiet || json || !::isatty(STDERR_FILENO)) return {};
   return [last = std::make_shared<std::chrono::steady_clock::time_point>()](const Progress& p) {
@@ -68,7 +57,7 @@ void Context::emit(const nlohmann::json& j) const {
 }
 
 nlohmann::json to_json(const Timeline& t) {
-  return nlohmann::json::parse(timeline_json(t));
+  return timeline_json(t);
 }
 
 nlohmann::json signature_json(const SignatureInfo& s) {
@@ -103,11 +92,11 @@ std::string signature_text(const SignatureInfo& s, const std::filesystem::path& 
 void print_stages(const Timeline& t) {
   std::printf("%-22s %12s %14s %10s\n", "stage", "time", "bytes", "GB/s");
   for (const auto& s : t.stages()) {
-    std::printf("%-22s %12s %14s %10s\n", s.name.c_str(), human_seconds(s.seconds).c_str(),
+    std::printf("%-22s %12s %14s %10s\n", s.name.c_str(), format_seconds(s.seconds).c_str(),
                 s.bytes ? human_bytes(s.bytes).c_str() : "-",
                 s.bytes && s.seconds > 0 ? std::to_string(s.gbps()).substr(0, 6).c_str() : "-");
   }
-  std::printf("%-22s %12s\n", "total (wall clock)", human_seconds(t.total_seconds()).c_str());
+  std::printf("%-22s %12s\n", "total (wall clock)", format_seconds(t.total_seconds()).c_str());
 }
 
 }  // namespace gpuckpt::cli

@@ -5,12 +5,15 @@
 #include <string>
 
 #include "gpuckpt/gpuckpt.h"
+#include "gpuckpt/report.h"
+#include "gpuckpt/roofline.h"
+#include "gpuckpt/support.h"
 
 namespace gpuckpt::cli {
 
 struct Context {
-  bool json = false;       // machine-readable output on stdout, nothing else there
-  bool quiet = false;      // no progress
+  bool json = false;   // machine-readable output on stdout, nothing else there
+  bool quiet = false;  // no progress
   std::string log_level = "info";
   // Exit status for a command that reports a failure through its own output (e.g. `devices`
   // with no GPU prints its JSON document and exits 7); main() returns it.
@@ -28,7 +31,6 @@ struct Context {
 // JSON for engine results, shared by the commands.
 nlohmann::json to_json(const Timeline& t);
 std::string human_bytes(std::uint64_t b);
-std::string human_seconds(double s);
 // Prints a per-stage table (name, seconds, bytes, GB/s) to stdout.
 void print_stages(const Timeline& t);
 // A checkpoint's signature state, for `inspect` and `verify`: JSON and one line of text.

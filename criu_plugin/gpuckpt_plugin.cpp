@@ -7,13 +7,21 @@
 //                                   (--leave-running) or the dump failed
 //   restore: RESUME_DEVICES_LATE -> restore (GPU remap from $GPUCKPT_GPU_MAP) + unlock
 //
-// Without a GPU, or for a task without CUDA state, every hook is timed and marked skipped.
-// The report (criu/plugin_report.h) goes to $GPUCKPT_PLUGIN_REPORT or the images directory.
+// Without a GPU, or for a task without CUDA state, every hook is timed and marked skipped. A
+// task that holds /dev/nvidia* (dump) or that the checkpoint recorded with CUDA state
+// ($GPUCKPT_CUDA_PIDS, restore) is never skipped: without a usable driver its hook fails with
+// the reason. The driver is loaded once per criu run, at the first hook that needs it, from
+// $GPUCKPT_LIBCUDA_PATH (the library gpuckpt found) first; the load and its cuInit are timed
+// as the "cuda_init" hook. The report (criu/plugin_report.h) goes to $GPUCKPT_PLUGIN_REPORT or
+// the images directory.
 //
 // The driver does the device work in a helper thread of the target (its "restore thread"),
 // which CRIU has ptrace-stopped with the rest of the task; criu is its tracer and the hooks
 // run on criu's main thread, so the plugin lets that one thread run with plain ptrace calls
-// while the driver works, then stops it again.
+// while the driver works, then stops it again. On restore, as in CRIU's own cuda plugin, the
+// state is asked only while that thread runs. Like that plugin, it switches CRIU to
+// interrupt-only seizing (set_compel_interrupt_only_mode): a thread frozen by the cgroup
+// freezer could not be let run.
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
@@ -33,10 +41,16 @@
 
 extern "C" {
 #include <criu-plugin.h>
+
+// Exported by criu (criu/seize.c) since 4.0 but not declared in the installed criu-plugin.h.
+// Weak, so that the plugin still loads into a criu without it (then cgroup-frozen dumps are
+// not supported; the report says interrupt_only: false).
+void set_compel_interrupt_only_mode(void) __attribute__((weak));
 }
 
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
+#include "device/cuda_driver.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "util/fs.h"
@@ -57,7 +71,11 @@ struct Tracked {
 struct State {
   bool active = false;  // dump or restore (not pre-dump)
   int stage = -1;
+  bool gpu_host = false;   // the NVIDIA kernel module sees GPUs here
+  bool api_tried = false;  // the driver was loaded (once per criu run)
   bool api = false;
+  std::vector<pid_t> expected_cuda;  // restore: recorded with CUDA state ($GPUCKPT_CUDA_PIDS)
+  std::string device_prefix = "/dev/nvidia";  // files that mark a task as holding a GPU
   PluginReport report;
   fs::path report_path;
   std::string final_state = "killed";
@@ -117,47 +135,74 @@ int timed(const char* name, pid_t pid, const std::function<bool()>& fn) {
 }
 
 // Lets the task's CUDA restore thread run (all signals but SIGTRAP blocked, so none of the
-// task's handlers run) for the duration of `fn`, then stops it again as CRIU left it.
-void with_restore_thread(pid_t pid, const std::function<void()>& fn) {
-  const pid_t tid = dev::restore_thread_id(pid);
-  std::uint64_t saved = 0;
-  if (::ptrace(PTRACE_GETSIGMASK, tid, sizeof saved, &saved) != 0) {
-    // Not stopped under us: a dump that failed before CRIU seized the task (e.g. while
-    // freezing) leaves it running, and then the driver needs no help.
-    if (errno == ESRCH) {
-      fn();
-      return;
+// task's handlers run) while alive, and stops it again as CRIU left it in stop() or, after an
+// error, in the destructor. Mirrors resume_restore_thread()/interrupt_restore_thread() of
+// CRIU's cuda plugin.
+class RunningRestoreThread {
+ public:
+  explicit RunningRestoreThread(pid_t tid) : tid_(tid) {
+    if (::ptrace(PTRACE_GETSIGMASK, tid_, sizeof saved_, &saved_) != 0) {
+      // Not stopped under us: a dump that failed before CRIU seized the task (e.g. while
+      // freezing) leaves it running, and then the driver needs no help.
+      if (errno == ESRCH) return;
+      ptrace_fail("PTRACE_GETSIGMASK", tid_);
     }
-    ptrace_fail("PTRACE_GETSIGMASK", tid);
+    std::uint64_t block = ~0ull & ~(1ull << (SIGTRAP - 1));
+    if (::ptrace(PTRACE_SETSIGMASK, tid_, sizeof block, &block) != 0)
+      ptrace_fail("PTRACE_SETSIGMASK", tid_);
+    if (::ptrace(PTRACE_SETOPTIONS, tid_, nullptr, 0) != 0) ptrace_fail("PTRACE_SETOPTIONS", tid_);
+    if (::ptrace(PTRACE_CONT, tid_, nullptr, 0) != 0) {
+      const int e = errno;
+      ::ptrace(PTRACE_SETSIGMASK, tid_, sizeof saved_, &saved_);  // undo what we can
+      errno = e;
+      ptrace_fail("PTRACE_CONT", tid_);
+    }
+    running_ = true;
   }
-  std::uint64_t block = ~0ull & ~(1ull << (SIGTRAP - 1));
-  if (::ptrace(PTRACE_SETSIGMASK, tid, sizeof block, &block) != 0)
-    ptrace_fail("PTRACE_SETSIGMASK", tid);
-  if (::ptrace(PTRACE_SETOPTIONS, tid, nullptr, 0) != 0) ptrace_fail("PTRACE_SETOPTIONS", tid);
-  if (::ptrace(PTRACE_CONT, tid, nullptr, 0) != 0) ptrace_fail("PTRACE_CONT", tid);
-  std::exception_ptr failure;
-  try {
-    fn();
-  } catch (...) {
-    failure = std::current_exception();
+  RunningRestoreThread(const RunningRestoreThread&) = delete;
+  RunningRestoreThread& operator=(const RunningRestoreThread&) = delete;
+  ~RunningRestoreThread() {
+    try {
+      stop();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "gpuckpt plugin: %s\n", e.what());
+    }
   }
-  if (::ptrace(PTRACE_INTERRUPT, tid, nullptr, 0) != 0) ptrace_fail("PTRACE_INTERRUPT", tid);
-  for (;;) {
-    int status = 0;
-    const pid_t r = ::waitpid(tid, &status, __WALL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) ptrace_fail("waitpid", tid);
-    if (WIFSTOPPED(status)) break;
-    if (WIFEXITED(status) || WIFSIGNALED(status))
-      throw gpuckpt::Error(gpuckpt::Errc::kDevice,
-                           "CUDA restore thread " + std::to_string(tid) + " exited");
+
+  pid_t tid() const { return tid_; }
+
+  void stop() {
+    if (!running_) return;
+    running_ = false;
+    if (::ptrace(PTRACE_INTERRUPT, tid_, nullptr, 0) != 0) ptrace_fail("PTRACE_INTERRUPT", tid_);
+    for (;;) {
+      int status = 0;
+      const pid_t r = ::waitpid(tid_, &status, __WALL);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) ptrace_fail("waitpid", tid_);
+      if (WIFSTOPPED(status)) break;
+      if (WIFEXITED(status) || WIFSIGNALED(status))
+        throw gpuckpt::Error(gpuckpt::Errc::kDevice,
+                             "CUDA restore thread " + std::to_string(tid_) + " exited");
+    }
+    if (::ptrace(PTRACE_SETOPTIONS, tid_, nullptr,
+                 PTRACE_O_SUSPEND_SECCOMP | PTRACE_O_TRACESYSGOOD) != 0)
+      ptrace_fail("PTRACE_SETOPTIONS", tid_);
+    if (::ptrace(PTRACE_SETSIGMASK, tid_, sizeof saved_, &saved_) != 0)
+      ptrace_fail("PTRACE_SETSIGMASK", tid_);
   }
-  if (::ptrace(PTRACE_SETOPTIONS, tid, nullptr, PTRACE_O_SUSPEND_SECCOMP | PTRACE_O_TRACESYSGOOD) !=
-      0)
-    ptrace_fail("PTRACE_SETOPTIONS", tid);
-  if (::ptrace(PTRACE_SETSIGMASK, tid, sizeof saved, &saved) != 0)
-    ptrace_fail("PTRACE_SETSIGMASK", tid);
-  if (failure) std::rethrow_exception(failure);
+
+ private:
+  pid_t tid_;
+  std::uint64_t saved_ = 0;
+  bool running_ = false;
+};
+
+// Runs `fn` while the task's restore thread runs; fn's error wins over a failure to stop it.
+void with_restore_thread(pid_t pid, const std::function<void()>& fn) {
+  RunningRestoreThread t(dev::restore_thread_id(pid));
+  fn();
+  t.stop();
 }
 
 gpuckpt::GpuMap parse_map(const char* spec) {
@@ -198,22 +243,91 @@ int plugin_init(int stage) {
     g.lock_timeout = std::chrono::milliseconds(std::atoll(t));
   g.gpu_map = parse_map(env(gpuckpt::criu::kEnvGpuMap));
   g.report.gpu_map = env(gpuckpt::criu::kEnvGpuMap) ? env(gpuckpt::criu::kEnvGpuMap) : "";
-  try {
-    std::string why;
-    g.api = dev::checkpoint_api_available(&why);
-    g.report.api_available = g.api;
-    g.report.api_error = why;
-  } catch (const std::exception& e) {
-    g.report.api_error = e.what();
+  if (const char* pids = env(gpuckpt::criu::kEnvCudaPids))
+    for (const char* q = pids; *q;) {
+      char* end = nullptr;
+      const long v = std::strtol(q, &end, 10);
+      if (end == q) break;
+      if (v > 0) g.expected_cuda.push_back(static_cast<pid_t>(v));
+      q = *end ? end + 1 : end;
+    }
+  if (const char* prefix = env(gpuckpt::criu::kEnvTestDevicePrefix)) g.device_prefix = prefix;
+  std::error_code ec;
+  g.gpu_host = fs::is_directory("/proc/driver/nvidia/gpus", ec);
+  if (g.gpu_host || !g.expected_cuda.empty()) {
+    // As CRIU's cuda plugin does once it is enabled: seize by interrupts only, never through
+    // the cgroup freezer, whose frozen restore thread could not run the driver's work.
+    if (set_compel_interrupt_only_mode) {
+      set_compel_interrupt_only_mode();
+      g.report.interrupt_only = true;
+    } else {
+      std::fprintf(stderr,
+                   "gpuckpt plugin: this criu lacks set_compel_interrupt_only_mode(): do not "
+                   "use --freeze-cgroup with CUDA tasks\n");
+    }
   }
+  g.report.api_error = g.gpu_host ? "not loaded yet (loaded at the first task that needs it)"
+                                  : "no NVIDIA GPU here (/proc/driver/nvidia/gpus is missing): "
+                                    "the CUDA driver was not loaded";
   save_report();
   return 0;
 }
 
-// The task's CUDA state, or nullopt if it has none or there is no checkpoint API here.
-std::optional<dev::CudaProcState> cuda_state(pid_t pid) {
-  if (!g.api) return std::nullopt;
-  return dev::process_state(pid);
+// Loads the CUDA driver once per criu run, timed as a "cuda_init" hook of the task that
+// needed it first: cuInit is the one big fixed cost of the device work (seconds on a cold
+// GPU host), so it is reported on its own rather than hidden in the first lock or restore.
+void load_api(pid_t pid) {
+  if (g.api_tried) return;
+  g.api_tried = true;
+  PluginHook h;
+  h.name = "cuda_init";
+  h.pid = pid;
+  h.start_ns = now_ns();
+  try {
+    std::string why;
+    g.api = dev::checkpoint_api_available(&why);
+    g.report.api_error = why;
+    const auto& st = dev::CudaDriver::instance().status();
+    g.report.driver_library = st.loaded ? st.library : "";
+    g.report.driver_load_seconds = st.load_seconds;
+    g.report.cuinit_seconds = st.cuinit_seconds;
+  } catch (const std::exception& e) {
+    g.api = false;
+    g.report.api_error = e.what();
+  }
+  g.report.api_available = g.api;
+  h.end_ns = now_ns();
+  h.skipped = !g.api;
+  if (!g.api) h.error = g.report.api_error;  // not a failure by itself: see cuda_task()
+  g.report.hooks.push_back(std::move(h));
+  save_report();
+}
+
+bool expected_cuda(pid_t pid) {
+  for (pid_t p : g.expected_cuda)
+    if (p == pid) return true;
+  return false;
+}
+
+// The task's CUDA restore thread, or nullopt if it has no CUDA state (CRIU's test: no restore
+// thread). Throws when the task needs the driver (it holds /dev/nvidia*, or the checkpoint
+// recorded it with CUDA state) and the driver or its checkpoint API is unusable: skipping it
+// would dump a task whose GPU state is lost, or restore one that hangs at its next CUDA call.
+std::optional<pid_t> cuda_task(pid_t pid) {
+  const bool recorded = expected_cuda(pid);
+  const bool holds = !recorded && dev::holds_device_files(pid, g.device_prefix);
+  if (!recorded && !holds && !g.gpu_host) return std::nullopt;  // no GPU: never load a driver
+  load_api(pid);
+  if (!g.api) {
+    if (recorded || holds)
+      throw gpuckpt::Error(
+          gpuckpt::Errc::kNoDevice,
+          "task " + std::to_string(pid) +
+              (recorded ? " was checkpointed with CUDA state" : " has NVIDIA device files open") +
+              ", but the CUDA checkpoint API is unusable inside criu: " + g.report.api_error);
+    return std::nullopt;
+  }
+  return dev::find_restore_thread(pid);
 }
 
 void note_cuda(pid_t pid) {
@@ -226,7 +340,9 @@ void note_cuda(pid_t pid) {
 int pause_devices(int pid) {
   if (!g.active) return -ENOTSUP;
   return timed("device_lock", pid, [pid] {
-    const auto st = cuda_state(pid);
+    if (!cuda_task(pid)) return false;
+    // PAUSE_DEVICES comes before the freeze: the task runs, its state can be asked.
+    const auto st = dev::process_state(pid);
     if (!st) return false;
     if (*st == dev::CudaProcState::kFailed)
       throw gpuckpt::Error(gpuckpt::Errc::kDevice, "CUDA reports the process in a failed state");
@@ -287,23 +403,28 @@ void resume_after_dump() {
 
 int resume_devices_late(int pid) {
   if (!g.active) return -ENOTSUP;
-  bool cuda = false;
-  int rc = timed("device_restore", pid, [pid, &cuda] {
-    const auto st = cuda_state(pid);
-    if (!st) return false;
-    cuda = true;
+  // As CRIU's cuda plugin: the restore thread id, then let that thread run, then restore; the
+  // state is asked only while it runs (the driver answers through it).
+  std::optional<RunningRestoreThread> running;
+  int rc = timed("device_restore", pid, [pid, &running] {
+    const auto tid = cuda_task(pid);
+    if (!tid) return false;
     note_cuda(pid);
-    with_restore_thread(pid, [pid, st] {
-      if (*st == dev::CudaProcState::kCheckpointed) dev::restore(pid, g.gpu_map);
-    });
+    running.emplace(*tid);
+    const auto st = dev::process_state(pid);
+    if (!st)
+      throw gpuckpt::Error(gpuckpt::Errc::kDevice,
+                           "the task has a CUDA restore thread but no CUDA state");
+    if (*st == dev::CudaProcState::kFailed)
+      throw gpuckpt::Error(gpuckpt::Errc::kDevice, "CUDA reports the process in a failed state");
+    if (*st == dev::CudaProcState::kCheckpointed) dev::restore(pid, g.gpu_map);
     return true;
   });
-  if (rc < 0 && rc != -ENOTSUP) return rc;
-  return timed("unlock", pid, [pid, cuda] {
-    if (!cuda) return false;
-    with_restore_thread(pid, [pid] {
-      if (dev::process_state(pid) == dev::CudaProcState::kLocked) dev::unlock(pid);
-    });
+  if (rc < 0 && rc != -ENOTSUP) return rc;  // `running` stops the thread again
+  return timed("unlock", pid, [pid, &running] {
+    if (!running) return false;
+    if (dev::process_state(pid) == dev::CudaProcState::kLocked) dev::unlock(pid);
+    running->stop();
     return true;
   });
 }

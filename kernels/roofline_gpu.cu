@@ -341,7 +341,9 @@ int main(int argc, char** argv) {
       bus_width, driver_version, runtime_version, o.repeats, n * sizeof(float4), copy_gbps,
       triad_gbps, t_copy, t_triad, o.repeats, kFmaIlp, g_fma, kBlock, fma_iters, t_fma,
       nominal_fp32, nominal_bw,
-      tensor ? "mma.sync.m16n8k16 bf16->fp32, 8 accumulators per warp" : "none (sm < 80)", t_mma,
-      h2d_gbps, d2h_gbps, host_bytes);
+      tensor ? "mma.sync (not wgmma): m16n8k16 bf16->fp32, 8 accumulators per warp; a lower "
+               "bound on Hopper, whose wgmma reaches more"
+             : "none (sm < 80)",
+      t_mma, h2d_gbps, d2h_gbps, host_bytes);
   return 0;
 }

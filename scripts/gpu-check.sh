@@ -4,15 +4,20 @@
 # builds what it needs, lists the GPUs, measures the roofline ceilings, starts the CUDA demo
 # server with several GiB of VRAM state, checkpoints that VRAM to host memory and back through
 # the CUDA driver API (no CRIU needed) and checks the GPU-side hash of the whole VRAM state is
-# unchanged; then, where CRIU works, a full `gpuckpt dump` + `gpuckpt restore`. Prints a
-# summary and exits non-zero if any check failed. Logs and results go to $OUT when set.
+# unchanged; then, where CRIU works, a PyTorch decoder dumped and restored mid-conversation
+# (scripts/gpu/torch_decoder_server.py) and a full `gpuckpt dump` + `gpuckpt restore` of the
+# demo server. Prints a summary (rewritten after every check) and exits non-zero if any check
+# failed. Logs and results go to $OUT when set.
 #
-#   scripts/gpu-check.sh                      # build in build-gpu-check/, then check
-#   scripts/gpu-check.sh --make-bundle DIR    # on a dev machine (no GPU needed): build a
-#                                             # self-contained bundle for a GPU machine that
-#                                             # lacks the build dependencies
-#   scripts/gpu-check.sh --bundle DIR         # on the GPU machine: check with that bundle
-# Options: --build-dir DIR, --vram-gib N (default 8), --no-criu, --no-tests, --keep, --jobs N
+#   scripts/gpu-check.sh                        # build in build-gpu-check/, then check
+#   scripts/gpu-check.sh --make-bundle gpu-bundle   # on a dev machine (no GPU needed): build
+#                                               # a self-contained bundle, inside the repository
+#                                               # (git-ignored), for a GPU machine that lacks
+#                                               # the build dependencies
+#   scripts/gpu-check.sh --bundle gpu-bundle    # on the GPU machine: check with that bundle
+# Options: --build-dir DIR, --vram-gib N (default 4), --torch-gib N (default 1.5), --no-criu,
+# --no-torch, --no-tests, --budget-s S (default 330: the whole check ends by then), --keep,
+# --jobs N
 # Exit: 0 all checks passed (some may be skipped), 1 a check failed, 2 usage, 7 no GPU.
 set -uo pipefail
 
@@ -21,14 +26,19 @@ me=gpu-check.sh
 build=${GPUCKPT_BUILD_DIR:-$here/build-gpu-check}
 bundle=""
 make_bundle=""
-vram_gib=8
+vram_gib=4
+torch_gib=1.5
 do_criu=1
+do_torch=1
 do_tests=1
 keep=0
 jobs=16
+# The device machine gives one command 10 minutes; the whole check must end well within, with
+# its summary written (it is rewritten after every check, so a kill still leaves results).
+budget_s=330
 
 usage() {  # usage EXIT_CODE
-  sed -n "3,16p" "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n "3,21p" "$0" | sed 's/^# \{0,1\}//' >&2
   exit "$1"
 }
 while [ $# -gt 0 ]; do
@@ -37,7 +47,10 @@ while [ $# -gt 0 ]; do
     --bundle) bundle=${2:?}; shift ;;
     --make-bundle) make_bundle=${2:?}; shift ;;
     --vram-gib) vram_gib=${2:?}; shift ;;
+    --torch-gib) torch_gib=${2:?}; shift ;;
+    --budget-s) budget_s=${2:?}; shift ;;
     --no-criu) do_criu=0 ;;
+    --no-torch) do_torch=0 ;;
     --no-tests) do_tests=0 ;;
     --keep) keep=1 ;;
     --jobs) jobs=${2:?}; shift ;;
@@ -47,6 +60,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 case $vram_gib in ''|*[!0-9.]*) echo "$me: --vram-gib needs a number" >&2; exit 2 ;; esac
+case $torch_gib in ''|*[!0-9.]*) echo "$me: --torch-gib needs a number" >&2; exit 2 ;; esac
+case $budget_s in ''|*[!0-9]*) echo "$me: --budget-s needs whole seconds" >&2; exit 2 ;; esac
 
 # ---- logging, results, cleanup -----------------------------------------------------------
 
@@ -61,37 +76,83 @@ fi
 exec > >(tee -a "$log") 2>&1
 tee_pid=$!
 
+orig_ld_library_path=${LD_LIBRARY_PATH-}
 results=()
 failures=0
 children=()
+restored=()  # CUDA processes that went through a checkpoint: locked before they are killed
 children_links=()
 summary_file=$work/summary.txt
+deadline=$((SECONDS + budget_s))
 
 say() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*"; }
-record() {  # record STATUS NAME DETAIL   (STATUS: PASS, FAIL, SKIP, INFO)
-  results+=("$(printf '%-5s %-26s %s' "$1" "$2" "$3")")
-  [ "$1" = FAIL ] && failures=$((failures + 1))
-  say "[$1] $2: $3"
-}
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
-div() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
-
-print_summary() {
+write_summary() {  # after every check: a command killed at its limit still returns results
   {
     echo "==== gpuckpt GPU check summary ($(date -u +%Y-%m-%dT%H:%M:%SZ), $(uname -n)) ===="
     local r
     for r in "${results[@]}"; do echo "$r"; done
-    if [ "$failures" -eq 0 ]; then echo "RESULT: all checks passed"; else echo "RESULT: $failures check(s) FAILED"; fi
-  } >"$summary_file"
+    if [ "${1:-}" != final ]; then
+      echo "RESULT: incomplete (still running, or stopped at $((SECONDS)) s of ${budget_s} s)"
+    elif [ "$failures" -eq 0 ]; then echo "RESULT: all checks passed"
+    else echo "RESULT: $failures check(s) FAILED"; fi
+  } >"$summary_file.tmp" && mv -f "$summary_file.tmp" "$summary_file"
+  if [ -n "$out_dir" ]; then cp "$summary_file" "$out_dir/summary.txt"; fi
+}
+record() {  # record STATUS NAME DETAIL   (STATUS: PASS, FAIL, SKIP, INFO)
+  results+=("$(printf '%-5s %-26s %s' "$1" "$2" "$3")")
+  [ "$1" = FAIL ] && failures=$((failures + 1))
+  say "[$1] $2: $3"
+  write_summary
+}
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+div() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+gbps() {  # gbps BYTES SECONDS
+  awk -v b="$1" -v s="$2" 'BEGIN { if (s > 0 && b > 0) printf "%.2f", b / s / 1e9; else print "n/a" }'
+}
+left() { echo $((deadline - SECONDS)); }
+cap() {  # cap SECONDS -> that, or what is left of the budget (at least 1)
+  local l
+  l=$(left)
+  if [ "$l" -lt 1 ]; then l=1; fi
+  if [ "$1" -lt "$l" ]; then echo "$1"; else echo "$l"; fi
+}
+have_time() {  # have_time SECONDS NAME -> 1 (and a SKIP) when the budget cannot fit it
+  if [ "$(left)" -ge "$1" ]; then return 0; fi
+  record SKIP "$2" "time budget: $(left) s left of ${budget_s} s, needs ~$1 s"
+  return 1
+}
+
+print_summary() {
+  write_summary final
   echo
   cat "$summary_file"
-  if [ -n "$out_dir" ]; then cp "$summary_file" "$out_dir/summary.txt"; fi
+}
+
+# Killing a live CUDA process right after a restore has crashed hosts on some drivers
+# (NVIDIA/cuda-checkpoint#53); a locked one is safe. Best effort, in parallel, bounded.
+lock_then_kill() {  # lock_then_kill PID...
+  local p lockers=()
+  if [ -n "${gpuckpt:-}" ] && [ -x "${gpuckpt:-}" ]; then
+    for p in "$@"; do
+      if kill -0 "$p" 2>/dev/null; then
+        timeout 15 "$gpuckpt" cuda-checkpoint --pid "$p" --action lock --timeout-ms 5000 \
+          >/dev/null 2>&1 &
+        lockers+=("$!")
+      fi
+    done
+    for p in "${lockers[@]}"; do wait "$p" 2>/dev/null; done
+  fi
+  for p in "$@"; do
+    if kill -0 "$p" 2>/dev/null; then kill -9 "$p" 2>/dev/null; fi
+  done
 }
 
 cleanup() {
   local rc=$?
   local p
+  if [ -n "${watchdog:-}" ]; then kill "$watchdog" 2>/dev/null; fi
+  lock_then_kill "${restored[@]}"
   for p in "${children[@]}"; do
     if kill -0 "$p" 2>/dev/null; then kill -9 "$p" 2>/dev/null; fi
   done
@@ -103,7 +164,7 @@ cleanup() {
   exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'record FAIL "$me" "stopped by a signal at $SECONDS s (budget ${budget_s} s)"; exit 130' INT TERM
 
 die() {  # die CODE MESSAGE
   record FAIL "$me" "$2"
@@ -115,7 +176,7 @@ have_python=0
 command -v python3 >/dev/null 2>&1 && have_python=1
 json_get() {  # json_get FILE KEY   -> scalar value of the first "KEY" (nested keys: a.b.c)
   if [ "$have_python" = 1 ]; then
-    python3 - "$1" "$2" <<'EOF' 2>/dev/null
+    LD_LIBRARY_PATH=$orig_ld_library_path python3 - "$1" "$2" <<'EOF' 2>/dev/null
 import json, sys
 v = json.load(open(sys.argv[1]))
 for k in sys.argv[2].split("."):
@@ -132,7 +193,7 @@ EOF
 }
 stage_get() {  # stage_get FILE STAGE FIELD  (from a gpuckpt --json "timeline")
   if [ "$have_python" = 1 ]; then
-    python3 - "$1" "$2" "$3" <<'EOF' 2>/dev/null
+    LD_LIBRARY_PATH=$orig_ld_library_path python3 - "$1" "$2" "$3" <<'EOF' 2>/dev/null
 import json, sys
 for s in json.load(open(sys.argv[1]))["timeline"]["stages"]:
     if s["name"] == sys.argv[2]:
@@ -146,7 +207,7 @@ EOF
 }
 print_timeline() {  # print_timeline FILE
   if [ "$have_python" = 1 ]; then
-    python3 - "$1" <<'EOF' 2>/dev/null || cat "$1"
+    LD_LIBRARY_PATH=$orig_ld_library_path python3 - "$1" <<'EOF' 2>/dev/null || cat "$1"
 import json, sys
 t = json.load(open(sys.argv[1]))["timeline"]
 for s in t["stages"]:
@@ -161,8 +222,8 @@ EOF
 
 # ---- build (or use a bundle) -------------------------------------------------------------
 
-configure_and_build() {  # configure_and_build WITH_TESTS
-  local tests=$1 t targets
+configure_and_build() {  # configure_and_build WITH_TESTS BUILD_TIMEOUT_S
+  local tests=$1 limit=$2 t targets
   say "configuring $build (Release, tests=$tests)"
   if ! timeout 300 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
       -DGPUCKPT_BUILD_BENCH=OFF -DGPUCKPT_BUILD_TESTS="$tests" >"$work/cmake.log" 2>&1; then
@@ -174,23 +235,31 @@ configure_and_build() {  # configure_and_build WITH_TESTS
            device_gpu_test device_cli_test kernels_binaries_test; do
     if grep -q "^$t:" "$work/targets.txt"; then targets+=("$t"); fi
   done
-  say "building ${targets[*]} (-j$jobs)"
-  timeout 600 ninja -C "$build" -j "$jobs" "${targets[@]}" >"$work/build.log" 2>&1
+  say "building ${targets[*]} (-j$jobs, at most ${limit} s)"
+  timeout "$limit" ninja -C "$build" -j "$jobs" "${targets[@]}" >"$work/build.log" 2>&1
 }
 
-build_all() {
-  local t0
+build_all() {  # build_all BUILD_TIMEOUT_S
+  local t0 limit=$1
   t0=$(now)
   if ! command -v cmake >/dev/null || ! command -v ninja >/dev/null; then
     die 1 "cmake and ninja are needed to build here (or use --bundle, see --make-bundle)"
   fi
-  if ! configure_and_build ON && ! configure_and_build OFF; then
-    tail -n 25 "$work/cmake.log" "$work/build.log" 2>/dev/null
-    die 1 "build failed (log above). On a machine without gpuckpt's build dependencies \
+  if ! configure_and_build ON "$limit"; then
+    # A build without the tests still lets the other checks run, but is never a PASS: the
+    # GPU tests would be missing (a timeout is the usual cause on a small machine).
+    tail -n 15 "$work/cmake.log" "$work/build.log" 2>/dev/null
+    record FAIL build "the build with the GPU tests failed or passed ${limit} s (log above)"
+    if [ -n "$make_bundle" ] || ! configure_and_build OFF "$limit"; then
+      tail -n 25 "$work/cmake.log" "$work/build.log" 2>/dev/null
+      die 1 "build failed (log above). On a machine without gpuckpt's build dependencies \
 (liburing, zstd, xxhash, spdlog, CLI11, nlohmann-json), build a bundle on a dev machine: \
-scripts/gpu-check.sh --make-bundle DIR, then run scripts/gpu-check.sh --bundle DIR here"
+scripts/gpu-check.sh --make-bundle gpu-bundle, then run scripts/gpu-check.sh --bundle gpu-bundle here"
+    fi
+    record INFO build "built without the tests in $build ($(elapsed "$t0") s)"
+  else
+    record PASS build "Release build in $build ($(elapsed "$t0") s)"
   fi
-  record PASS build "Release build in $build ($(elapsed "$t0") s)"
   bin=$build/bin
   plugin_dir=$build/lib/gpuckpt/criu
   tests_dir=$build/tests
@@ -198,18 +267,32 @@ scripts/gpu-check.sh --make-bundle DIR, then run scripts/gpu-check.sh --bundle D
 
 make_bundle_dir() {
   local dest=$1 f lib size
-  build_all
+  # No GPU and no time limit of the device here, but a bounded build all the same.
+  build_all "${GPUCKPT_BUNDLE_BUILD_TIMEOUT:-5400}"
   rm -rf "$dest"
   mkdir -p "$dest/bin" "$dest/lib/gpuckpt" "$dest/tests" "$dest/deps"
   cp -L "$bin"/gpuckpt "$bin"/gpuckpt-roofline-gpu "$bin"/gpuckpt-cuda-demo-server "$dest/bin/" ||
     die 1 "the kernels were not built (nvcc missing?)"
+  # The guard process and any other helper gpuckpt runs from its bin/.
+  for f in "$bin"/*; do
+    [ -f "$f" ] && [ -x "$f" ] && [ ! -e "$dest/bin/$(basename "$f")" ] && cp -L "$f" "$dest/bin/"
+  done
   cp -L "$build/lib/gpuckpt/kernels.manifest" "$dest/lib/gpuckpt/" 2>/dev/null
   if [ -d "$plugin_dir" ]; then cp -rL "$plugin_dir" "$dest/lib/gpuckpt/"; fi
+  local missing=()
   for f in device_gpu_test device_cli_test kernels_binaries_test; do
-    if [ -x "$tests_dir/$f" ]; then cp -L "$tests_dir/$f" "$dest/tests/"; fi
+    if [ -x "$tests_dir/$f" ]; then cp -L "$tests_dir/$f" "$dest/tests/"; else missing+=("$f"); fi
   done
-  # Shared libraries beyond glibc and the C++ runtime, which every target system has (newer).
-  for f in "$dest"/bin/* "$dest"/tests/*; do
+  if [ ${#missing[@]} -gt 0 ]; then
+    record FAIL bundle "test programs missing: ${missing[*]} (GoogleTest not found?)"
+  fi
+  if [ ! -f "$dest/lib/gpuckpt/criu/gpuckpt_criu_plugin.so" ]; then
+    record FAIL bundle "the CRIU plugin was not built (criu-plugin.h missing: scripts/install-criu.sh)"
+  fi
+  # Shared libraries beyond glibc and the C++ runtime, which every target system has (newer),
+  # CRIU's included (a native build: libprotobuf-c, libnl, libnet, gnutls, nftables ...).
+  local criu_prefix=${GPUCKPT_CRIU_PREFIX:-/opt/gpuckpt-criu}
+  for f in "$dest"/bin/* "$dest"/tests/* "$criu_prefix/bin/criu"; do
     [ -f "$f" ] || continue
     ldd "$f" 2>/dev/null | awk '/=> \// { print $3 }'
   done | sort -u | while read -r lib; do
@@ -218,27 +301,39 @@ make_bundle_dir() {
       *) cp -L "$lib" "$dest/deps/" ;;
     esac
   done
+  # Debug symbols are most of the size; the device tool carries 64 MiB in all.
+  if command -v strip >/dev/null; then
+    find "$dest/bin" "$dest/tests" "$dest/deps" "$dest/lib" -type f \( -perm -u+x -o -name '*.so*' \) \
+      -exec strip --strip-debug {} + 2>/dev/null
+  fi
   # The tests find the binaries by the build directory compiled into them.
   echo "$build" >"$dest/origin"
-  local criu_prefix=${GPUCKPT_CRIU_PREFIX:-/opt/gpuckpt-criu}
-  if [ -x "$criu_prefix/bin/criu" ] && [ -d "$criu_prefix/root" ]; then
-    tar -C "$criu_prefix" -czf "$dest/criu.tar.gz" bin root
+  if [ -x "$criu_prefix/bin/criu" ]; then
+    local parts=(bin)
+    if [ -d "$criu_prefix/root" ]; then parts+=(root); fi
+    if [ -d "$criu_prefix/lib" ]; then parts+=(lib); fi
+    tar -C "$criu_prefix" -czf "$dest/criu.tar.gz" "${parts[@]}"
+  else
+    record INFO bundle "no CRIU at $criu_prefix: the bundle checks the CUDA path only"
   fi
   size=$(du -sm "$dest" | cut -f1)
   local nlibs extra=""
   nlibs=$(find "$dest/deps" -type f | wc -l)
   if [ -f "$dest/criu.tar.gz" ]; then extra=", CRIU"; fi
-  record PASS bundle "$dest: ${size} MiB (${nlibs} libraries${extra})"
   if [ "$size" -gt 60 ]; then
-    record INFO bundle "over 60 MiB: the device tool carries 64 MiB at most"
+    record FAIL bundle "$dest is ${size} MiB: the device tool carries 64 MiB at most"
+  elif [ "$failures" -eq 0 ]; then
+    record PASS bundle "$dest: ${size} MiB (${nlibs} libraries${extra})"
   fi
-  say "on the GPU machine: scripts/gpu-check.sh --bundle $dest"
+  say "on the GPU machine, from the repository root: scripts/gpu-check.sh --bundle ${dest#"$here"/}"
 }
 
 use_bundle() {
   local dir origin
   dir=$(cd "$bundle" 2>/dev/null && pwd) || die 2 "bundle $bundle does not exist"
   [ -x "$dir/bin/gpuckpt" ] || die 2 "$dir is not a bundle made by --make-bundle"
+  # For gpuckpt, criu (which gpuckpt runs) and the tests; python3 keeps the machine's own
+  # (orig_ld_library_path): the bundle's libffi & co. must not shadow the system's for torch.
   export LD_LIBRARY_PATH="$dir/deps${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
   bin=$dir/bin
   plugin_dir=$dir/lib/gpuckpt/criu
@@ -256,20 +351,25 @@ use_bundle() {
 
 if [ -n "$make_bundle" ]; then
   case $make_bundle in /*) ;; *) make_bundle=$PWD/$make_bundle ;; esac
+  deadline=$((SECONDS + 86400))  # no device budget while bundling
   make_bundle_dir "$make_bundle"
+  if [ "$failures" -gt 0 ]; then exit 1; fi
   exit 0
 fi
-say "gpuckpt GPU check: repo $here, work dir $work, VRAM state ${vram_gib} GiB"
-if [ -n "$bundle" ]; then use_bundle; else build_all; fi
+# A backstop behind the per-command limits below (its output must not hold the log's pipe).
+( sleep $((budget_s + 20)); kill -TERM $$ ) >/dev/null 2>&1 &
+watchdog=$!
+say "gpuckpt GPU check: repo $here, work dir $work, VRAM state ${vram_gib} GiB, budget ${budget_s} s"
+if [ -n "$bundle" ]; then use_bundle; else build_all "$(cap 240)"; fi
 gpuckpt=$bin/gpuckpt
 server=$bin/gpuckpt-cuda-demo-server
 roofline=$bin/gpuckpt-roofline-gpu
 
 # ---- devices -----------------------------------------------------------------------------
 
-"$gpuckpt" devices
+timeout "$(cap 60)" "$gpuckpt" devices
 rc=0
-timeout 120 "$gpuckpt" --json devices >"$work/devices.json" || rc=$?
+timeout "$(cap 60)" "$gpuckpt" --json devices >"$work/devices.json" || rc=$?
 if [ -n "$out_dir" ]; then cp "$work/devices.json" "$out_dir/devices.json"; fi
 if [ "$rc" = 7 ]; then
   record FAIL devices "$(json_get "$work/devices.json" reason)"
@@ -280,30 +380,32 @@ gpu_name=$(json_get "$work/devices.json" gpus.0.name)
 gpu_uuid=$(json_get "$work/devices.json" gpus.0.uuid)
 ckpt_api=$(json_get "$work/devices.json" driver.checkpoint_api)
 remap=$(json_get "$work/devices.json" driver.gpu_remap)
-record PASS devices "$gpu_name $gpu_uuid, $(json_get "$work/devices.json" driver.cuda_version_string), NVIDIA $(json_get "$work/devices.json" driver.kernel_module_version), checkpoint API: $ckpt_api, GPU remap: $remap"
+record PASS devices "$gpu_name $gpu_uuid, $(json_get "$work/devices.json" driver.cuda_version_string), NVIDIA $(json_get "$work/devices.json" driver.kernel_module_version), driver $(json_get "$work/devices.json" driver.library), checkpoint API: $ckpt_api, GPU remap: $remap"
 
 # ---- roofline ----------------------------------------------------------------------------
 
-bw="" d2h="" h2d=""
-if [ -x "$roofline" ]; then
+bw="" d2h="" h2d="" tensor="" fp32=""
+if [ ! -x "$roofline" ]; then
+  record FAIL roofline "$roofline missing: nvcc was not found when building"
+elif have_time 60 roofline; then
   t0=$(now)
-  if timeout 300 "$roofline" >"$work/roofline.json" 2>"$work/roofline.err"; then
+  if timeout "$(cap 90)" "$roofline" >"$work/roofline.json" 2>"$work/roofline.err"; then
     if [ -n "$out_dir" ]; then cp "$work/roofline.json" "$out_dir/roofline.json"; fi
     bw=$(json_get "$work/roofline.json" bandwidth_gbps)
     d2h=$(json_get "$work/roofline.json" details.d2h_pinned_gbps)
     h2d=$(json_get "$work/roofline.json" details.h2d_pinned_gbps)
-    record PASS roofline "HBM $bw GB/s (copy $(json_get "$work/roofline.json" details.copy_gbps), triad $(json_get "$work/roofline.json" details.triad_gbps)), FP32 $(json_get "$work/roofline.json" fp32_gflops) GFLOP/s, bf16 tensor $(json_get "$work/roofline.json" tensor_gflops) GFLOP/s, pinned H2D $h2d / D2H $d2h GB/s ($(elapsed "$t0") s)"
+    tensor=$(json_get "$work/roofline.json" tensor_gflops)
+    fp32=$(json_get "$work/roofline.json" fp32_gflops)
+    record PASS roofline "HBM $bw GB/s (copy $(json_get "$work/roofline.json" details.copy_gbps), triad $(json_get "$work/roofline.json" details.triad_gbps)), FP32 $fp32 GFLOP/s, bf16 tensor $tensor GFLOP/s by mma.sync (not wgmma: a lower bound on Hopper), pinned H2D $h2d / D2H $d2h GB/s ($(elapsed "$t0") s)"
   else
     record FAIL roofline "gpuckpt-roofline-gpu failed: $(tail -n 3 "$work/roofline.err")"
   fi
   # The CLI's view of the same measurement (runs the binary next to gpuckpt).
-  if timeout 300 "$gpuckpt" --json roofline --target gpu --quick >"$work/cli-roofline.json" 2>"$work/cli-roofline.err"; then
+  if timeout "$(cap 60)" "$gpuckpt" --json roofline --target gpu --quick >"$work/cli-roofline.json" 2>"$work/cli-roofline.err"; then
     record PASS "gpuckpt roofline" "parsed the kernels' JSON"
   else
     record FAIL "gpuckpt roofline" "$(tail -n 2 "$work/cli-roofline.err")"
   fi
-else
-  record FAIL roofline "$roofline missing: nvcc was not found when building"
 fi
 
 # ---- the CUDA demo server ----------------------------------------------------------------
@@ -311,39 +413,68 @@ fi
 [ -x "$server" ] || die 1 "$server missing: nvcc was not found when building"
 [ "$ckpt_api" = true ] || die 1 "the driver lacks the checkpoint API: $(json_get "$work/devices.json" driver.checkpoint_error)"
 
-start_server() {  # start_server NAME -> sets srv_pid, srv_sock
-  local name=$1 deadline
-  srv_sock=$work/$name.sock
+launch_server() {  # launch_server NAME KIND: starts it in the background (KIND: demo or torch)
+  local name=$1 kind=$2 pid
   # Own session: CRIU dumps it as a standalone tree, and the check's shell is not part of it.
   local session=()
   if command -v setsid >/dev/null; then session=(setsid); fi
-  "${session[@]}" "$server" --socket "$srv_sock" --vram-gib "$vram_gib" --seed 7 \
-    </dev/null >"$work/$name.out" 2>"$work/$name.err" &
-  srv_pid=$!
-  disown "$srv_pid"  # killed on purpose (cleanup, CRIU dump): no job notices
-  children+=("$srv_pid")
-  deadline=$((SECONDS + 180))
+  if [ "$kind" = torch ]; then
+    PYTHONUNBUFFERED=1 LD_LIBRARY_PATH=$orig_ld_library_path "${session[@]}" python3 \
+      "$torch_server" --socket "$work/$name.sock" --gib "$torch_gib" --seed 7 \
+      </dev/null >"$work/$name.out" 2>"$work/$name.err" &
+  else
+    "${session[@]}" "$server" --socket "$work/$name.sock" --vram-gib "$vram_gib" --seed 7 \
+      </dev/null >"$work/$name.out" 2>"$work/$name.err" &
+  fi
+  pid=$!
+  disown "$pid"  # killed on purpose (cleanup, CRIU dump): no job notices
+  children+=("$pid")
+  printf '%s\n' "$pid" >"$work/$name.launcher"
+}
+await_server() {  # await_server NAME KIND -> sets srv_pid, srv_sock once it prints READY
+  local name=$1 kind=$2 deadline_s limit launcher
+  srv_sock=$work/$name.sock
+  launcher=$(cat "$work/$name.launcher")
+  limit=$(cap 120)
+  deadline_s=$((SECONDS + limit))
   until grep -q '^READY ' "$work/$name.out" 2>/dev/null; do
-    if ! kill -0 "$srv_pid" 2>/dev/null && ! grep -q '^READY ' "$work/$name.out"; then
-      die 1 "$name server exited: $(cat "$work/$name.err")"
+    if ! kill -0 "$launcher" 2>/dev/null && ! grep -q '^READY ' "$work/$name.out"; then
+      record FAIL "$name server" "exited: $(tail -n 5 "$work/$name.err" | tr '\n' ' ')"
+      return 1
     fi
-    [ $SECONDS -lt $deadline ] || die 1 "$name server printed no READY within 180 s"
+    if [ $SECONDS -ge $deadline_s ]; then
+      record FAIL "$name server" "printed no READY within $limit s"
+      return 1
+    fi
     sleep 0.2
   done
   # The server's own pid (setsid forks when it would otherwise lead a process group).
-  srv_pid=$(ask "$srv_sock" INFO | tr ' ' '\n' | sed -n 's/^pid=//p')
-  [ -n "$srv_pid" ] || die 1 "$name server does not answer INFO"
+  srv_pid=$(ask_any "$kind" "$srv_sock" INFO | tr ' ' '\n' | sed -n 's/^pid=//p')
+  if [ -z "$srv_pid" ]; then
+    record FAIL "$name server" "does not answer INFO"
+    return 1
+  fi
   children+=("$srv_pid")
 }
-ask() {  # ask SOCKET REQUEST -> the reply on stdout
-  timeout 180 "$server" --client "$1" "$2" --timeout-ms 170000
+ask_any() {  # ask_any KIND SOCKET REQUEST -> the reply on stdout
+  local t
+  t=$(cap 60)
+  if [ "$1" = torch ]; then
+    LD_LIBRARY_PATH=$orig_ld_library_path timeout "$t" python3 "$torch_server" --client "$2" "$3" \
+      --timeout "$t"
+  else
+    timeout "$t" "$server" --client "$2" "$3" --timeout-ms $((t * 1000 - 500))
+  fi
 }
+ask() { ask_any demo "$@"; }
 hash_of() { awk '{ print $3 }' <<<"$1"; }
 
 t0=$(now)
-start_server demo
+launch_server demo demo
+launch_server twin demo  # same seed and requests, never checkpointed: the reference
+await_server demo demo || exit 1
 demo_pid=$srv_pid demo_sock=$srv_sock
-start_server twin  # same seed and requests, never checkpointed: what the restored one must equal
+await_server twin demo || exit 1
 twin_pid=$srv_pid twin_sock=$srv_sock
 vram_bytes=$(ask "$demo_sock" INFO | tr ' ' '\n' | sed -n 's/^vram_bytes=//p')
 record PASS "demo server" "pid $demo_pid with $(div "${vram_bytes:-0}" 1073741824) GiB of VRAM state, twin pid $twin_pid ($(elapsed "$t0") s)"
@@ -363,7 +494,7 @@ fi
 
 vram_of_pid() {  # MiB nvidia-smi attributes to a pid ("" when not listed / no nvidia-smi)
   command -v nvidia-smi >/dev/null || return 0
-  timeout 30 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
+  timeout 20 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null |
     awk -F', *' -v p="$1" '$1 == p { print $2 }'
 }
 
@@ -372,26 +503,29 @@ vram_of_pid() {  # MiB nvidia-smi attributes to a pid ("" when not listed / no n
 cuda_step() {  # cuda_step ACTION [ARGS...] -> $work/cuda-ACTION.json; returns gpuckpt's exit code
   local action=$1
   shift
-  timeout 300 "$gpuckpt" --json cuda-checkpoint --pid "$demo_pid" --action "$action" "$@" \
+  timeout "$(cap 90)" "$gpuckpt" --json cuda-checkpoint --pid "$demo_pid" --action "$action" "$@" \
     >"$work/cuda-$action.json" 2>"$work/cuda-$action.err"
 }
 check_state() {  # check_state ACTION EXPECTED -> records the step; 1 on a wrong state
-  local action=$1 want=$2 got secs stage
+  local action=$1 want=$2 got secs init
   got=$(json_get "$work/cuda-$action.json" state_after)
-  stage=cuda_$action
-  secs=$(stage_get "$work/cuda-$action.json" "$stage" seconds)
+  secs=$(stage_get "$work/cuda-$action.json" "cuda_$action" seconds)
+  init=$(stage_get "$work/cuda-$action.json" cuda_init seconds)
   if [ "$got" = "$want" ]; then
-    record PASS "cuda $action" "state $got in ${secs:-?} s"
+    record PASS "cuda $action" "state $got in ${secs:-?} s (this gpuckpt process's cuInit: ${init:-?} s, paid once)"
     return 0
   fi
   record FAIL "cuda $action" "state '$got', expected '$want': $(cat "$work/cuda-$action.err")"
   return 1
 }
 
+restored+=("$demo_pid")  # from here on it may be a restored CUDA process
+lock_s="" ckpt_s="" rest_s="" unlock_s=""
 nvsmi_before=$(vram_of_pid "$demo_pid")
 stage_ok=0
 if cuda_step lock --timeout-ms 10000; then
   check_state lock locked && stage_ok=1
+  lock_s=$(stage_get "$work/cuda-lock.json" cuda_lock seconds)
 else
   record FAIL "cuda lock" "$(cat "$work/cuda-lock.err")"
 fi
@@ -426,7 +560,6 @@ if [ "$stage_ok" = 1 ]; then
   else
     record SKIP "vram released" "neither NVML nor nvidia-smi answered"
   fi
-  record INFO "checkpoint speed" "$(div "$vram_bytes" "$(awk -v s="$ckpt_s" 'BEGIN { print s * 1e9 }')") GB/s VRAM->host in ${ckpt_s} s (pinned D2H ceiling ${d2h:-?} GB/s, HBM ${bw:-?} GB/s)"
   cuda_step state
   got=$(json_get "$work/cuda-state.json" state_after)
   if [ "$got" = checkpointed ]; then
@@ -438,7 +571,6 @@ if [ "$stage_ok" = 1 ]; then
   if cuda_step restore; then
     check_state restore locked && stage_ok=1
     rest_s=$(stage_get "$work/cuda-restore.json" cuda_restore seconds)
-    record INFO "restore speed" "$(div "$vram_bytes" "$(awk -v s="$rest_s" 'BEGIN { print s * 1e9 }')") GB/s host->VRAM in ${rest_s} s (pinned H2D ceiling ${h2d:-?} GB/s)"
   else
     record FAIL "cuda restore" "$(cat "$work/cuda-restore.err")"
   fi
@@ -446,6 +578,7 @@ fi
 if [ "$stage_ok" = 1 ]; then
   if cuda_step unlock; then
     check_state unlock running
+    unlock_s=$(stage_get "$work/cuda-unlock.json" cuda_unlock seconds)
   else
     record FAIL "cuda unlock" "$(cat "$work/cuda-unlock.err")"
   fi
@@ -453,6 +586,8 @@ else
   # Whatever failed, do not leave the server frozen on the GPU for the next checks.
   cuda_step resume >/dev/null 2>&1 || cuda_step unlock >/dev/null 2>&1
 fi
+# The stage figures, beside the ceilings measured above (pinned copies: the PCIe ceiling).
+record INFO "stage figures" "lock ${lock_s:-?} s | checkpoint $(gbps "${vram_bytes:-0}" "${ckpt_s:-0}") GB/s D2H in ${ckpt_s:-?} s (PCIe pinned D2H ceiling ${d2h:-?} GB/s) | restore $(gbps "${vram_bytes:-0}" "${rest_s:-0}") GB/s H2D in ${rest_s:-?} s (PCIe pinned H2D ceiling ${h2d:-?} GB/s) | unlock ${unlock_s:-?} s | HBM ${bw:-?} GB/s | bf16 tensor ${tensor:-?} GFLOP/s, mma.sync (not wgmma)"
 
 state=$(ask "$demo_sock" STATE)
 if [ "$(hash_of "$state")" = "$hash_before" ]; then
@@ -462,7 +597,9 @@ else
 fi
 
 # Restore through the gpuPairs path (identity map: a one-GPU machine has no other target).
-if [ "$remap" = true ]; then
+if [ "$remap" != true ]; then
+  record SKIP "cuda remap restore" "driver without GPU remapping (needs CUDA 13.0 / r580)"
+elif have_time 30 "cuda remap restore"; then
   if cuda_step suspend && cuda_step resume --gpu-map "$gpu_uuid=$gpu_uuid" &&
      [ "$(hash_of "$(ask "$demo_sock" STATE)")" = "$hash_before" ]; then
     record PASS "cuda remap restore" "suspend + resume --gpu-map $gpu_uuid=$gpu_uuid, hash unchanged"
@@ -470,8 +607,6 @@ if [ "$remap" = true ]; then
     record FAIL "cuda remap restore" "$(cat "$work/cuda-suspend.err" "$work/cuda-resume.err" 2>/dev/null)"
     cuda_step resume >/dev/null 2>&1
   fi
-else
-  record SKIP "cuda remap restore" "driver without GPU remapping (needs CUDA 13.0 / r580)"
 fi
 
 a=$(ask "$demo_sock" "GEN after the CUDA checkpoint") b=$(ask "$twin_sock" "GEN after the CUDA checkpoint")
@@ -481,7 +616,7 @@ else
   record FAIL "serving after restore" "demo '$a' vs twin '$b'"
 fi
 
-# ---- full dump/restore through CRIU ------------------------------------------------------
+# ---- CRIU ----------------------------------------------------------------------------------
 
 criu_bin=${GPUCKPT_CRIU:-}
 if [ -z "$criu_bin" ]; then
@@ -489,32 +624,157 @@ if [ -z "$criu_bin" ]; then
     if [ -n "$c" ] && [ -x "$c" ]; then criu_bin=$c; break; fi
   done
 fi
+criu_ok=0
 if [ "$do_criu" = 0 ]; then
-  record SKIP "criu dump/restore" "--no-criu"
+  record SKIP "criu" "--no-criu"
 elif [ -z "$criu_bin" ]; then
-  record SKIP "criu dump/restore" "CRIU is not installed here (scripts/install-criu.sh needs apt)"
-elif ! timeout 60 "$criu_bin" check >"$work/criu-check.log" 2>&1; then
-  record SKIP "criu dump/restore" "criu check fails here: $(tail -n 2 "$work/criu-check.log" | tr '\n' ' ')"
+  record SKIP "criu" "CRIU is not installed here (scripts/install-criu.sh needs apt)"
+elif ! timeout "$(cap 30)" "$criu_bin" check >"$work/criu-check.log" 2>&1; then
+  record SKIP "criu" "criu check fails here: $(tail -n 2 "$work/criu-check.log" | tr '\n' ' ')"
 elif [ ! -f "$plugin_dir/gpuckpt_criu_plugin.so" ]; then
-  record SKIP "criu dump/restore" "the CRIU plugin was not built (no criu-plugin.h at configure time)"
+  record SKIP "criu" "the CRIU plugin was not built (no criu-plugin.h at configure time)"
 else
   export GPUCKPT_CRIU="$criu_bin"
-  hash_before=$(hash_of "$(ask "$demo_sock" STATE)")
-  ckpt=$work/demo.ckpt
+  criu_ok=1
+fi
+
+save_criu_logs() {  # save_criu_logs TAG
+  if [ -n "$out_dir" ]; then
+    {
+      echo "==== $1"
+      cat "$work/$1-dump.json" "$work/$1-dump.err" "$work/$1-restore.json" "$work/$1-restore.err"
+    } >>"$out_dir/criu.log" 2>/dev/null
+  fi
+}
+plugin_figures() {  # plugin_figures FILE BYTES -> device stages of a gpuckpt dump/restore JSON
+  local f=$1 bytes=$2 n s out=""
+  for n in cuda_init device_lock device_checkpoint device_restore unlock; do
+    s=$(stage_get "$f" "$n" seconds)
+    [ -n "$s" ] || continue
+    case $n in
+      device_checkpoint|device_restore) out+="$n ${s} s ($(gbps "$bytes" "$s") GB/s) " ;;
+      *) out+="$n ${s} s " ;;
+    esac
+  done
+  echo "${out:-no device stages}"
+}
+
+# gpuckpt dump of PID to CKPT (extra dump args after), then waits for the pid to be free.
+criu_dump() {  # criu_dump TAG PID CKPT [ARGS...] -> 0 on success
+  local tag=$1 pid=$2 ckpt=$3 t0
+  shift 3
   t0=$(now)
-  if timeout 900 "$gpuckpt" --json dump --pid "$demo_pid" -o "$ckpt" >"$work/dump.json" 2>"$work/dump.err"; then
-    record PASS "criu dump" "$(json_get "$work/dump.json" image_bytes) image bytes, $(json_get "$work/dump.json" checkpoint_bytes) on storage, gpu=$(json_get "$work/dump.json" gpu) ($(elapsed "$t0") s)"
-    print_timeline "$work/dump.json"
-    # Reap it, so that its pid is free for CRIU to restore it with.
-    wait "$demo_pid" 2>/dev/null
-    for _ in $(seq 50); do kill -0 "$demo_pid" 2>/dev/null || break; sleep 0.1; done
-    t0=$(now)
-    if timeout 900 "$gpuckpt" --json restore "$ckpt" --probe "unix:$demo_sock" --request STATE \
-        >"$work/restore.json" 2>"$work/restore.err"; then
-      new_pid=$(json_get "$work/restore.json" pid)
-      children+=("$new_pid")
-      record PASS "criu restore" "pid $new_pid, first answer '$(json_get "$work/restore.json" first_answer)' ($(elapsed "$t0") s)"
-      print_timeline "$work/restore.json"
+  if timeout "$(cap 150)" "$gpuckpt" --json dump --pid "$pid" -o "$ckpt" "$@" \
+      >"$work/$tag-dump.json" 2>"$work/$tag-dump.err"; then
+    record PASS "$tag dump" "$(json_get "$work/$tag-dump.json" image_bytes) image bytes, gpu=$(json_get "$work/$tag-dump.json" gpu) ($(elapsed "$t0") s)"
+    print_timeline "$work/$tag-dump.json"
+    return 0
+  fi
+  record FAIL "$tag dump" "$(tail -n 5 "$work/$tag-dump.err" | tr '\n' ' ')"
+  return 1
+}
+wait_gone() {  # wait_gone PID: reaps/awaits it, so that CRIU can restore with that pid
+  wait "$1" 2>/dev/null
+  for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  return 1
+}
+criu_restore() {  # criu_restore TAG CKPT SOCK PROBE_REQUEST [ARGS...] -> sets new_pid
+  local tag=$1 ckpt=$2 sock=$3 req=$4 t0
+  shift 4
+  t0=$(now)
+  new_pid=""
+  if timeout "$(cap 150)" "$gpuckpt" --json restore "$ckpt" --probe "unix:$sock" --request "$req" "$@" \
+      >"$work/$tag-restore.json" 2>"$work/$tag-restore.err"; then
+    new_pid=$(json_get "$work/$tag-restore.json" pid)
+    children+=("$new_pid")
+    restored+=("$new_pid")
+    record PASS "$tag restore" "pid $new_pid, first answer '$(json_get "$work/$tag-restore.json" first_answer)' ($(elapsed "$t0") s)"
+    print_timeline "$work/$tag-restore.json"
+    return 0
+  fi
+  record FAIL "$tag restore" "$(tail -n 5 "$work/$tag-restore.err" | tr '\n' ' ')"
+  return 1
+}
+
+# ---- a real workload: a PyTorch decoder, dumped mid-conversation -------------------------
+
+torch_server=$here/scripts/gpu/torch_decoder_server.py
+if [ "$do_torch" = 0 ]; then
+  record SKIP torch "--no-torch"
+elif ! LD_LIBRARY_PATH=$orig_ld_library_path python3 -c 'import torch' >/dev/null 2>&1; then
+  record SKIP torch "python3 with torch is not installed here"
+elif [ "$criu_ok" = 0 ]; then
+  record SKIP torch "needs CRIU (above)"
+elif have_time 150 torch; then
+  tsay() {  # tsay TEXT: one conversation turn on both servers; 1 when they differ
+    local turn=$1 x y
+    x=$(ask_any torch "$torch_sock" "SAY 12 $turn") y=$(ask_any torch "$ttwin_sock" "SAY 12 $turn")
+    if [ -n "$x" ] && [ "$x" = "$y" ] && [ "${x%% *}" = OK ]; then last_turn=$x; return 0; fi
+    last_turn="server '$x' vs reference '$y'"
+    return 1
+  }
+  tstate_equal() {
+    [ "$(ask_any torch "$torch_sock" STATE)" = "$(ask_any torch "$ttwin_sock" STATE)" ]
+  }
+  t0=$(now)
+  launch_server torch torch
+  launch_server torch-ref torch  # the uninterrupted reference run
+  if await_server torch torch; then
+    torch_pid=$srv_pid torch_sock=$srv_sock
+    if await_server torch-ref torch; then
+      ttwin_sock=$srv_sock
+      info=$(ask_any torch "$torch_sock" INFO)
+      torch_bytes=$(tr ' ' '\n' <<<"$info" | sed -n 's/^reserved_bytes=//p')
+      record PASS "torch servers" "$info; reference pid $srv_pid ($(elapsed "$t0") s)"
+      if tsay "Hello, who are you?" && tsay "Tell me about checkpoints."; then
+        record PASS "torch conversation" "2 turns, greedy tokens equal the reference: $last_turn"
+        round=0
+        for mode in plain gpu-map leave-running; do
+          round=$((round + 1))
+          tag=torch$round
+          if ! have_time 60 "torch $mode"; then break; fi
+          if [ "$mode" = gpu-map ] && [ "$remap" != true ]; then
+            record SKIP "torch gpu-map" "driver without GPU remapping (needs CUDA 13.0 / r580)"
+            continue
+          fi
+          ckpt=$work/$tag.ckpt
+          restored+=("$torch_pid")
+          if [ "$mode" = leave-running ]; then
+            criu_dump "$tag" "$torch_pid" "$ckpt" --leave-running || break
+          else
+            criu_dump "$tag" "$torch_pid" "$ckpt" || break
+            wait_gone "$torch_pid" || { record FAIL "$tag" "pid $torch_pid still there after the dump"; break; }
+            margs=()
+            if [ "$mode" = gpu-map ]; then margs=(--gpu-map "$gpu_uuid=$gpu_uuid"); fi
+            criu_restore "$tag" "$ckpt" "$torch_sock" PING "${margs[@]}" || break
+            torch_pid=$new_pid
+            record INFO "$tag device" "$(plugin_figures "$work/$tag-dump.json" "${torch_bytes:-0}") | restore: $(plugin_figures "$work/$tag-restore.json" "${torch_bytes:-0}")"
+          fi
+          save_criu_logs "$tag"
+          rm -f "$ckpt"
+          if tsay "Round $round: go on where we stopped." && tstate_equal; then
+            record PASS "torch $mode" "the next tokens and the KV cache equal the uninterrupted reference: $last_turn"
+          else
+            record FAIL "torch $mode" "$last_turn"
+            break
+          fi
+        done
+      else
+        record FAIL "torch conversation" "$last_turn"
+      fi
+    fi
+  fi
+fi
+
+# ---- full dump/restore of the demo server through CRIU -----------------------------------
+
+if [ "$criu_ok" = 1 ] && have_time 90 "demo criu"; then
+  hash_before=$(hash_of "$(ask "$demo_sock" STATE)")
+  if criu_dump demo "$demo_pid" "$work/demo.ckpt"; then
+    record INFO "demo dump device" "$(plugin_figures "$work/demo-dump.json" "${vram_bytes:-0}")"
+    wait_gone "$demo_pid"
+    if criu_restore demo "$work/demo.ckpt" "$demo_sock" STATE; then
+      record INFO "demo restore device" "$(plugin_figures "$work/demo-restore.json" "${vram_bytes:-0}")"
       state=$(ask "$demo_sock" STATE)
       if [ "$(hash_of "$state")" = "$hash_before" ]; then
         record PASS "vram hash (criu)" "identical after dump+restore: $hash_before"
@@ -527,16 +787,10 @@ else
       else
         record FAIL "serving after criu" "restored '$a' vs twin '$b'"
       fi
-    else
-      record FAIL "criu restore" "$(tail -n 5 "$work/restore.err")"
     fi
-  else
-    record FAIL "criu dump" "$(tail -n 5 "$work/dump.err")"
   fi
-  if [ -n "$out_dir" ]; then
-    cat "$work"/dump.json "$work"/dump.err "$work"/restore.json "$work"/restore.err \
-      >"$out_dir/criu.log" 2>/dev/null
-  fi
+  save_criu_logs demo
+  rm -f "$work/demo.ckpt"
 fi
 
 # ---- the GPU tests -------------------------------------------------------------------------
@@ -544,14 +798,15 @@ fi
 if [ "$do_tests" = 1 ]; then
   for t in device_gpu_test kernels_binaries_test device_cli_test; do
     if [ ! -x "$tests_dir/$t" ]; then
-      record SKIP "$t" "not built (GoogleTest missing?)"
+      record FAIL "$t" "not built (GoogleTest missing?): the check is incomplete"
       continue
     fi
+    have_time 20 "$t" || continue
     t0=$(now)
-    if timeout 600 "$tests_dir/$t" >"$work/$t.log" 2>&1; then
+    if timeout "$(cap 120)" "$tests_dir/$t" >"$work/$t.log" 2>&1; then
       record PASS "$t" "$(grep -c '^\[       OK \]' "$work/$t.log") passed, $(grep -c '^\[  SKIPPED \]' "$work/$t.log") skipped ($(elapsed "$t0") s)"
     else
-      record FAIL "$t" "$(grep -E '^\[  FAILED  \]|Failure' "$work/$t.log" | head -n 5 | tr '\n' ' ')"
+      record FAIL "$t" "$(grep -E '^\[  FAILED  \]|Failure|Timeout' "$work/$t.log" | head -n 5 | tr '\n' ' ') (exit or timeout after $(elapsed "$t0") s)"
     fi
     if [ -n "$out_dir" ]; then cat "$work/$t.log" >>"$out_dir/tests.log"; fi
   done

@@ -9,4 +9,4 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 cmake --build "$build" -j "$(nproc)"
 cd "$build"
-ctest --output-on-failure --timeout 900 "$@"
+ctest --output-on-failure --timeout 300 -j "$(nproc)" "$@"

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuckpt/image.h"
+#include "gpuckpt/support.h"
 #include "image/chunk_codec.h"
 #include "test_support.h"
 
@@ -252,7 +253,7 @@ TEST_F(CliUsage, KeygenSignInspectVerifyAndRequireSignature) {
   const std::string text = m.dump(1);
   json seal = json::parse(read_file(ckpt_ / "manifest.seal"));
   seal["manifest_bytes"] = text.size();
-  seal["manifest_xxh3"] = image::hex64(image::xxh3(text.data(), text.size()));
+  seal["manifest_xxh3"] = format_hex64(image::xxh3(text.data(), text.size()));
   write_text(ckpt_ / "manifest.json", text);
   write_text(ckpt_ / "manifest.seal", seal.dump());
   r = test::run_cli({"--json", "inspect", ckpt_.string()});

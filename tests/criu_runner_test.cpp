@@ -122,7 +122,7 @@ TEST(CriuRun, DumpAndRestoreARealProcessWithThePluginLoaded) {
   auto dir = test::scratch_dir("gpuckpt-criu");
   Child sleeper = start_sleeper(dir.path());
   const pid_t pid = sleeper.pid();
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let it exec
+  ASSERT_TRUE(test::wait_until([&] { return process::read_proc(pid)->comm == "sleep"; }));
   EXPECT_FALSE(criu::needs_shell_job(pid));
 
   const fs::path images = dir.path() / "images";
@@ -276,7 +276,7 @@ TEST(CriuArgs, DumpAndRestoreOptions) {
 TEST(CriuArgs, ShellJobDetection) {
   auto dir = test::scratch_dir("gpuckpt-criu");
   Child leader = start_sleeper(dir.path());
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(test::wait_until([&] { return process::read_proc(leader.pid())->comm == "sleep"; }));
   EXPECT_FALSE(criu::needs_shell_job(leader.pid()));  // session leader without a terminal
   SpawnOptions o;                                     // same session and process group as this test
   Child member = spawn({"sleep", "600"}, o);

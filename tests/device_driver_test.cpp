@@ -1,5 +1,6 @@
 // The device layer without a GPU (this is what CI sees): every entry point answers with a clear
 // reason instead of crashing, and GPU maps are parsed and checked without a driver.
+#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -9,11 +10,14 @@
 #include <functional>
 #include <thread>
 
+#include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
 #include "device/cuda_driver.h"
 #include "device/gpu_map.h"
+#include "device/nvml.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
+#include "process/record.h"
 
 using namespace gpuckpt;
 using ::testing::HasSubstr;
@@ -288,4 +292,172 @@ TEST(CudaVersion, Formats) {
   EXPECT_EQ(cuda_version_string(13000), "CUDA 13.0");
   EXPECT_EQ(cuda_version_string(12080), "CUDA 12.8");
   EXPECT_EQ(cuda_version_string(0), "unknown");
+}
+
+// ---- what the engine checks before a restore, and how it finds the driver -----------------
+
+namespace {
+
+RecordedGpu recorded(const std::string& uuid, const std::string& name, std::uint64_t process_mib,
+                     int major = 9, int minor = 0) {
+  RecordedGpu r;
+  r.uuid = uuid;
+  r.name = name;
+  r.compute_major = major;
+  r.compute_minor = minor;
+  r.total_memory = 141ull << 30;
+  r.process_memory = process_mib << 20;
+  return r;
+}
+
+std::vector<device::LocalGpu> local_machine(std::uint64_t free_a_mib, std::uint64_t free_b_mib) {
+  const DeviceList d = fake_machine();
+  return {{d.gpus[0], free_a_mib << 20}, {d.gpus[1], free_b_mib << 20}, {d.gpus[2], std::nullopt}};
+}
+
+}  // namespace
+
+TEST(RestoreTargets, SameGpusWithRoomPass) {
+  EXPECT_NO_THROW(device::check_restore_targets({recorded(kUuidA, "NVIDIA H200", 4096)}, GpuMap{},
+                                                local_machine(8192, 0)));
+  // Nothing recorded about the memory (an older record): only the chip type is checked.
+  EXPECT_NO_THROW(device::check_restore_targets({recorded(kUuidA, "NVIDIA H200", 0)}, GpuMap{},
+                                                local_machine(0, 0)));
+  // No name recorded (UUIDs only): nothing to compare.
+  EXPECT_NO_THROW(
+      device::check_restore_targets({RecordedGpu{kUuidC}}, GpuMap{}, local_machine(0, 0)));
+}
+
+TEST(RestoreTargets, RefusesATargetWithoutEnoughFreeMemory) {
+  // cuda-checkpoint#44: an out-of-memory restore can leave the process checkpointed for good.
+  const Error e = expect_error([] {
+    device::check_restore_targets({recorded(kUuidA, "NVIDIA H200", 4096)}, GpuMap{},
+                                  local_machine(1024, 0));
+  });
+  EXPECT_EQ(e.code(), Errc::kDevice);
+  EXPECT_THAT(e.what(), HasSubstr("1024 MiB free"));
+  EXPECT_THAT(e.what(), HasSubstr("4096 MiB"));
+  // Remapped onto the GPU with room: fine.
+  GpuMap m;
+  m.pairs = {{kUuidA, kUuidB}};
+  EXPECT_NO_THROW(device::check_restore_targets({recorded(kUuidA, "NVIDIA H200", 4096)}, m,
+                                                local_machine(1024, 8192)));
+}
+
+TEST(RestoreTargets, RefusesAnotherChipTypeAndUnmappedOrMissingGpus) {
+  GpuMap to_a100;
+  to_a100.pairs = {{kUuidA, kUuidC}};
+  Error e = expect_error([&] {
+    device::check_restore_targets({recorded(kUuidA, "NVIDIA H200", 1)}, to_a100,
+                                  local_machine(8192, 8192));
+  });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("same chip type"));
+
+  // Two GPUs checkpointed, one mapped: the driver wants every one.
+  GpuMap partial;
+  partial.pairs = {{kUuidA, kUuidB}};
+  e = expect_error([&] {
+    device::check_restore_targets(
+        {recorded(kUuidA, "NVIDIA H200", 1), recorded(kUuidB, "NVIDIA H200", 1)}, partial,
+        local_machine(8192, 8192));
+  });
+  EXPECT_THAT(e.what(), HasSubstr("does not map"));
+
+  // A source that is not a GPU of the checkpoint.
+  GpuMap stranger;
+  stranger.pairs = {{kUuidB, kUuidA}};
+  e = expect_error([&] {
+    device::check_restore_targets({recorded(kUuidA, "NVIDIA H200", 1)}, stranger,
+                                  local_machine(8192, 8192));
+  });
+  EXPECT_THAT(e.what(), HasSubstr("not a GPU of the checkpoint"));
+
+  // In place on a machine that lacks the GPU.
+  const std::string other = "GPU-99999999-2222-3333-4444-555555555555";
+  e = expect_error([&] {
+    device::check_restore_targets({recorded(other, "NVIDIA H200", 1)}, GpuMap{},
+                                  local_machine(8192, 8192));
+  });
+  EXPECT_EQ(e.code(), Errc::kUsage);
+  EXPECT_THAT(e.what(), HasSubstr("--gpu-map " + other + "=UUID"));
+}
+
+TEST(RestoreTargets, SumsTheNeedPerTarget) {
+  // Each GPU fits alone, both do not (a map is one-to-one, but the check must not rely on it).
+  GpuMap both_on_b;
+  both_on_b.pairs = {{kUuidA, kUuidB}, {kUuidC, kUuidB}};
+  const Error e = expect_error([&] {
+    device::check_restore_targets(
+        {recorded(kUuidA, "NVIDIA H200", 3000), recorded(kUuidC, "NVIDIA H200", 3000)}, both_on_b,
+        local_machine(0, 4000));
+  });
+  EXPECT_EQ(e.code(), Errc::kDevice);
+}
+
+TEST(DeviceFiles, SeesAnOpenFileUnderThePrefix) {
+  // What the plugin and lock_before_kill look for (/dev/nvidia*), faked with another device.
+  const int fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(device::holds_device_files(::getpid(), "/dev/null"));
+  ::close(fd);
+  EXPECT_FALSE(device::holds_device_files(::getpid(), "/dev/gpuckpt-no-such-device"));
+  EXPECT_FALSE(device::holds_device_files(999999999));
+  EXPECT_FALSE(device::holds_device_files(0));
+}
+
+TEST(DeviceFiles, LockBeforeKillLeavesProcessesWithoutAGpuAlone) {
+  // No /dev/nvidia* here: nothing to lock, and the driver is not even needed for that.
+  EXPECT_TRUE(device::lock_before_kill({::getpid(), 999999999}).empty());
+}
+
+TEST(DriverLocation, TheOverrideIsTheOnlyCandidate) {
+  ::setenv("GPUCKPT_LIBCUDA", "/nonexistent/libcuda.so.1", 1);
+  EXPECT_EQ(device::driver_candidates(), std::vector<std::string>{"/nonexistent/libcuda.so.1"});
+  ::unsetenv("GPUCKPT_LIBCUDA");
+  ::setenv(criu::kEnvLibcuda, "/usr/local/nvidia/lib64/libcuda.so.1", 1);
+  EXPECT_EQ(device::driver_candidates(),
+            (std::vector<std::string>{"/usr/local/nvidia/lib64/libcuda.so.1", "libcuda.so.1"}));
+  ::unsetenv(criu::kEnvLibcuda);
+  EXPECT_EQ(device::driver_candidates(), std::vector<std::string>{"libcuda.so.1"});
+}
+
+TEST(DeviceNoDriver, ProbeSaysWhyWithoutCuInit) {
+  SKIP_IF_CHECKPOINT_API();
+  std::string why;
+  EXPECT_FALSE(device::probe_checkpoint_api(&why));
+  EXPECT_THAT(why, HasSubstr("no NVIDIA GPU"));
+  EXPECT_EQ(device::driver_library_path(), "");
+}
+
+TEST(DeviceNoDriver, NoGpuMemoryWithoutAGpu) {
+  EXPECT_EQ(gpu_memory_of({::getpid()}), 0u);
+  const auto gpus = describe_checkpointed_gpus({kUuidA}, {::getpid()});
+  ASSERT_EQ(gpus.size(), 1u);
+  EXPECT_EQ(gpus[0].uuid, kUuidA);
+  if (device::nvml_gpus().empty()) EXPECT_EQ(gpus[0].name, "");
+}
+
+TEST(ProcessRecordGpus, RoundTripAndOldRecordsStayReadable) {
+  process::ProcessRecord r;
+  r.pid = 42;
+  r.cuda = true;
+  r.gpu_uuids = {kUuidA};
+  r.gpus = {recorded(kUuidA, "NVIDIA H200", 4096)};
+  const auto back = process::from_extra_json(process::to_extra_json(r));
+  ASSERT_TRUE(back.has_value());
+  ASSERT_EQ(back->gpus.size(), 1u);
+  EXPECT_EQ(back->gpus[0].name, "NVIDIA H200");
+  EXPECT_EQ(back->gpus[0].compute_major, 9);
+  EXPECT_EQ(back->gpus[0].process_memory, 4096ull << 20);
+  EXPECT_EQ(back->gpus[0].total_memory, 141ull << 30);
+
+  // A record written before the GPU fields: its UUIDs become GPUs without a description.
+  const auto old = process::from_extra_json(
+      R"({"process": {"version": 1, "pid": 7, "cuda": true, "gpu_uuids": [")" +
+      std::string(kUuidA) + R"("]}})");
+  ASSERT_TRUE(old.has_value());
+  ASSERT_EQ(old->gpus.size(), 1u);
+  EXPECT_EQ(old->gpus[0].uuid, kUuidA);
+  EXPECT_EQ(old->gpus[0].name, "");
 }

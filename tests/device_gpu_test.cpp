@@ -263,9 +263,11 @@ TEST_F(CudaCheckpoint, CliSuspendAndResumeReportStatesAndTimings) {
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["state_before"], "running");
   EXPECT_EQ(j["state_after"], "checkpointed");
-  ASSERT_EQ(j["timeline"]["stages"].size(), 2u);
-  EXPECT_EQ(j["timeline"]["stages"][0]["name"], "cuda_lock");
-  EXPECT_EQ(j["timeline"]["stages"][1]["name"], "cuda_checkpoint");
+  // The two steps, after cuda_init (the gpuckpt process's one cuInit) when this call paid it.
+  std::vector<std::string> names;
+  for (const auto& st : j["timeline"]["stages"]) names.push_back(st["name"]);
+  if (!names.empty() && names.front() == "cuda_init") names.erase(names.begin());
+  EXPECT_EQ(names, (std::vector<std::string>{"cuda_lock", "cuda_checkpoint"}));
 
   r = test::run_cli({"--json", "cuda-checkpoint", "--pid", pid, "--action", "state"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -494,3 +494,56 @@ TEST_F(E2eServers, VllmShapedDemoContinuesTheConversationAfterDumpRestoreMigrate
   EXPECT_EQ(test::vllm_complete(port, "s1", prompts[4]), expected[4]);
   end_all(process::process_tree(root));
 }
+
+// What real servers use to share state: a /dev/shm segment unlinked once mapped (a CRIU "ghost"
+// file, here 4 MiB, above CRIU's default 1 MiB limit), a memfd and an eventfd, shared by a parent
+// and its child. Their contents come back byte for byte.
+TEST_F(E2eServers, UnlinkedShmSegmentMemfdAndEventfdComeBackIntact) {
+  const fs::path sock = path("shm.sock");
+  Child p = start_service(
+      {"python3", "-c",
+       "import os, mmap, socket, sys, hashlib\n"
+       "name = '/dev/shm/gpuckpt-e2e-%d' % os.getpid()\n"
+       "fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o600); os.ftruncate(fd, 4 << 20)\n"
+       "ring = mmap.mmap(fd, 4 << 20); os.unlink(name)\n"
+       "for i in range(0, 4 << 20, 4096): ring[i:i + 8] = (i * 2654435761 % (1 << 64)).to_bytes(8, "
+       "'little')\n"
+       "mfd = os.memfd_create('kv'); os.write(mfd, b'kv-state-' * 1000)\n"
+       "efd = os.eventfd(41)\n"
+       "if os.fork() == 0:\n"
+       "    import select; select.select([], [], [])\n"
+       "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(4)\n"
+       "while True:\n"
+       "    c, _ = s.accept()\n"
+       "    os.eventfd_write(efd, 1); v = os.eventfd_read(efd); os.eventfd_write(efd, v - 1)\n"
+       "    h = hashlib.sha256(ring[:] + os.pread(mfd, 1 << 20, 0)).hexdigest()\n"
+       "    try: c.sendall(('%s %d\\n' % (h, v)).encode())\n"
+       "    except OSError: pass  # a probe that only connects\n"
+       "    c.close()\n",
+       sock.string()},
+      dir_.path(), "shm");
+  auto ask_sum = [&]() -> std::string {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    std::strncpy(a.sun_path, sock.c_str(), sizeof a.sun_path - 1);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+    std::string out;
+    char c;
+    while (::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
+    return out;
+  };
+  std::string before;
+  ASSERT_TRUE(test::wait_until([&] { return !(before = ask_sum()).empty(); }))
+      << cat(path("shm.err"));
+  EXPECT_NE(before.find(" 42"), std::string::npos) << before;
+  ASSERT_TRUE(test::wait_until([&] { return process::process_tree(p.pid()).size() == 2; }));
+  Cli d =
+      cli({"--json", "dump", "--pid", std::to_string(p.pid()), "-o", path("shm.ckpt").string()});
+  ASSERT_EQ(d.code, 0) << d.err;
+  p.wait_for(10s);
+  Cli r = cli({"--json", "restore", path("shm.ckpt").string(), "--probe", "unix:" + sock.string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(ask_sum(), before) << "shared state changed across the checkpoint";
+  end_all(json_pids(r.j["tree"]));
+}

@@ -12,6 +12,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "gpuckpt/support.h"
 #include "image/chunk_codec.h"
 #include "test_support.h"
 
@@ -189,7 +190,7 @@ TEST(Image, ManifestRecordsFilesChunksAndHashes) {
     const fs::path p = src / e["path"].get<std::string>();
     // The whole-file hash is plain XXH3-64 of the content (what `xxhsum -H3` prints).
     const std::string content = read_file(p);
-    EXPECT_EQ(e["xxh3"], image::hex64(image::xxh3(content.data(), content.size()))) << p;
+    EXPECT_EQ(e["xxh3"], format_hex64(image::xxh3(content.data(), content.size()))) << p;
     EXPECT_EQ(e["size"], content.size());
     EXPECT_EQ(e["chunks"].size(), (content.size() + kChunk - 1) / kChunk) << p;
     for (const auto& c : e["chunks"]) {

@@ -14,6 +14,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "gpuckpt/support.h"
 #include "image/chunk_codec.h"
 #include "image/manifest.h"
 #include "test_support.h"
@@ -198,7 +199,7 @@ TEST_F(Checkpoint, SealIsTheXxh3OfTheManifestFileAsXxhsumPrintsIt) {
   const json seal = json::parse(read_file(ckpt_ / "manifest.seal"));
   EXPECT_EQ(seal["format"], "gpuckpt-seal");
   EXPECT_EQ(seal["manifest_bytes"], text.size());
-  EXPECT_EQ(seal["manifest_xxh3"], image::hex64(image::xxh3(text.data(), text.size())));
+  EXPECT_EQ(seal["manifest_xxh3"], format_hex64(image::xxh3(text.data(), text.size())));
   EXPECT_FALSE(seal.contains("signature"));
   const ImageInfo info = inspect(ckpt_);
   EXPECT_TRUE(info.sealed);
@@ -330,7 +331,7 @@ TEST_F(Checkpoint, TwoMillionChunkRecordsOfOneRangeAreRefusedFast) {
   constexpr std::uint64_t kRecords = 2'000'000;
   ASSERT_GE(fs::file_size(ckpt_ / "blob-000000.bin"), kChunk);
   const std::string blob = read_file(ckpt_ / "blob-000000.bin");
-  const std::string hash = image::hex64(image::xxh3(blob.data(), kChunk));
+  const std::string hash = format_hex64(image::xxh3(blob.data(), kChunk));
 
   json m = manifest();
   json& e = entry(m, "pages-1.img");
@@ -579,7 +580,7 @@ TEST_F(Signed, ManifestChangedAfterSigningIsInvalidEvenWithAFreshChecksum) {
   // The attacker recomputes the (public) checksum but cannot sign.
   json seal = json::parse(read_file(ckpt_ / "manifest.seal"));
   seal["manifest_bytes"] = text.size();
-  seal["manifest_xxh3"] = image::hex64(image::xxh3(text.data(), text.size()));
+  seal["manifest_xxh3"] = format_hex64(image::xxh3(text.data(), text.size()));
   write_text(ckpt_ / "manifest.json", text);
   write_text(ckpt_ / "manifest.seal", seal.dump());
 

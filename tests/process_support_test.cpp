@@ -34,7 +34,7 @@ TEST(ProcInfo, ReadsIdentityAndLiveness) {
   EXPECT_FALSE(process::read_proc(0).has_value());
 
   Child c = spawn({"sleep", "600"});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(test::wait_until([&] { return process::read_proc(c.pid())->comm == "sleep"; }));
   EXPECT_TRUE(process::alive(c.pid()));
   EXPECT_EQ(process::read_proc(c.pid())->comm, "sleep");
   EXPECT_FALSE(process::wait_ended(c.pid(), std::chrono::milliseconds(50)));

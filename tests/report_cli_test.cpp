@@ -10,6 +10,7 @@
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/report.h"
+#include "gpuckpt/support.h"
 #include "report/format.h"
 #include "test_support.h"
 
@@ -191,14 +192,14 @@ TEST(ReportCli, RooflineBenchReportPipeline) {
   ASSERT_EQ(rep.exit_code, 0) << rep.err;
   const double total = csj.at("timeline").at("total_seconds").get<double>();
   EXPECT_NE(rep.out.find("cold start (decision -> first token):"), std::string::npos) << rep.out;
-  EXPECT_NE(rep.out.find(report::fmt_seconds(total)), std::string::npos) << rep.out;
+  EXPECT_NE(rep.out.find(format_seconds(total)), std::string::npos) << rep.out;
   EXPECT_NE(rep.out.find(report::fmt_gbps(rfj.at("ceilings").at("bandwidth_gbps").get<double>())),
             std::string::npos)
       << rep.out;
   EXPECT_NE(rep.out.find("restore (interruption -> serving): not measured"), std::string::npos);
   const std::string s = read_file(svg);
   EXPECT_EQ(s.rfind("<svg", 0), 0u);
-  EXPECT_NE(s.find(report::fmt_seconds(total)), std::string::npos);
+  EXPECT_NE(s.find(format_seconds(total)), std::string::npos);
   EXPECT_NE(s.find("triad"), std::string::npos);
   EXPECT_NE(read_file(html).find("<svg"), std::string::npos);
 
@@ -209,7 +210,7 @@ TEST(ReportCli, RooflineBenchReportPipeline) {
   write_file_atomic(dir.path() / "rep.json", rj.out);
   auto again = test::run_cli({"report", "--input", (dir.path() / "rep.json").string()});
   ASSERT_EQ(again.exit_code, 0) << again.err;
-  EXPECT_NE(again.out.find(report::fmt_seconds(total)), std::string::npos);
+  EXPECT_NE(again.out.find(format_seconds(total)), std::string::npos);
 }
 
 TEST(ReportCli, BadInputsAndUsage) {
@@ -261,8 +262,13 @@ TEST(ReportCli, InterruptedColdStartTakesItsServiceDown) {
   for (int i = 0; i < 500 && (!fs::exists(pidfile) || fs::file_size(pidfile) == 0); ++i)
     std::this_thread::sleep_for(10ms);
   ASSERT_TRUE(fs::exists(pidfile));
-  std::this_thread::sleep_for(300ms);  // gpuckpt records the service's group right after exec
   const pid_t service = std::stoi(read_file(pidfile));
+  // gpuckpt records the service's group as soon as its exec has succeeded.
+  ASSERT_TRUE(test::wait_until([&] {
+    std::ifstream in("/proc/" + std::to_string(service) + "/comm");
+    std::string c;
+    return std::getline(in, c) && c == "sleep";
+  }));
   cli.kill(SIGINT);
   const ExitStatus st = cli.wait();
   EXPECT_FALSE(st.exited);

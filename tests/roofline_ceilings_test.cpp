@@ -59,7 +59,7 @@ TEST(RooflineCpu, CeilingsArePositiveAndPlausible) {
   EXPECT_FALSE(c.tensor_gflops.has_value());
   EXPECT_GT(c.ridge_point(), 0);
   EXPECT_NE(c.method.find(isa_name(best_isa())), std::string::npos) << c.method;
-  const auto d = nlohmann::json::parse(c.details_json);
+  const auto& d = c.details;
   EXPECT_EQ(d.at("threads").get<size_t>(), allowed_cpus().size());
   // The streaming arrays must dwarf the last-level cache, or this measured the cache.
   EXPECT_GE(d.at("array_bytes").get<std::uint64_t>(), 2 * last_level_cache_bytes());
@@ -175,7 +175,7 @@ TEST(RooflineGpu, ParsesTheKernelsBinaryOutputAndPassesQuick) {
   EXPECT_EQ(c.fp32_gflops, 59000.5);
   ASSERT_TRUE(c.tensor_gflops);
   EXPECT_EQ(*c.tensor_gflops, 480000.0);
-  EXPECT_EQ(nlohmann::json::parse(c.details_json).at("copy_gbps").get<double>(), 4315.2);
+  EXPECT_EQ(c.details.at("copy_gbps").get<double>(), 4315.2);
 }
 
 TEST(RooflineGpu, BrokenGpuBinaryIsADeviceErrorAndAutoStillAnswers) {

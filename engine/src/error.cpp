@@ -7,19 +7,32 @@ namespace gpuckpt {
 
 std::string_view errc_name(Errc c) noexcept {
   switch (c) {
-    case Errc::kOk: return "ok";
-    case Errc::kInternal: return "internal";
-    case Errc::kUsage: return "usage";
-    case Errc::kInvalidInput: return "invalid_input";
-    case Errc::kCorrupt: return "corrupt";
-    case Errc::kVersion: return "version";
-    case Errc::kIo: return "io";
-    case Errc::kNoDevice: return "no_device";
-    case Errc::kDevice: return "device";
-    case Errc::kCriu: return "criu";
-    case Errc::kProcess: return "process";
-    case Errc::kTimeout: return "timeout";
-    case Errc::kExists: return "exists";
+    case Errc::kOk:
+      return "ok";
+    case Errc::kInternal:
+      return "internal";
+    case Errc::kUsage:
+      return "usage";
+    case Errc::kInvalidInput:
+      return "invalid_input";
+    case Errc::kCorrupt:
+      return "corrupt";
+    case Errc::kVersion:
+      return "version";
+    case Errc::kIo:
+      return "io";
+    case Errc::kNoDevice:
+      return "no_device";
+    case Errc::kDevice:
+      return "device";
+    case Errc::kCriu:
+      return "criu";
+    case Errc::kProcess:
+      return "process";
+    case Errc::kTimeout:
+      return "timeout";
+    case Errc::kExists:
+      return "exists";
   }
   return "unknown";
 }
@@ -28,6 +41,8 @@ void throw_errno(Errc code, const std::string& what, int err) {
   throw Error(code, what + ": " + std::strerror(err));
 }
 
-void throw_errno(Errc code, const std::string& what) { throw_errno(code, what, errno); }
+void throw_errno(Errc code, const std::string& what) {
+  throw_errno(code, what, errno);
+}
 
 }  // namespace gpuckpt

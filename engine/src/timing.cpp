@@ -5,7 +5,9 @@
 namespace gpuckpt {
 
 namespace {
-double secs(Timeline::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double secs(Timeline::Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 }  // namespace
 
 void Timeline::add(const std::string& name, Clock::time_point start, Clock::time_point end,
@@ -29,8 +31,8 @@ void Timeline::append(const Timeline& other) {
 }
 
 const Stage* Timeline::find(const std::string& name) const {
-  auto it = std::find_if(stages_.begin(), stages_.end(),
-                         [&](const Stage& s) { return s.name == name; });
+  auto it =
+      std::find_if(stages_.begin(), stages_.end(), [&](const Stage& s) { return s.name == name; });
   return it == stages_.end() ? nullptr : &*it;
 }
 
@@ -38,6 +40,17 @@ double Timeline::total_seconds() const {
   double end = 0;
   for (const auto& s : stages_) end = std::max(end, s.start_offset + s.seconds);
   return end;
+}
+
+nlohmann::json timeline_json(const Timeline& t) {
+  nlohmann::json stages = nlohmann::json::array();
+  for (const auto& s : t.stages())
+    stages.push_back({{"name", s.name},
+                      {"seconds", s.seconds},
+                      {"start", s.start_offset},
+                      {"bytes", s.bytes},
+                      {"gbps", s.gbps()}});
+  return {{"total_seconds", t.total_seconds()}, {"stages", stages}};
 }
 
 }  // namespace gpuckpt

@@ -1,5 +1,7 @@
 #include "gpuckpt/gpuckpt.h"
 
 namespace gpuckpt {
-const char* version() noexcept { return GPUCKPT_VERSION; }
+const char* version() noexcept {
+  return GPUCKPT_VERSION;
+}
 }  // namespace gpuckpt

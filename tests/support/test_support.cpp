@@ -26,8 +26,12 @@ namespace fs = std::filesystem;
 
 namespace gpuckpt::test {
 
-fs::path bin_dir() { return GPUCKPT_BIN_DIR; }
-fs::path gpuckpt_binary() { return bin_dir() / "gpuckpt"; }
+fs::path bin_dir() {
+  return GPUCKPT_BIN_DIR;
+}
+fs::path gpuckpt_binary() {
+  return bin_dir() / "gpuckpt";
+}
 
 TempDir scratch_dir(const std::string& name) {
   const char* t = std::getenv("TMPDIR");

@@ -26,7 +26,9 @@ using gpuckpt::Errc;
 using gpuckpt::UniqueFd;
 
 volatile sig_atomic_t g_stop = 0;
-void on_term(int) { g_stop = 1; }
+void on_term(int) {
+  g_stop = 1;
+}
 
 std::uint64_t parse_size(const std::string& s) {
   std::size_t pos = 0;
@@ -34,10 +36,20 @@ std::uint64_t parse_size(const std::string& s) {
   std::uint64_t mult = 1;
   if (pos < s.size()) {
     switch (s[pos]) {
-      case 'k': case 'K': mult = 1ull << 10; break;
-      case 'm': case 'M': mult = 1ull << 20; break;
-      case 'g': case 'G': mult = 1ull << 30; break;
-      default: throw gpuckpt::Error(Errc::kUsage, "bad size: " + s);
+      case 'k':
+      case 'K':
+        mult = 1ull << 10;
+        break;
+      case 'm':
+      case 'M':
+        mult = 1ull << 20;
+        break;
+      case 'g':
+      case 'G':
+        mult = 1ull << 30;
+        break;
+      default:
+        throw gpuckpt::Error(Errc::kUsage, "bad size: " + s);
     }
   }
   return static_cast<std::uint64_t>(v * static_cast<double>(mult));
@@ -60,8 +72,8 @@ UniqueFd listen_unix(const std::string& path) {
 
 std::string format_reply(const gpuckpt::demo::Model::Reply& r) {
   char buf[96];
-  std::snprintf(buf, sizeof buf, "OK %" PRIu64 " %016" PRIx64 " %" PRIu64 "\n", r.requests,
-                r.hash, r.kv_bytes);
+  std::snprintf(buf, sizeof buf, "OK %" PRIu64 " %016" PRIx64 " %" PRIu64 "\n", r.requests, r.hash,
+                r.kv_bytes);
   return buf;
 }
 
@@ -132,11 +144,18 @@ int main(int argc, char** argv) {
   app.add_option("--kv-max", kv_max, "KV-cache capacity");
   app.add_option("--generate-weights", generate, "Write a weights file and exit");
   app.add_option("--size", size, "Size for --generate-weights (e.g. 4G)");
+  std::string content = "bf16";
+  app.add_option("--content", content,
+                 "Content for --generate-weights: bf16 (bf16-like tensors) or mixed (half "
+                 "random, half fp16-like)")
+      ->check(CLI::IsMember({"bf16", "mixed"}));
   CLI11_PARSE(app, argc, argv);
 
   try {
     if (!generate.empty()) {
-      gpuckpt::demo::generate_weights(generate, parse_size(size));
+      gpuckpt::demo::generate_weights(generate, parse_size(size),
+                                      content == "mixed" ? gpuckpt::demo::WeightsContent::kMixed
+                                                         : gpuckpt::demo::WeightsContent::kBf16);
       return 0;
     }
     if (socket_path.empty()) throw gpuckpt::Error(Errc::kUsage, "--socket is required");

@@ -43,7 +43,8 @@ AnonMemory::~AnonMemory() {
   if (p_) ::munmap(p_, size_);
 }
 
-void generate_weights(const std::filesystem::path& path, std::uint64_t size) {
+void generate_weights(const std::filesystem::path& path, std::uint64_t size,
+                      WeightsContent content) {
   const auto tmp = temp_sibling(path);
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
@@ -53,11 +54,26 @@ void generate_weights(const std::filesystem::path& path, std::uint64_t size) {
     std::mt19937_64 rng(0x5eed);
     std::vector<std::uint16_t> buf(1 << 20);
     for (std::uint64_t done = 0; done < size;) {
-      for (auto& v : buf) {
-        const std::uint64_t r = rng();
-        v = static_cast<std::uint16_t>((r & 0x80ff) | ((0x3c + (r >> 60)) << 7));
+      if (content == WeightsContent::kMixed && done < size / 2) {
+        // Incompressible: zstd stores these chunks raw.
+        for (std::size_t i = 0; i + 4 <= buf.size(); i += 4) {
+          const std::uint64_t r = rng();
+          std::memcpy(&buf[i], &r, sizeof r);
+        }
+      } else if (content == WeightsContent::kMixed) {
+        // fp16-like: shared exponents, low-entropy mantissas (tests/support's generator).
+        for (auto& v : buf) {
+          const std::uint64_t r = rng();
+          v = static_cast<std::uint16_t>(0x3c00 | (r & 0x8000) | ((r >> 32) & 0x3f));
+        }
+      } else {
+        for (auto& v : buf) {
+          const std::uint64_t r = rng();
+          v = static_cast<std::uint16_t>((r & 0x80ff) | ((0x3c + (r >> 60)) << 7));
+        }
       }
-      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size() * 2, size - done));
+      const std::size_t n =
+          static_cast<std::size_t>(std::min<std::uint64_t>(buf.size() * 2, size - done));
       if (::write(fd.get(), buf.data(), n) != static_cast<ssize_t>(n)) {
         const int err = errno;
         ::unlink(tmp.c_str());
@@ -82,9 +98,9 @@ Model::Model(const std::filesystem::path& weights, std::size_t kv_per_request, s
     // state that a checkpoint must carry, as a serving runtime's host copies are.
     weights_ = AnonMemory(weights_size_);
     for (std::size_t off = 0; off < weights_size_;) {
-      const ssize_t n = ::pread(fd.get(), weights_.data() + off,
-                                std::min<std::size_t>(weights_size_ - off, 64u << 20),
-                                static_cast<off_t>(off));
+      const ssize_t n =
+          ::pread(fd.get(), weights_.data() + off,
+                  std::min<std::size_t>(weights_size_ - off, 64u << 20), static_cast<off_t>(off));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) throw_errno(Errc::kIo, "read weights " + weights.string());
       off += static_cast<std::size_t>(n);

@@ -27,8 +27,16 @@ class AnonMemory {
   std::size_t size_ = 0;
 };
 
+// What a generated weights file holds.
+enum class WeightsContent {
+  kBf16,   // bf16-like tensors: compresses a little (the default)
+  kMixed,  // half incompressible random bytes, then half fp16-like values (compressible, like
+           // a KV cache): the realistic mix gpuckpt's benchmarks use
+};
+
 // Deterministic weights file of `size` bytes (written atomically).
-void generate_weights(const std::filesystem::path& path, std::uint64_t size);
+void generate_weights(const std::filesystem::path& path, std::uint64_t size,
+                      WeightsContent content = WeightsContent::kBf16);
 
 class Model {
  public:

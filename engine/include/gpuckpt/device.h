@@ -32,10 +32,15 @@ struct DriverStatus {
   std::string error;                  // why not, when !loaded (human-readable)
   int driver_version = 0;             // cuDriverGetVersion, e.g. 13000 (= CUDA 13.0)
   std::string kernel_module_version;  // NVIDIA kernel module, e.g. "580.65.06"; "" if unknown
-  std::string library;                // the driver library that was loaded
+  std::string library;                // the driver library that was loaded (absolute path
+                                      // once loaded, from dlinfo; else the name tried)
   bool checkpoint_api = false;        // cuCheckpointProcess* entry points present
   bool gpu_remap = false;        // restore onto other GPUs (gpuPairs): CUDA 13.0 driver (r580)+
   std::string checkpoint_error;  // why !checkpoint_api (or why !gpu_remap), when loaded
+  // What loading cost this process (paid once per process: the driver is a singleton):
+  // dlopen + entry points, and cuInit(0) alone, which dominates on GPU hosts.
+  double load_seconds = 0;
+  double cuinit_seconds = 0;
 };
 
 struct DeviceList {
@@ -67,6 +72,31 @@ GpuMap parse_gpu_map(const std::string& spec);
 // target exists here and has the chip type (name and compute capability) of its source, and
 // every source was recorded. Throws Error(kUsage) with the offending pair.
 void validate_gpu_map(const GpuMap& map, const std::vector<GpuInfo>& checkpointed_gpus);
+
+// A GPU of a checkpoint, as the dump recorded it: what a restore checks its target against.
+struct RecordedGpu {
+  std::string uuid;
+  std::string name;  // "" when the dump could not describe it (no NVML): not checked then
+  int compute_major = 0, compute_minor = 0;
+  std::uint64_t total_memory = 0;
+  std::uint64_t process_memory = 0;  // VRAM the dumped tree held on it; 0 = unknown
+};
+
+// At dump time, through NVML (no CUDA context, no cuInit): the GPUs `uuids` with the VRAM the
+// processes `pids` hold on each. A GPU NVML cannot describe keeps only its UUID.
+std::vector<RecordedGpu> describe_checkpointed_gpus(const std::vector<std::string>& uuids,
+                                                    const std::vector<pid_t>& pids);
+// The VRAM the processes `pids` hold on all GPUs (NVML); 0 when unknown or none. A checkpoint
+// moves it into their host memory, so a dump must stage it as well.
+std::uint64_t gpu_memory_of(const std::vector<pid_t>& pids);
+
+// Before anything is restored (cuda-checkpoint#44: a restore that runs out of GPU memory can
+// leave the process checkpointed for good): every recorded GPU must be mapped (an empty map
+// restores each in place), each target must be a GPU of this machine of the same chip type
+// (name and compute capability) with at least the recorded process memory free. Uses NVML
+// and, without it, list_devices(). Throws Error(kUsage) for a map or a machine that cannot
+// take the checkpoint, Error(kDevice) when a target lacks the free memory.
+void check_restore_targets(const std::vector<RecordedGpu>& recorded, const GpuMap& map);
 
 // Direct access to the CUDA checkpoint API of one live process, for scripts and debugging
 // (`gpuckpt cuda-checkpoint`); dump/restore use the same calls internally.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,17 +34,36 @@ struct ReadinessProbe {
 // Parses "unix:PATH", "tcp:HOST:PORT", "http://HOST:PORT[/PATH]", "stdout:TEXT"; throws
 // Error(kUsage).
 ReadinessProbe parse_probe(const std::string& spec);
+// "unix:/run/llm.sock", "tcp:127.0.0.1:8000", "http://HOST:PORT/health", "stdout:ready", "none":
+// the spec again, for messages and reports.
+std::string describe_probe(const ReadinessProbe& probe);
 // Polls until the probe succeeds; returns the reply line, for http the first line of a 2xx
 // answer's body or else its status line (may be empty). Throws kTimeout.
 std::string wait_ready(const ReadinessProbe& probe);
 
 // How gpuckpt runs CRIU (docs/CRIU.md, docs/PROCESS.md).
 struct CriuSettings {
-  std::filesystem::path binary;          // empty: $GPUCKPT_CRIU, else GPUCKPT_CRIU_PREFIX/bin/criu
-  std::vector<std::string> extra_args;   // appended verbatim to criu dump/restore
-  std::chrono::seconds timeout{1800};    // bound on each criu run (it is killed past it)
-  bool check = true;                     // run `criu check` as part of the preflight
+  std::filesystem::path binary;         // empty: $GPUCKPT_CRIU, else GPUCKPT_CRIU_PREFIX/bin/criu
+  std::vector<std::string> extra_args;  // appended verbatim to criu dump/restore
+  std::chrono::seconds timeout{1800};   // bound on each criu run (it is killed past it)
+  bool check = true;                    // run `criu check` as part of the preflight
 };
+
+// How CRIU's images travel between CRIU and the checkpoint (docs/PROCESS.md, "Streaming").
+enum class StagingMode {
+  // criu --stream: gpuckpt serves CRIU's image-streamer socket, so images flow from CRIU through
+  // chunking, zstd and io_uring into the checkpoint while CRIU still dumps (and from the
+  // checkpoint through verification and zstd into CRIU on restore). The staging directory holds
+  // only the socket, CRIU's log and its stats: no copy of the process's memory.
+  kStream,
+  // CRIU writes its images to a directory under staging_root first (tmpfs by default), which
+  // is then packed; restore unpacks there first. Needs as much free space as the process has
+  // memory.
+  kStaged,
+};
+const char* staging_mode_name(StagingMode m);  // "stream", "staged"
+// "stream" | "staged"; throws Error(kUsage).
+StagingMode parse_staging_mode(const std::string& s);
 
 struct DumpOptions {
   pid_t pid = 0;
@@ -53,6 +73,8 @@ struct DumpOptions {
   // then killed; if writing the checkpoint fails it is resumed instead (nothing is lost).
   bool leave_running = false;
   std::filesystem::path staging_root = "/dev/shm";  // CRIU writes its images here first
+  // Streaming falls back to kStaged (saying why) when a CRIU option needs image files on disk.
+  StagingMode staging_mode = StagingMode::kStream;
   PackOptions pack;  // pack.force replaces an existing checkpoint; pack.progress is also used
                      // for the CRIU stages
   std::chrono::milliseconds lock_timeout{10000};  // cuCheckpointProcessLock timeout
@@ -71,8 +93,10 @@ struct DumpResult {
   bool gpu = false;                    // the process had CUDA state
   std::vector<std::string> gpu_uuids;  // GPUs the process had open
   std::string criu_version;
-  std::string comm;                    // the process's name
-  std::vector<pid_t> tree;             // every dumped process, root first
+  std::string comm;                                 // the process's name
+  std::vector<pid_t> tree;                          // every dumped process, root first
+  StagingMode staging_mode = StagingMode::kStream;  // the one used
+  std::string staging_note;  // why a streaming dump was staged instead ("" otherwise)
 };
 
 DumpResult dump(const DumpOptions& opts);
@@ -81,6 +105,7 @@ struct RestoreOptions {
   std::filesystem::path checkpoint;
   GpuMap gpu_map;
   std::filesystem::path staging_root = "/dev/shm";
+  StagingMode staging_mode = StagingMode::kStream;  // as in DumpOptions
   UnpackOptions unpack;  // unpack.progress is also used for the CRIU stages
   ReadinessProbe probe;  // if set, "first_answer" is timed as the last stage
   // Restore into a fresh pid namespace, so that the checkpointed pid may still be in use on
@@ -95,19 +120,20 @@ struct RestoreOptions {
 };
 
 struct RestoreResult {
-  pid_t pid = 0;        // the restored process (the tree's root), from the caller's pid namespace
+  pid_t pid = 0;  // the restored process (the tree's root), from the caller's pid namespace
   std::vector<pid_t> tree;  // every restored process, root first, from the caller's namespace
-  pid_t ns_pid = 0;     // its pid inside its own namespace (the checkpointed pid)
-  pid_t pidns_init = 0; // host pid of the namespace's init (new_pid_ns only)
+  pid_t ns_pid = 0;         // its pid inside its own namespace (the checkpointed pid)
+  pid_t pidns_init = 0;     // host pid of the namespace's init (new_pid_ns only)
   Timeline timeline;
   std::string first_answer;
-  bool gpu = false;     // the plugin restored CUDA state
+  bool gpu = false;                                 // the plugin restored CUDA state
+  StagingMode staging_mode = StagingMode::kStream;  // the one used
 };
 
 RestoreResult restore(const RestoreOptions& opts);
 
 enum class MigrateHandoff {
-  kAuto,     // kRelease if the tree listens on TCP or an abstract unix socket, else kFrozen
+  kAuto,  // kRelease if the tree listens on TCP or an abstract unix socket, else kFrozen
   // The original stays frozen until the copy (in a new pid namespace) answers; a rollback only
   // resumes it. Impossible for endpoints the frozen original keeps bound (TCP ports,
   // abstract unix sockets).
@@ -126,6 +152,7 @@ struct MigrateOptions {
   bool keep_checkpoint = false;
   PackOptions pack;
   std::filesystem::path staging_root = "/dev/shm";
+  StagingMode staging_mode = StagingMode::kStream;  // for the dump and the restore
   std::chrono::milliseconds lock_timeout{10000};
   bool tcp_established = false;  // as in DumpOptions
   // How the endpoints pass from the original to the copy on this host (docs/PROCESS.md):
@@ -137,8 +164,8 @@ struct MigrateOptions {
 struct MigrateResult {
   pid_t old_pid = 0, new_pid = 0;
   MigrateHandoff handoff = MigrateHandoff::kAuto;  // the one used (never kAuto)
-  Timeline timeline;  // dump stages, then restore stages, on one clock
-  std::filesystem::path checkpoint;  // kept (keep_checkpoint) or already removed
+  Timeline timeline;                               // dump stages, then restore stages, on one clock
+  std::filesystem::path checkpoint;                // kept (keep_checkpoint) or already removed
   std::string first_answer;
 };
 
@@ -148,6 +175,58 @@ struct MigrateResult {
 // restore succeeded). If anything fails the new process is killed and the old one is resumed
 // (rollback), and the error says so.
 MigrateResult migrate(const MigrateOptions& opts);
+
+// ---- The cold-start measurement: starting a service from nothing to its first answer ----
+
+struct ColdStartOptions {
+  std::vector<std::string> argv;  // the service command
+  ReadinessProbe probe;           // unix:, tcp:, http: (optionally with a request) or stdout:
+  std::chrono::milliseconds stop_timeout{10000};  // SIGTERM -> SIGKILL grace when stopping it
+  // The service's stderr (and stdout unless probed); else stdout goes to /dev/null and stderr
+  // is inherited.
+  std::filesystem::path log_file;
+  // Called with the service's process group id once it runs, and with 0 once it is stopped:
+  // lets a caller's signal handler stop it if gpuckpt itself is interrupted.
+  std::function<void(pid_t)> on_running;
+};
+
+// Starts the service (own session), times "spawn", "ready" (the probe connects, or the stdout
+// line appears) and "first_answer" (reply to the probe's request, if any), then stops its
+// whole process group. Throws Error(kProcess) if it exits before answering, kTimeout past
+// probe.timeout, kUsage for a request with a stdout probe or no probe.
+Timeline measure_cold_start(const ColdStartOptions& opts);
+
+// `gpuckpt bench dump`: a demo server holding `size` bytes of weights is dumped and restored
+// `runs` times each by gpuckpt streaming, gpuckpt staged, and plain `criu dump -D DIR` /
+// `criu restore -D DIR` (then syncfs, as gpuckpt's checkpoints are durable), all on the disk of
+// `dir`; each restore reads from the disk (the page cache is evicted for those files) and is timed
+// to the server's first answer. Memory: the peak RSS of the dump or restore and of everything it
+// starts, plus the peak bytes in the staging tmpfs (docs/PERFORMANCE.md).
+struct DumpRestoreBenchOptions {
+  std::filesystem::path dir;  // weights file, checkpoints, CRIU's plain image directory
+  std::filesystem::path staging_root = "/dev/shm";
+  std::uint64_t size = 1ull << 30;
+  std::string content = "mixed";  // gpuckpt-demo-server --content: bf16 | mixed
+  unsigned runs = 3;
+  CriuSettings criu;
+  std::function<void(const std::string&)> log;  // one line per measured run
+};
+
+struct DumpRestoreBenchMethod {
+  std::string name;  // "stream", "staged", "criu"
+  std::vector<double> dump_seconds, restore_seconds;
+  std::vector<std::uint64_t> dump_extra_bytes, restore_extra_bytes;
+  double dump_median = 0, restore_median = 0;
+  std::uint64_t dump_extra_median = 0, restore_extra_median = 0;
+};
+
+struct DumpRestoreBenchResult {
+  std::uint64_t process_bytes = 0;  // the server's dumpable memory
+  std::vector<DumpRestoreBenchMethod> methods;
+  std::map<std::string, std::uint64_t> checkpoint_bytes;  // on disk, per method (last run)
+};
+
+DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& opts);
 
 // For a program's handler of SIGINT, SIGTERM and SIGHUP (the CLI waits for them in a thread of
 // its own): every dump, restore or migrate in flight is rolled back by its guard (the target

@@ -8,7 +8,7 @@
 namespace gpuckpt {
 
 struct Progress {
-  std::string phase;          // e.g. "pack", "unpack", "criu_dump"
+  std::string phase;  // e.g. "pack", "unpack", "criu_dump"
   std::uint64_t done_bytes = 0;
   std::uint64_t total_bytes = 0;  // 0 when unknown
   double elapsed_seconds = 0;

@@ -1,7 +1,6 @@
 // The transient report: cold start, restore and migration wall-clock numbers, per stage,
 // beside the roofline ceilings. Also the JSON documents that `gpuckpt roofline --json` and
-// `gpuckpt bench coldstart|restore|migrate --json` print and `gpuckpt report` reads back, and
-// the cold-start measurement itself.
+// `gpuckpt bench coldstart|restore|migrate --json` print and `gpuckpt report` reads back.
 #pragma once
 
 #include <sys/types.h>
@@ -56,10 +55,6 @@ std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlaceme
 void load_roofline_json(const std::string& text, TransientReport& r,
                         const std::string& source = "roofline");
 
-// A timeline as every --json output and document carries it:
-// {"total_seconds":T,"stages":[{"name","seconds","start","bytes","gbps"},...]}.
-std::string timeline_json(const Timeline& t);
-
 // `gpuckpt bench coldstart|restore|migrate --json`: {"kind":KIND,"timeline":<median run>,
 // "runs":[...],"summary":{"runs","min_seconds","median_seconds","max_seconds"}, ...extra}.
 // `extra_json` is a JSON object whose members are merged in (command, pid, ...).
@@ -72,25 +67,5 @@ const Timeline& median_run(const std::vector<Timeline>& runs);
 std::string load_bench_json(const std::string& text, TransientReport& r,
                             const std::string& expected_kind = "",
                             const std::string& source = "bench");
-
-// ---- The cold-start measurement ---------------------------------------------------------
-
-struct ColdStartOptions {
-  std::vector<std::string> argv;  // the service command
-  ReadinessProbe probe;           // unix:, tcp: (optionally with a request) or stdout:
-  std::chrono::milliseconds stop_timeout{10000};  // SIGTERM -> SIGKILL grace when stopping it
-  std::filesystem::path
-      log_file;  // the service's stderr (and stdout unless probed); else
-                 // stdout goes to /dev/null and stderr is inherited  // Called with the service's
-                 // process group id once it runs, and with 0 once it is stopped:
-  // lets a caller's signal handler stop it if gpuckpt itself is interrupted.
-  std::function<void(pid_t)> on_running;
-};
-
-// Starts the service (own session), times "spawn", "ready" (the probe connects, or the stdout
-// line appears) and "first_answer" (reply to the probe's request, if any), then stops its
-// whole process group. Throws Error(kProcess) if it exits before answering, kTimeout past
-// probe.timeout, kUsage for a request with a stdout probe or no probe.
-Timeline measure_cold_start(const ColdStartOptions& opts);
 
 }  // namespace gpuckpt

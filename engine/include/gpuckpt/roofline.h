@@ -1,6 +1,8 @@
 // Roofline ceilings measured by our own kernels (GPU) or loops (CPU), never looked up.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
 #include <cstdint>
 #include <optional>
@@ -17,8 +19,8 @@ struct Ceilings {
   double fp32_gflops = 0;               // peak FMA throughput, GFLOP/s
   std::optional<double> tensor_gflops;  // bf16/fp16 tensor-core peak, GFLOP/s (GPU only)
   std::string method;                   // how the numbers were measured, one line
-  std::string note;          // why this target was chosen (e.g. the auto fallback's reason)
-  std::string details_json;  // a JSON object with the per-kernel numbers; "{}" when none
+  std::string note;  // why this target was chosen (e.g. the auto fallback's reason)
+  nlohmann::json details = nlohmann::json::object();  // the per-kernel numbers
   double ridge_point() const { return bandwidth_gbps > 0 ? fp32_gflops / bandwidth_gbps : 0; }
 };
 

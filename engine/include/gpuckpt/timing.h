@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -11,8 +12,8 @@
 namespace gpuckpt {
 
 struct Stage {
-  std::string name;       // stable identifier, e.g. "freeze", "criu_dump", "compress_write"
-  double seconds = 0;     // wall-clock duration
+  std::string name;         // stable identifier, e.g. "freeze", "criu_dump", "compress_write"
+  double seconds = 0;       // wall-clock duration
   std::uint64_t bytes = 0;  // bytes moved by the stage (0 if not meaningful)
   double start_offset = 0;  // seconds since the timeline started (stages may overlap)
 
@@ -59,5 +60,9 @@ class Timeline {
   Clock::time_point origin_;
   std::vector<Stage> stages_;
 };
+
+// The one JSON shape of a timeline (the CLI's --json, the report, the checkpoint's record):
+// {"total_seconds", "stages": [{"name", "seconds", "start", "bytes", "gbps"}, ...]}.
+nlohmann::json timeline_json(const Timeline& t);
 
 }  // namespace gpuckpt

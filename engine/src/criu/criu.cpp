@@ -168,6 +168,7 @@ std::vector<std::string> dump_argv(const Installation& inst, const DumpArgs& a,
                              "--timeout",
                              std::to_string(a.freeze_timeout.count())};
   if (a.shell_job) v.push_back("--shell-job");
+  if (a.stream) v.push_back("--stream");
   if (a.final_state == FinalState::kRunning) v.push_back("--leave-running");
   if (a.final_state == FinalState::kStopped) v.push_back("--leave-stopped");
   if (!inst.plugin_dir.empty()) v.insert(v.end(), {"--libdir", inst.plugin_dir.string()});
@@ -188,6 +189,7 @@ std::vector<std::string> restore_argv(const Installation& inst, const RestoreArg
                              "-o",
                              log.string()};
   if (a.shell_job) v.push_back("--shell-job");
+  if (a.stream) v.push_back("--stream");
   if (!inst.plugin_dir.empty()) v.insert(v.end(), {"--libdir", inst.plugin_dir.string()});
   v.insert(v.end(), a.extra_args.begin(), a.extra_args.end());
   return v;

@@ -50,13 +50,17 @@ struct DumpArgs {
   std::vector<std::string> env;         // "KEY=VALUE" for criu and the plugin inside it
   std::chrono::seconds timeout{1800};
   std::chrono::seconds freeze_timeout{10};  // criu --timeout: bounds the freezing stage
-  std::function<void(pid_t)> on_start;      // called with criu's pid once it runs (the guard)
+  // criu --stream: the images go to gpuckpt's DumpStreamer (criu/streamer.h) listening in
+  // images_dir, not into files there.
+  bool stream = false;
+  std::function<void(pid_t)> on_start;  // called with criu's pid once it runs (the guard)
 };
 
 struct RestoreArgs {
   std::filesystem::path images_dir;
   std::filesystem::path pidfile;  // criu writes the restored root task's pid here
   bool shell_job = false;
+  bool stream = false;  // criu --stream: images come from a RestoreStreamer in images_dir
   std::vector<std::string> extra_args;
   std::vector<std::string> env;
   std::chrono::seconds timeout{1800};

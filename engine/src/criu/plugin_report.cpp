@@ -44,6 +44,10 @@ std::string to_json_text(const PluginReport& r) {
          {"api_error", r.api_error}, {"cuda", r.cuda},   {"cuda_pids", r.cuda_pids},
          {"gpu_map", r.gpu_map},     {"hooks", hooks},   {"criu_result", r.criu_result},
          {"finished", r.finished}};
+  j["driver_library"] = r.driver_library;
+  j["driver_load_seconds"] = r.driver_load_seconds;
+  j["cuinit_seconds"] = r.cuinit_seconds;
+  j["interrupt_only"] = r.interrupt_only;
   return j.dump(2) + "\n";
 }
 
@@ -60,6 +64,11 @@ PluginReport parse_plugin_report(const std::string& text) {
     r.gpu_map = j.value("gpu_map", "");
     r.criu_result = j.value("criu_result", 0);
     r.finished = j.value("finished", false);
+    // Added later: reports of older plugins lack them.
+    r.driver_library = j.value("driver_library", "");
+    r.driver_load_seconds = j.value("driver_load_seconds", 0.0);
+    r.cuinit_seconds = j.value("cuinit_seconds", 0.0);
+    r.interrupt_only = j.value("interrupt_only", false);
     for (const auto& h : j.at("hooks")) {
       PluginHook ph;
       ph.name = h.at("name").get<std::string>();

@@ -23,12 +23,25 @@ inline constexpr const char* kEnvFinalState = "GPUCKPT_DUMP_FINAL_STATE";
 inline constexpr const char* kEnvLockTimeoutMs = "GPUCKPT_LOCK_TIMEOUT_MS";
 // Restore-time GPU remapping, "OLD_UUID=NEW_UUID[,...]" (indices already resolved).
 inline constexpr const char* kEnvGpuMap = "GPUCKPT_GPU_MAP";
+// The absolute path of the libcuda gpuckpt found (dlinfo): the plugin dlopens it first, so it
+// loads the same driver whatever criu's library search path is (GPU hosts often keep the
+// driver under /usr/local/nvidia, found only through gpuckpt's environment).
+inline constexpr const char* kEnvLibcuda = "GPUCKPT_LIBCUDA_PATH";
+// Restore: the pids the checkpoint recorded with CUDA state, "PID[,PID...]". A restored task
+// no longer holds /dev/nvidia* (its GPU state is in host memory), so this is how the plugin
+// knows that a task it cannot restore for lack of a driver must fail, not be skipped.
+inline constexpr const char* kEnvCudaPids = "GPUCKPT_CUDA_PIDS";
+// Tests only: the device-file prefix that marks a task as holding a GPU (default
+// "/dev/nvidia"), so that the plugin's refusal to skip such a task can be tested without one.
+inline constexpr const char* kEnvTestDevicePrefix = "GPUCKPT_PLUGIN_TEST_DEVICE_PREFIX";
 
 inline constexpr const char* kDumpReportName = "gpuckpt-plugin-dump.json";
 inline constexpr const char* kRestoreReportName = "gpuckpt-plugin-restore.json";
 
 struct PluginHook {
-  std::string name;  // device_lock, device_checkpoint, device_resume, device_restore, unlock
+  // device_lock, device_checkpoint, device_resume, device_restore, unlock, and cuda_init (the
+  // plugin's one driver load, cuInit included, timed where it happened)
+  std::string name;
   pid_t pid = 0;
   std::int64_t start_ns = 0;  // CLOCK_MONOTONIC, comparable with std::chrono::steady_clock
   std::int64_t end_ns = 0;
@@ -45,7 +58,11 @@ struct PluginReport {
   std::string api_error;       // why not
   bool cuda = false;           // some dumped/restored task had CUDA state
   std::vector<pid_t> cuda_pids;
-  std::string gpu_map;  // restore: the map the plugin applied
+  std::string gpu_map;             // restore: the map the plugin applied
+  std::string driver_library;      // the libcuda the plugin loaded ("" if none)
+  double driver_load_seconds = 0;  // dlopen + entry points + cuInit, once per criu run
+  double cuinit_seconds = 0;       // cuInit alone
+  bool interrupt_only = false;     // set_compel_interrupt_only_mode() was called
   std::vector<PluginHook> hooks;
   int criu_result = 0;    // ret passed to the plugin's exit hook (0 = success)
   bool finished = false;  // the exit hook ran

@@ -66,8 +66,13 @@ std::string_view to_string(CudaAction a) {
 }
 
 CudaActionResult run_cuda_action(const CudaActionOptions& o) {
-  device::CudaDriver::instance().require_checkpoint_api();
-  CudaActionResult r;
+  CudaActionResult r;  // its timeline starts before the driver loads, to show that as a stage
+  const device::CudaDriver& d = device::CudaDriver::instance();
+  // Each step in its own gpuckpt process pays cuInit once: shown as "cuda_init" when it was
+  // paid by this call (not when the process had loaded the driver before).
+  if (d.load_start() >= r.timeline.origin())
+    r.timeline.add("cuda_init", d.load_start(), d.load_end());
+  d.require_checkpoint_api();
   r.pid = o.pid;
   r.state_before = state_name(o.pid);
   if (r.state_before == "none" && o.action != CudaAction::kState)

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <utility>
@@ -153,15 +154,10 @@ bool checkpoint_api_available(std::string* why) {
 std::optional<CudaProcState> process_state(pid_t pid) {
   const CudaDriver& d = api_driver();
   require_process(pid);
-  // Like CRIU's cuda plugin: a process without a restore thread has no CUDA state. (GetState
-  // alone is not reliable for that: it has returned garbage states for non-CUDA pids.)
-  int tid = 0;
-  if (const CUresult r = d.api().ckpt_get_restore_tid(pid, &tid); r != CUDA_SUCCESS) {
-    if (!process_exists(pid))
-      throw Error(Errc::kProcess, "process " + pid_str(pid) + " does not exist");
-    if (means_no_cuda(r)) return std::nullopt;
-    d.check(r, "cuCheckpointProcessGetRestoreThreadId(" + pid_str(pid) + ")");
-  }
+  // Like CRIU's cuda plugin: a process without a restore thread has no CUDA state, whatever
+  // code the driver gives for it. (GetState alone is not reliable for that: it has returned
+  // garbage states for non-CUDA pids.)
+  if (!find_restore_thread(pid)) return std::nullopt;
   CUprocessState s{};
   d.check(d.api().ckpt_get_state(pid, &s), "cuCheckpointProcessGetState(" + pid_str(pid) + ")");
   const auto state = from_cu(static_cast<int>(s));
@@ -274,12 +270,82 @@ void unlock(pid_t pid) {
   if (r != CUDA_SUCCESS) fail(d, "unlock", pid, r, "locked");
 }
 
+bool holds_device_files(pid_t pid, std::string_view prefix) {
+  if (pid <= 0) return false;
+  const std::string proc = "/proc/" + pid_str(pid);
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(proc + "/fd", ec)) {
+    std::error_code ec2;
+    const std::string target = std::filesystem::read_symlink(e.path(), ec2).string();
+    if (!ec2 && target.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  // Mappings outlive closed descriptors (and fds may be unreadable where maps are not).
+  std::ifstream maps(proc + "/maps");
+  for (std::string line; std::getline(maps, line);) {
+    const auto slash = line.find('/');
+    if (slash != std::string::npos && line.compare(slash, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
+}
+
+std::vector<pid_t> lock_before_kill(const std::vector<pid_t>& pids,
+                                    std::chrono::milliseconds budget) {
+  std::vector<pid_t> gpu, locked;
+  for (pid_t p : pids)
+    if (holds_device_files(p)) gpu.push_back(p);
+  if (gpu.empty()) return locked;
+  try {
+    std::string why;
+    if (!checkpoint_api_available(&why)) {
+      spdlog::debug("cannot lock CUDA processes before killing them: {}", why);
+      return locked;
+    }
+    const auto deadline = std::chrono::steady_clock::now() + budget;
+    for (pid_t p : gpu) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        spdlog::warn("no time left to lock CUDA process {} before killing it", p);
+        break;
+      }
+      try {
+        const auto st = process_state(p);
+        if (!st || *st != CudaProcState::kRunning) continue;  // locked/checkpointed: safe
+        // A timeout of 0 would wait indefinitely.
+        lock(p, std::max(std::min(left, std::chrono::milliseconds(5000)),
+                         std::chrono::milliseconds(1)));
+        locked.push_back(p);
+      } catch (const std::exception& e) {
+        spdlog::warn("could not lock CUDA process {} before killing it: {}", p, e.what());
+      }
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("could not lock CUDA processes before killing them: {}", e.what());
+  }
+  return locked;
+}
+
 pid_t restore_thread_id(pid_t pid) {
   const CudaDriver& d = api_driver();
   require_process(pid);
   int tid = 0;
   const CUresult r = d.api().ckpt_get_restore_tid(pid, &tid);
   if (r != CUDA_SUCCESS) fail(d, "restore thread query", pid, r, "a CUDA context");
+  return static_cast<pid_t>(tid);
+}
+
+std::optional<pid_t> find_restore_thread(pid_t pid) {
+  const CudaDriver& d = api_driver();
+  require_process(pid);
+  int tid = 0;
+  if (const CUresult r = d.api().ckpt_get_restore_tid(pid, &tid); r != CUDA_SUCCESS) {
+    if (!process_exists(pid))
+      throw Error(Errc::kProcess, "process " + pid_str(pid) + " does not exist");
+    if (!means_no_cuda(r))
+      spdlog::debug("cuCheckpointProcessGetRestoreThreadId({}): {}: taken as no CUDA state", pid,
+                    d.describe(r));
+    return std::nullopt;
+  }
   return static_cast<pid_t>(tid);
 }
 

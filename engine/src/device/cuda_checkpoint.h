@@ -8,6 +8,7 @@
 #include <chrono>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "gpuckpt/device.h"
 
@@ -23,7 +24,15 @@ bool checkpoint_api_available(std::string* why = nullptr);
 
 // nullopt: `pid` is not a CUDA process (no CUDA context). Throws Error(kNoDevice) if the API is
 // unavailable, Error(kProcess) if pid does not exist (or names a thread, not a process).
+// "Not a CUDA process" is CRIU's cuda plugin's test: any failure of
+// cuCheckpointProcessGetRestoreThreadId on a live pid (the driver's codes for "no CUDA here"
+// vary with its version; a stricter test would fail every dump of a non-CUDA process).
 std::optional<CudaProcState> process_state(pid_t pid);
+
+// Whether `pid` has a device file under `prefix` open (/proc/PID/fd) or mapped
+// (/proc/PID/maps): a process with CUDA state holds /dev/nvidiactl, /dev/nvidiaN, ...
+// False for a missing pid. The prefix is a parameter for tests.
+bool holds_device_files(pid_t pid, std::string_view prefix = "/dev/nvidia");
 
 // running -> locked. Further CUDA calls of the process block; submitted work completes.
 // Error(kTimeout) when the lock is not obtained within `timeout` (the process keeps running);
@@ -39,6 +48,17 @@ void unlock(pid_t pid);
 // cuCheckpointProcessGetRestoreThreadId: the thread the driver uses to restore `pid` (CRIU
 // must let it run while the rest of the process is frozen).
 pid_t restore_thread_id(pid_t pid);
+// The same, with CRIU's reading: nullopt (no CUDA state) on any failure for a live pid.
+// Throws Error(kNoDevice) without the API, Error(kProcess) if the pid does not exist.
+std::optional<pid_t> find_restore_thread(pid_t pid);
+
+// Best effort, before SIGKILLing processes that may be live CUDA processes (restored ones in
+// particular): killing a running CUDA process right after a restore has crashed hosts on some
+// drivers (NVIDIA/cuda-checkpoint#53), a locked one is safe. Locks each pid of `pids` that
+// holds /dev/nvidia* and is `running`, within `budget` in all; never throws, and touches the
+// driver only when some pid holds a GPU. Returns the pids it locked.
+std::vector<pid_t> lock_before_kill(const std::vector<pid_t>& pids,
+                                    std::chrono::milliseconds budget = std::chrono::seconds(10));
 
 // RAII: locks in the constructor; the destructor unlocks if still locked (e.g. a dump failed
 // midway), restoring first if it was checkpointed, so an error never leaves a process frozen on

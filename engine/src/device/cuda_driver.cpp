@@ -1,16 +1,21 @@
 #include "device/cuda_driver.h"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <type_traits>
 #include <utility>
 
+#include "criu/plugin_report.h"
 #include "gpuckpt/error.h"
 
 namespace gpuckpt::device {
@@ -43,6 +48,17 @@ DlLibrary DlLibrary::open(const std::string& name, std::string* error) {
 
 void* DlLibrary::symbol(const char* name) const {
   return handle_ ? ::dlsym(handle_, name) : nullptr;
+}
+
+std::string DlLibrary::path() const {
+  if (!handle_) return {};
+  link_map* lm = nullptr;
+  if (::dlinfo(handle_, RTLD_DI_LINKMAP, &lm) != 0 || !lm || !lm->l_name || !*lm->l_name) return {};
+  // l_name is what the loader opened: absolute when found through the search path; make a
+  // relative name (given as such by the user) absolute so another process can open it.
+  std::error_code ec;
+  const auto abs = std::filesystem::absolute(lm->l_name, ec);
+  return ec ? std::string(lm->l_name) : abs.lexically_normal().string();
 }
 
 // ---- helpers ----------------------------------------------------------------------------
@@ -201,11 +217,106 @@ namespace gpuckpt::device {
 
 // ---- CudaDriver -------------------------------------------------------------------------
 
+namespace {
+std::atomic<bool> g_instantiated{false};
+}  // namespace
+
 const CudaDriver& CudaDriver::instance() {
   // Deliberately never destroyed: unloading libcuda during static destruction races with the
   // driver's own exit handlers and threads. Error paths inside load() still close it (RAII).
-  static const CudaDriver* driver = new CudaDriver();
+  static const CudaDriver* driver = [] {
+    auto* d = new CudaDriver();
+    g_instantiated = true;
+    return d;
+  }();
   return *driver;
+}
+
+bool CudaDriver::instantiated() {
+  return g_instantiated.load();
+}
+
+std::vector<std::string> driver_candidates() {
+  // $GPUCKPT_LIBCUDA is an override: when set it is the only candidate (tests point it at the
+  // stub or at nothing, and must not fall through to a real driver).
+  if (const char* o = std::getenv("GPUCKPT_LIBCUDA"); o && *o) return {o};
+  std::vector<std::string> v;
+  if (const char* e = std::getenv(criu::kEnvLibcuda); e && *e && std::string(e) != "libcuda.so.1")
+    v.emplace_back(e);
+  v.emplace_back("libcuda.so.1");
+  return v;
+}
+
+namespace {
+
+// libcuda opened with the loader only (no cuInit), kept open for good (like the driver).
+struct Located {
+  DlLibrary lib;
+  std::string path;
+  std::string error;
+};
+
+const Located& located() {
+  static const Located* l = [] {
+    auto* r = new Located();
+    for (const auto& name : driver_candidates()) {
+      std::string err;
+      r->lib = DlLibrary::open(name, &err);
+      if (r->lib) {
+        r->path = r->lib.path();
+        if (r->path.empty()) r->path = name;
+        r->error.clear();
+        break;
+      }
+      r->error += (r->error.empty() ? "" : "; ") + err;
+    }
+    return r;
+  }();
+  return *l;
+}
+
+}  // namespace
+
+std::string driver_library_path() {
+  if (CudaDriver::instantiated()) {
+    const CudaDriver& d = CudaDriver::instance();
+    if (d.loaded()) return d.status().library;
+  }
+  // Only the loader's answer, no cuInit: dump and restore hand this to criu without paying for
+  // a CUDA initialisation of their own.
+  return located().path;
+}
+
+bool probe_checkpoint_api(std::string* why) {
+  auto say = [why](std::string s) {
+    if (why) *why = std::move(s);
+    return false;
+  };
+  if (CudaDriver::instantiated()) {
+    const CudaDriver& d = CudaDriver::instance();
+    if (d.checkpoint_api()) return true;
+    return say(d.loaded() ? d.status().checkpoint_error : "no NVIDIA GPU: " + d.status().error);
+  }
+  const Located& l = located();
+  if (!l.lib) return say("no NVIDIA GPU: NVIDIA driver not installed (" + l.error + ")");
+  // cuDriverGetVersion needs no cuInit; the public checkpoint API came with the CUDA 12.8
+  // driver (r570), see load().
+  auto get_version = reinterpret_cast<CUresult (*)(int*)>(l.lib.symbol("cuDriverGetVersion"));
+  int version = 0;
+  if (!get_version) return say("no NVIDIA GPU: " + l.path + " is not an NVIDIA driver");
+  if (const CUresult r = get_version(&version); r != CUDA_SUCCESS)
+    return say("no NVIDIA GPU: cuDriverGetVersion failed (CUDA error " +
+               std::to_string(static_cast<int>(r)) +
+               (r == CUDA_ERROR_STUB_LIBRARY ? ": the CUDA toolkit's link stub" : "") + ")");
+  if (kernel_module_version().empty())
+    return say(
+        "no NVIDIA GPU: no NVIDIA kernel module loaded (/proc/driver/nvidia/version is "
+        "missing)");
+  if (version < 12080)
+    return say("the CUDA driver (" + cuda_version_string(version) +
+               ") lacks the checkpoint API (cuCheckpointProcess*): it needs NVIDIA driver 570 "
+               "(CUDA 12.8) or newer");
+  return true;
 }
 
 CudaDriver::CudaDriver() {
@@ -225,16 +336,32 @@ void* CudaDriver::resolve(const char* name, int version, const char* fallback_sy
 }
 
 void CudaDriver::load() {
-  const char* override_lib = std::getenv("GPUCKPT_LIBCUDA");
-  status_.library = override_lib && *override_lib ? override_lib : "libcuda.so.1";
+  load_start_ = std::chrono::steady_clock::now();
+  struct Done {  // records the load's end on every return path
+    CudaDriver& d;
+    ~Done() {
+      d.load_end_ = std::chrono::steady_clock::now();
+      d.status_.load_seconds = std::chrono::duration<double>(d.load_end_ - d.load_start_).count();
+    }
+  } done{*this};
   status_.kernel_module_version = kernel_module_version();
 
+  // The first candidate that opens. Inside criu, $GPUCKPT_LIBCUDA_PATH names the very library
+  // gpuckpt found, so the plugin does not depend on criu's library search path.
   std::string dl_error;
-  DlLibrary lib = DlLibrary::open(status_.library, &dl_error);
+  DlLibrary lib;
+  for (const auto& name : driver_candidates()) {
+    std::string err;
+    status_.library = name;
+    lib = DlLibrary::open(name, &err);
+    if (lib) break;
+    dl_error += (dl_error.empty() ? "" : "; ") + err;
+  }
   if (!lib) {
     status_.error = "NVIDIA driver not installed (" + dl_error + ")";
     return;
   }
+  if (auto p = lib.path(); !p.empty()) status_.library = p;
   lib_ = std::move(lib);
   get_proc_address_ = reinterpret_cast<GetProcAddressFn>(lib_.symbol("cuGetProcAddress_v2"));
 
@@ -268,7 +395,11 @@ void CudaDriver::load() {
   int version = 0;
   if (api_.driver_get_version(&version) == CUDA_SUCCESS) status_.driver_version = version;
 
-  if (const CUresult r = api_.init(0); r != CUDA_SUCCESS) {
+  const auto init_start = std::chrono::steady_clock::now();
+  const CUresult init_rc = api_.init(0);
+  status_.cuinit_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - init_start).count();
+  if (const CUresult r = init_rc; r != CUDA_SUCCESS) {
     std::string msg = "cuInit failed: " + describe(r);
     if (auto hint = cuinit_hint(r); !hint.empty()) msg += ": " + hint;
     if (status_.kernel_module_version.empty() && r != CUDA_ERROR_STUB_LIBRARY)
@@ -317,8 +448,9 @@ void CudaDriver::load() {
     status_.checkpoint_error = "the CUDA driver (" + driver_desc +
                                ") cannot restore onto other GPUs: GPU remapping needs NVIDIA "
                                "driver 580 (CUDA 13.0) or newer";
-  spdlog::debug("cuda driver: {} ({}), checkpoint API: {}, GPU remap: {}", status_.library,
-                driver_desc, status_.checkpoint_api, status_.gpu_remap);
+  spdlog::debug("cuda driver: {} ({}), checkpoint API: {}, GPU remap: {}, cuInit {:.3f} s",
+                status_.library, driver_desc, status_.checkpoint_api, status_.gpu_remap,
+                status_.cuinit_seconds);
 }
 
 void CudaDriver::require_loaded() const {

@@ -8,6 +8,7 @@
 
 #include <cuda.h>
 
+#include <chrono>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,6 +31,8 @@ class DlLibrary {
   // Opens `name` with RTLD_NOW|RTLD_LOCAL; on failure returns an empty object and sets *error.
   static DlLibrary open(const std::string& name, std::string* error);
   void* symbol(const char* name) const;  // nullptr if absent
+  // The absolute path the loader resolved the library to (dlinfo), "" if unknown.
+  std::string path() const;
   explicit operator bool() const noexcept { return handle_ != nullptr; }
 
  private:
@@ -39,8 +42,16 @@ class DlLibrary {
 class CudaDriver {
  public:
   // The process-wide driver, loaded and cuInit()ed on first use (thread-safe). Never throws:
-  // failures are recorded in status(). $GPUCKPT_LIBCUDA overrides the library to load.
+  // failures are recorded in status(). Libraries tried, first that opens wins (see
+  // driver_candidates()): $GPUCKPT_LIBCUDA (an override, tests use the stub), then
+  // $GPUCKPT_LIBCUDA_PATH (criu::kEnvLibcuda: the path gpuckpt loaded, handed to criu so the
+  // plugin loads the same driver), then "libcuda.so.1".
   static const CudaDriver& instance();
+  // Whether instance() has been constructed (without constructing it).
+  static bool instantiated();
+  // When the driver was loaded (steady clock): for callers that time the load as a stage.
+  std::chrono::steady_clock::time_point load_start() const { return load_start_; }
+  std::chrono::steady_clock::time_point load_end() const { return load_end_; }
 
   const DriverStatus& status() const { return status_; }
   bool loaded() const { return status_.loaded; }
@@ -91,12 +102,24 @@ class CudaDriver {
   void* resolve(const char* name, int version, const char* fallback_symbol) const;
 
   DlLibrary lib_;
+  std::chrono::steady_clock::time_point load_start_, load_end_;
   using GetProcAddressFn = CUresult (*)(const char*, void**, int, cuuint64_t,
                                         CUdriverProcAddressQueryResult*);
   GetProcAddressFn get_proc_address_ = nullptr;
   Api api_;
   DriverStatus status_;
 };
+
+// The libraries CudaDriver tries, in order (see instance()).
+std::vector<std::string> driver_candidates();
+// The absolute path of the libcuda this process uses or would use, found with dlopen + dlinfo
+// but without cuInit (cheap): what gpuckpt hands to criu's plugin. "" when there is none.
+std::string driver_library_path();
+// Whether this machine's driver has the checkpoint API, judged without cuInit (the loader, the
+// driver version, the kernel module): a preflight for a restore whose real CUDA work happens
+// in criu's plugin, so that the operation pays for cuInit once, there. If the driver was
+// already initialised in this process, its full answer.
+bool probe_checkpoint_api(std::string* why);
 
 // The NVIDIA kernel module version from /proc/driver/nvidia/version ("" if not loaded).
 std::string kernel_module_version();

@@ -4,7 +4,9 @@
 #include <cctype>
 #include <optional>
 
+#include "device/cuda_checkpoint.h"
 #include "device/cuda_driver.h"
+#include "device/nvml.h"
 #include "gpuckpt/error.h"
 
 namespace gpuckpt::device {
@@ -133,6 +135,98 @@ void validate_gpu_map(const GpuMap& map, const std::vector<GpuInfo>& checkpointe
   }
 }
 
+void check_restore_targets(const std::vector<RecordedGpu>& recorded, const GpuMap& map,
+                           const std::vector<LocalGpu>& local) {
+  // Sources of the map must be GPUs of the checkpoint; every checkpointed GPU needs a target.
+  std::vector<GpuInfo> checkpointed;
+  // UUIDs compare in lower case (gpuckpt's normal form; /proc and NVML may differ).
+  auto lower = [](std::string u) {
+    for (auto& c : u) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return u;
+  };
+  for (const auto& r : recorded) {
+    GpuInfo g;
+    g.index = static_cast<int>(checkpointed.size());
+    g.uuid = lower(r.uuid);
+    g.name = r.name;
+    g.compute_major = r.compute_major;
+    g.compute_minor = r.compute_minor;
+    checkpointed.push_back(g);
+  }
+  std::vector<LocalGpu> here_gpus = local;
+  std::vector<GpuInfo> here;
+  for (auto& l : here_gpus) {
+    l.info.uuid = lower(l.info.uuid);
+    here.push_back(l.info);
+  }
+  // The map's own rules (validate_gpu_map), when both sides are described: records of older
+  // dumps have UUIDs only, and are checked below as far as they can be.
+  const auto named = [](const auto& g) { return !g.name.empty(); };
+  if (std::all_of(checkpointed.begin(), checkpointed.end(), named) &&
+      std::all_of(here.begin(), here.end(), named)) {
+    GpuMap lowered;
+    for (const auto& [from, to] : map.pairs) lowered.pairs.emplace_back(lower(from), lower(to));
+    validate_gpu_map(lowered, checkpointed, here);
+  }
+  auto target_of = [&](const std::string& uuid) -> std::string {
+    if (map.empty()) return uuid;
+    for (const auto& [from, to] : map.pairs)
+      if (lower(from) == uuid) return lower(to);
+    return {};
+  };
+  for (const auto& [from, to] : map.pairs) {
+    if (!find_uuid(checkpointed, lower(from))) {
+      std::string known;
+      for (const auto& g : checkpointed) known += (known.empty() ? "" : ", ") + g.uuid;
+      throw Error(Errc::kUsage, "--gpu-map source " + from +
+                                    " is not a GPU of the checkpoint (it has: " +
+                                    (known.empty() ? std::string("none recorded") : known) + ")");
+    }
+  }
+  // Memory needed per target GPU (summed, so that the check holds for any map).
+  std::vector<std::pair<std::string, std::uint64_t>> need;
+  for (size_t i = 0; i < recorded.size(); ++i) {
+    const RecordedGpu& r = recorded[i];
+    const std::string to = target_of(checkpointed[i].uuid);
+    if (to.empty())
+      throw Error(Errc::kUsage, "the checkpointed process used GPU " + r.uuid +
+                                    ", which the GPU map does not map (map every GPU it used)");
+    const LocalGpu* dst = nullptr;
+    for (const auto& l : here_gpus)
+      if (l.info.uuid == to) dst = &l;
+    if (!dst)
+      throw Error(Errc::kUsage,
+                  map.empty() ? "the checkpointed process used GPU " + r.uuid +
+                                    ", which this machine does not have: restore onto one of its "
+                                    "GPUs with --gpu-map " +
+                                    r.uuid + "=UUID"
+                              : "--gpu-map target " + to + " is not a GPU of this machine");
+    // Records of older dumps (or dumps without NVML) have no name: nothing to compare.
+    if (!r.name.empty() && !dst->info.name.empty() && !same_chip_type(checkpointed[i], dst->info))
+      throw Error(Errc::kUsage, "cannot restore " + describe_gpu(checkpointed[i]) + " onto " +
+                                    describe_gpu(dst->info) +
+                                    ": CUDA restores only onto a GPU of the same chip type");
+    auto it = std::find_if(need.begin(), need.end(), [&](const auto& n) { return n.first == to; });
+    if (it == need.end())
+      need.emplace_back(to, r.process_memory);
+    else
+      it->second += r.process_memory;
+  }
+  for (const auto& [uuid, bytes] : need) {
+    const LocalGpu* dst = nullptr;
+    for (const auto& l : here_gpus)
+      if (l.info.uuid == uuid) dst = &l;
+    if (!dst || !dst->free_memory || bytes == 0) continue;  // unknown: the driver will tell
+    if (*dst->free_memory < bytes)
+      throw Error(Errc::kDevice,
+                  describe_gpu(dst->info) + " has " + std::to_string(*dst->free_memory >> 20) +
+                      " MiB free, but the checkpoint needs " + std::to_string(bytes >> 20) +
+                      " MiB there: nothing was restored (a CUDA restore that runs out of GPU "
+                      "memory can leave the process checkpointed for good); free GPU memory or "
+                      "restore onto another GPU with --gpu-map");
+  }
+}
+
 }  // namespace gpuckpt::device
 
 namespace gpuckpt {
@@ -150,6 +244,60 @@ GpuMap parse_gpu_map(const std::string& spec) {
 void validate_gpu_map(const GpuMap& map, const std::vector<GpuInfo>& checkpointed_gpus) {
   if (map.empty()) return;
   device::validate_gpu_map(map, checkpointed_gpus, list_devices().gpus);
+}
+
+std::vector<RecordedGpu> describe_checkpointed_gpus(const std::vector<std::string>& uuids,
+                                                    const std::vector<pid_t>& pids) {
+  std::vector<RecordedGpu> out;
+  if (uuids.empty()) return out;
+  const auto gpus = device::nvml_gpus();
+  const auto mem = device::nvml_process_memory(pids);
+  for (const auto& u : uuids) {
+    RecordedGpu r;
+    r.uuid = u;
+    for (const auto& g : gpus)
+      if (g.uuid == u) {
+        r.name = g.name;
+        r.compute_major = g.compute_major;
+        r.compute_minor = g.compute_minor;
+        r.total_memory = g.memory.total;
+      }
+    if (mem)
+      if (auto it = mem->find(u); it != mem->end()) r.process_memory = it->second;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::uint64_t gpu_memory_of(const std::vector<pid_t>& pids) {
+  // Only processes that hold a GPU: NVML is not even loaded for the usual CPU-only dump.
+  bool any = false;
+  for (pid_t p : pids) any |= device::holds_device_files(p);
+  if (!any) return 0;
+  const auto mem = device::nvml_process_memory(pids);
+  std::uint64_t sum = 0;
+  if (mem)
+    for (const auto& [uuid, bytes] : *mem) sum += bytes;
+  return sum;
+}
+
+void check_restore_targets(const std::vector<RecordedGpu>& recorded, const GpuMap& map) {
+  if (recorded.empty()) return;
+  std::vector<device::LocalGpu> local;
+  for (const auto& g : device::nvml_gpus()) {
+    device::LocalGpu l;
+    l.info.index = static_cast<int>(local.size());
+    l.info.uuid = g.uuid;
+    l.info.name = g.name;
+    l.info.compute_major = g.compute_major;
+    l.info.compute_minor = g.compute_minor;
+    l.info.total_memory = g.memory.total;
+    if (g.memory.total) l.free_memory = g.memory.free;
+    local.push_back(std::move(l));
+  }
+  if (local.empty())  // no NVML: the driver (costs a cuInit here, a fallback only)
+    for (const auto& g : list_devices().gpus) local.push_back({g, std::nullopt});
+  device::check_restore_targets(recorded, map, local);
 }
 
 }  // namespace gpuckpt

@@ -54,7 +54,6 @@ class AsyncIo {
 
   bool uring() const { return uring_; }
   bool fixed_buffers() const { return fixed_; }
-  unsigned depth() const { return static_cast<unsigned>(ops_.size()); }
   unsigned inflight() const { return inflight_; }
   bool full() const { return inflight_ >= ops_.size(); }
 

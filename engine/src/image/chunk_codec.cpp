@@ -10,17 +10,12 @@
 #include <new>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 
 namespace gpuckpt::image {
 
 std::uint64_t xxh3(const void* data, std::size_t len) {
   return XXH3_64bits(data, len);
-}
-
-std::string hex64(std::uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
 }
 
 std::optional<std::uint64_t> parse_hex64(std::string_view s) {

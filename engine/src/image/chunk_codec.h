@@ -16,7 +16,6 @@ namespace gpuckpt::image {
 
 // XXH3-64 (seed 0): chunk checksums and whole-file hashes.
 std::uint64_t xxh3(const void* data, std::size_t len);
-std::string hex64(std::uint64_t v);  // 16 lower-case hex digits
 std::optional<std::uint64_t> parse_hex64(std::string_view s);
 
 // BLAKE2b-256: what a signature needs to cover the data and not only the manifest (XXH3 is

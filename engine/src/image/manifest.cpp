@@ -8,6 +8,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "gpuckpt/support.h"
 #include "image/aligned_buffer.h"
 #include "image/chunk_codec.h"
 #include "trust/keys.h"
@@ -63,12 +64,6 @@ std::uint64_t get_hash(const json& o, const char* key, const std::string& where,
   auto h = parse_hex64(get_str(o, key, where, origin));
   if (!h) corrupt(origin, "field '" + where + key + "' is not a 16-digit hex xxh3");
   return *h;
-}
-
-std::string mode_string(std::uint32_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", mode);
-  return buf;
 }
 
 std::uint32_t parse_mode(const std::string& s, const std::string& where,
@@ -409,10 +404,10 @@ std::string serialize(const Manifest& m) {
   for (const auto& b : m.blobs) blobs.push_back({{"name", b.name}, {"size", b.size}});
   json entries = json::array();
   for (const auto& e : m.entries) {
-    json j = {{"path", e.path}, {"type", entry_type_name(e.type)}, {"mode", mode_string(e.mode)}};
+    json j = {{"path", e.path}, {"type", entry_type_name(e.type)}, {"mode", format_mode(e.mode)}};
     if (e.type == EntryType::kFile) {
       j["size"] = e.size;
-      j["xxh3"] = hex64(e.xxh3);
+      j["xxh3"] = format_hex64(e.xxh3);
       json chunks = json::array();
       for (const auto& c : e.chunks) {
         chunks.push_back({{"blob", c.blob},
@@ -420,7 +415,7 @@ std::string serialize(const Manifest& m) {
                           {"stored", c.stored},
                           {"raw", c.raw},
                           {"codec", c.codec == Codec::kZstd ? "zstd" : "raw"},
-                          {"xxh3", hex64(c.xxh3)}});
+                          {"xxh3", format_hex64(c.xxh3)}});
         if (c.has_blake2b) chunks.back()["blake2b"] = hex(c.blake2b);
       }
       j["chunks"] = std::move(chunks);
@@ -581,7 +576,7 @@ std::string make_seal(std::string_view manifest, const trust::SigningKey* key) {
   json seal = {{"format", kSealFormatName},
                {"version", 1},
                {"manifest_bytes", manifest.size()},
-               {"manifest_xxh3", hex64(xxh3(manifest.data(), manifest.size()))}};
+               {"manifest_xxh3", format_hex64(xxh3(manifest.data(), manifest.size()))}};
   if (key) {
     const trust::Signature sig = key->sign(manifest);
     seal["signature"] = {{"algorithm", trust::kAlgorithm},

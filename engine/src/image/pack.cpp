@@ -194,86 +194,20 @@ class BlobWriter : public ChunkSink {
   std::uint64_t stored_ = 0;
 };
 
-void validate(const PackOptions& o) {
-  if (o.chunk_bytes % kIoAlign != 0 || o.chunk_bytes < (64u << 10) || o.chunk_bytes > (256u << 20))
-    throw Error(Errc::kUsage, "chunk size must be a multiple of 4 KiB between 64 KiB and 256 MiB");
-  if (o.zstd_level < min_zstd_level() || o.zstd_level > max_zstd_level())
-    throw Error(Errc::kUsage, "zstd level must be between " + std::to_string(min_zstd_level()) +
-                                  " and " + std::to_string(max_zstd_level()));
-  if (o.max_blob_bytes < o.chunk_bytes)
-    throw Error(Errc::kUsage, "maximum blob size must be at least the chunk size");
-  validate_io_options(o.threads, o.queue_depth, o.inflight_chunks);
-}
-
-nlohmann::json parse_extra(const std::string& text) {
-  if (text.empty()) return nullptr;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(Errc::kUsage, std::string("extra metadata is not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) throw Error(Errc::kUsage, "extra metadata must be a JSON object");
-  return j;
-}
-
-bool is_within(const fs::path& inner, const fs::path& outer) {
-  const fs::path a = fs::weakly_canonical(inner), b = fs::weakly_canonical(outer);
-  auto [ib, ob] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
-  return ob == b.end();
-}
-
-// Checkpoints hold a process's memory (keys, tokens, user data): readable by the owner only,
-// whatever the umask. `dir` is private (0700), so the fixed temporary name cannot clash.
-void write_private_file(const fs::path& dir, const char* name, const std::string& data) {
-  const fs::path path = dir / name, tmp = dir / (std::string(".") + name + ".tmp");
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd) throw_errno(Errc::kIo, "create " + tmp.string());
-  if (::fchmod(fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + tmp.string());
-  std::size_t off = 0;
-  while (off < data.size()) {
-    const ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(Errc::kIo, "write " + tmp.string());
-    off += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync " + tmp.string());
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw_errno(Errc::kIo, "rename to " + path.string());
-}
-
-// --force may replace a previous checkpoint or an empty directory, never arbitrary data.
-void check_output(const fs::path& output, bool force) {
-  std::error_code ec;
-  const auto st = fs::symlink_status(output, ec);
-  if (fs::exists(st)) {
-    if (!force)
-      throw Error(Errc::kExists,
-                  "output " + output.string() + " already exists (use --force to replace it)");
-    if (!(fs::is_directory(st) && (fs::exists(output / kManifestName, ec) || is_empty_dir(output))))
-      throw Error(Errc::kExists,
-                  "output " + output.string() +
-                      " exists and is not a gpuckpt checkpoint; refusing to replace it");
-  }
-  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
-  if (!fs::is_directory(parent, ec))
-    throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
-}
-
 }  // namespace
 
 TransferResult pack(const fs::path& input, const fs::path& output, const PackOptions& opts) {
-  validate(opts);
+  validate_pack_options(opts);
   if (output.empty()) throw Error(Errc::kUsage, "no output path given");
   Manifest m;
-  m.extra = parse_extra(opts.extra_json);
+  m.extra = parse_extra_json(opts.extra_json);
   std::error_code ec;
   if (!fs::exists(input, ec))
     throw Error(Errc::kInvalidInput, "input " + input.string() + " does not exist");
   if (fs::is_directory(input, ec) && is_within(output, input))
     throw Error(Errc::kInvalidInput,
                 "output " + output.string() + " lies inside the input " + input.string());
-  check_output(output, opts.force);
+  check_pack_output(output, opts.force);
   // Before any work: a key we cannot use should not cost a whole dump.
   std::optional<trust::SigningKey> key;
   if (!opts.sign_key.empty()) key.emplace(trust::SigningKey::load(opts.sign_key));

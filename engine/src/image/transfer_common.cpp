@@ -1,16 +1,24 @@
 #include "image/transfer_common.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <ctime>
 #include <thread>
 
 #include "gpuckpt/error.h"
 #include "image/aligned_buffer.h"
+#include "image/chunk_codec.h"
+#include "image/publish.h"
+#include "util/fs.h"
 #include "util/unique_fd.h"
+
+namespace fs = std::filesystem;
 
 namespace gpuckpt::image {
 
@@ -89,6 +97,100 @@ std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "";
   return buf;
+}
+
+void validate_pack_options(const PackOptions& o) {
+  if (o.chunk_bytes % kIoAlign != 0 || o.chunk_bytes < (64u << 10) || o.chunk_bytes > (256u << 20))
+    throw Error(Errc::kUsage, "chunk size must be a multiple of 4 KiB between 64 KiB and 256 MiB");
+  if (o.zstd_level < min_zstd_level() || o.zstd_level > max_zstd_level())
+    throw Error(Errc::kUsage, "zstd level must be between " + std::to_string(min_zstd_level()) +
+                                  " and " + std::to_string(max_zstd_level()));
+  if (o.max_blob_bytes < o.chunk_bytes)
+    throw Error(Errc::kUsage, "maximum blob size must be at least the chunk size");
+  validate_io_options(o.threads, o.queue_depth, o.inflight_chunks);
+}
+
+nlohmann::json parse_extra_json(const std::string& text) {
+  if (text.empty()) return nullptr;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(Errc::kUsage, std::string("extra metadata is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw Error(Errc::kUsage, "extra metadata must be a JSON object");
+  return j;
+}
+
+bool is_within(const fs::path& inner, const fs::path& outer) {
+  const fs::path a = fs::weakly_canonical(inner), b = fs::weakly_canonical(outer);
+  auto [ib, ob] = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
+  return ob == b.end();
+}
+
+// Checkpoints hold a process's memory (keys, tokens, user data): readable by the owner only,
+// whatever the umask. `dir` is private (0700), so the fixed temporary name cannot clash.
+void write_private_file(const fs::path& dir, const char* name, const std::string& data) {
+  const fs::path path = dir / name, tmp = dir / (std::string(".") + name + ".tmp");
+  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) throw_errno(Errc::kIo, "create " + tmp.string());
+  if (::fchmod(fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + tmp.string());
+  std::size_t off = 0;
+  while (off < data.size()) {
+    const ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(Errc::kIo, "write " + tmp.string());
+    off += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync " + tmp.string());
+  if (::rename(tmp.c_str(), path.c_str()) != 0)
+    throw_errno(Errc::kIo, "rename to " + path.string());
+}
+
+// --force may replace a previous checkpoint or an empty directory, never arbitrary data.
+void check_pack_output(const fs::path& output, bool force) {
+  std::error_code ec;
+  const auto st = fs::symlink_status(output, ec);
+  if (fs::exists(st)) {
+    if (!force)
+      throw Error(Errc::kExists,
+                  "output " + output.string() + " already exists (use --force to replace it)");
+    if (!(fs::is_directory(st) && (fs::exists(output / kManifestName, ec) || is_empty_dir(output))))
+      throw Error(Errc::kExists,
+                  "output " + output.string() +
+                      " exists and is not a gpuckpt checkpoint; refusing to replace it");
+  }
+  const fs::path parent = output.parent_path().empty() ? fs::path(".") : output.parent_path();
+  if (!fs::is_directory(parent, ec))
+    throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
+}
+
+// Missing or truncated blobs are reported up front, by name, before any work starts.
+void check_blobs(const Manifest& m, const fs::path& ckpt) {
+  for (const auto& b : m.blobs) {
+    const fs::path p = ckpt / b.name;
+    struct stat st {};
+    // lstat: a symlink may lead anywhere (/dev/zero); a blob is a plain file.
+    if (::lstat(p.c_str(), &st) != 0) {
+      if (errno == ENOENT)
+        throw Error(Errc::kCorrupt,
+                    "checkpoint " + ckpt.string() + " is damaged: blob " + b.name + " is missing");
+      throw_errno(Errc::kIo, "stat " + p.string());
+    }
+    if (!S_ISREG(st.st_mode))
+      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
+                                      " is not a regular file" +
+                                      (S_ISLNK(st.st_mode) ? " (a symbolic link)" : ""));
+    const auto size = static_cast<std::uint64_t>(st.st_size);
+    if (size < b.size)
+      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
+                                      " is truncated (" + std::to_string(size) + " of " +
+                                      std::to_string(b.size) + " bytes)");
+    if (size > b.size)
+      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
+                                      " is larger than recorded (" + std::to_string(size) +
+                                      " bytes, manifest says " + std::to_string(b.size) + ")");
+  }
 }
 
 }  // namespace gpuckpt::image

@@ -7,6 +7,7 @@
 
 #include "gpuckpt/image.h"
 #include "gpuckpt/timing.h"
+#include "image/manifest.h"
 #include "image/pipeline.h"
 
 namespace gpuckpt::image {
@@ -39,5 +40,23 @@ bool looks_cached(const std::filesystem::path& path, std::uint64_t size);
 
 std::string utc_now_iso8601();
 std::string host_name();
+
+// Shared by pack and the streaming writer (stream_pack.h).
+// Throws Error(kUsage) for a chunk size, level, blob size or I/O setting out of range.
+void validate_pack_options(const PackOptions& o);
+// PackOptions::extra_json as a JSON object (null when empty); Error(kUsage) if it is not one.
+nlohmann::json parse_extra_json(const std::string& text);
+// Whether `inner` lies inside `outer` (after resolving links).
+bool is_within(const std::filesystem::path& inner, const std::filesystem::path& outer);
+// --force may replace a previous checkpoint or an empty directory, never arbitrary data;
+// Error(kExists / kInvalidInput) otherwise.
+void check_pack_output(const std::filesystem::path& output, bool force);
+// Writes `data` to dir/name (mode 0600, fsynced) through a temporary name and a rename.
+void write_private_file(const std::filesystem::path& dir, const char* name,
+                        const std::string& data);
+
+// Shared by unpack, verify and the streaming reader: missing, truncated or oversized blobs
+// are reported up front, by name (Error(kCorrupt)).
+void check_blobs(const Manifest& m, const std::filesystem::path& ckpt);
 
 }  // namespace gpuckpt::image

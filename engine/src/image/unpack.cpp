@@ -67,34 +67,6 @@ std::uint32_t largest_chunk(const Manifest& m) {
   return n;
 }
 
-// Missing or truncated blobs are reported up front, by name, before any work starts.
-void check_blobs(const Manifest& m, const fs::path& ckpt) {
-  for (const auto& b : m.blobs) {
-    const fs::path p = ckpt / b.name;
-    struct stat st {};
-    // lstat: a symlink may lead anywhere (/dev/zero); a blob is a plain file.
-    if (::lstat(p.c_str(), &st) != 0) {
-      if (errno == ENOENT)
-        throw Error(Errc::kCorrupt,
-                    "checkpoint " + ckpt.string() + " is damaged: blob " + b.name + " is missing");
-      throw_errno(Errc::kIo, "stat " + p.string());
-    }
-    if (!S_ISREG(st.st_mode))
-      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
-                                      " is not a regular file" +
-                                      (S_ISLNK(st.st_mode) ? " (a symbolic link)" : ""));
-    const auto size = static_cast<std::uint64_t>(st.st_size);
-    if (size < b.size)
-      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
-                                      " is truncated (" + std::to_string(size) + " of " +
-                                      std::to_string(b.size) + " bytes)");
-    if (size > b.size)
-      throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +
-                                      " is larger than recorded (" + std::to_string(size) +
-                                      " bytes, manifest says " + std::to_string(b.size) + ")");
-  }
-}
-
 [[noreturn]] void chunk_corrupt(const fs::path& ckpt, const Manifest& m, const UnpackChunk& c,
                                 const std::string& why) {
   const auto& e = m.entries[c.entry];

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <thread>
 
@@ -105,10 +106,11 @@ UniqueFd connect_tcp(const std::string& target, Clock::time_point deadline, std:
     err = std::string("cannot resolve ") + host + ": " + ::gai_strerror(rc);
     return {};
   }
+  // Owned at once: connect_once throws on a failing socket() or poll().
+  const std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> owned(res, &::freeaddrinfo);
   UniqueFd fd;
   for (addrinfo* ai = res; ai && !fd; ai = ai->ai_next)
     fd = connect_once(ai->ai_addr, ai->ai_addrlen, deadline, err);
-  ::freeaddrinfo(res);
   return fd;
 }
 

@@ -20,9 +20,6 @@ std::string wait_for_line(int fd, const std::string& text, std::chrono::millisec
 // early (e.g. when the service being probed has exited, there is no point polling on).
 std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>& between_attempts);
 
-// "unix:/run/llm.sock", "tcp:127.0.0.1:8000", "stdout:ready", "none": for messages.
-std::string describe_probe(const ReadinessProbe& probe);
-
 // Throws Error(kUsage) for a stdout probe: it can only watch a process gpuckpt starts itself,
 // not a restored one. Restore and migrate call it before they touch anything.
 void require_socket_probe(const ReadinessProbe& probe);

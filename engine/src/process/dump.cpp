@@ -10,8 +10,10 @@
 #include "criu/criu.h"
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
+#include "criu/streamer.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "image/stream_pack.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
 #include "process/proc_info.h"
@@ -60,6 +62,7 @@ struct Target {
   std::uint64_t memory_bytes = 0;
   bool tcp_listener = false;
   std::vector<std::string> unix_listeners;  // absolute paths, "@name" for abstract ones
+  std::uint64_t largest_ghost = 0;          // largest deleted file held (CRIU's ghost files)
 };
 
 Target preflight_target(pid_t pid) {
@@ -92,6 +95,7 @@ Target preflight_target(pid_t pid) {
                       "re-checkpointable");
     t.memory_bytes += dumpable_memory_bytes(q);
     t.tcp_listener |= has_tcp_listener(q);
+    t.largest_ghost = std::max(t.largest_ghost, largest_deleted_file_bytes(q));
     std::error_code ec;
     const fs::path cwd = fs::read_symlink("/proc/" + std::to_string(q) + "/cwd", ec);
     for (const auto& l : unix_listeners(q)) {
@@ -130,9 +134,24 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
         criu::kPluginFile);
 
   // CRIU would find out after freezing the tree for as long as it took to fill the tmpfs.
-  const std::uint64_t need = target.memory_bytes;
+  // The checkpoint moves the tree's VRAM into its host memory first: stage that too.
+  const std::uint64_t need = target.memory_bytes + gpu_memory_of(target.tree);
+  bool stream = o.staging_mode == StagingMode::kStream;
+  if (stream) {
+    // The longest images path make_staging() creates: gpuckpt-dump-<guard pid>-XXXXXX.
+    const std::string why = criu::stream_unsupported_reason(
+        o.staging_root / "gpuckpt-dump-4194304-XXXXXX" / "images", o.criu.extra_args);
+    if (!why.empty()) {
+      out.result.staging_note = why;
+      spdlog::warn("cannot stream CRIU's images ({}): staging them in {} instead", why,
+                   o.staging_root.string());
+      stream = false;
+    }
+  }
+  out.result.staging_mode = stream ? StagingMode::kStream : StagingMode::kStaged;
+  // Streaming stages nothing but CRIU's log and stats.
   const std::uint64_t free_bytes = fs::space(o.staging_root).available;
-  if (need > free_bytes)
+  if (!stream && need > free_bytes)
     throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
                                std::to_string(free_bytes >> 20) + " MiB free, but the tree of " +
                                std::to_string(o.pid) + " has " + std::to_string(need >> 20) +
@@ -149,6 +168,7 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
     for (auto& u : nvidia_gpu_uuids(q))
       if (std::find(rec.gpu_uuids.begin(), rec.gpu_uuids.end(), u) == rec.gpu_uuids.end())
         rec.gpu_uuids.push_back(u);
+  rec.gpus = describe_checkpointed_gpus(rec.gpu_uuids, target.tree);  // for restore's checks
   rec.tcp_listener = target.tcp_listener;
   rec.unix_listeners = target.unix_listeners;
   rec.tcp_established = o.tcp_established ? "established" : "closed";
@@ -163,7 +183,12 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
   a.images_dir = images;
   a.final_state = o.leave_running ? criu::FinalState::kRunning : criu::FinalState::kStopped;
   a.shell_job = rec.shell_job;
+  a.stream = stream;
   a.extra_args = criu::tcp_args(o.tcp_established);
+  // A /dev/shm segment unlinked once mapped (vLLM's and SGLang's shared rings) is a ghost file
+  // to CRIU, refused above 1 MiB: raise the limit to what this tree holds.
+  if (target.largest_ghost > (1u << 20))
+    a.extra_args.push_back("--ghost-limit=" + std::to_string(target.largest_ghost + (1u << 20)));
   a.extra_args.insert(a.extra_args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   a.timeout = o.criu.timeout;
   // CRIU's --timeout bounds the freezing stage, which includes the plugin's CUDA lock.
@@ -177,14 +202,38 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
   a.env = {std::string(criu::kEnvReport) + "=" + report_path.string(),
            std::string(criu::kEnvFinalState) + "=" + (o.leave_running ? "running" : "stopped"),
            std::string(criu::kEnvLockTimeoutMs) + "=" + std::to_string(o.lock_timeout.count())};
+  for (auto& e : plugin_device_env({})) a.env.push_back(std::move(e));
   const auto argv = criu::dump_argv(inst, a, images / "dump.log");
   rec.criu_args.assign(argv.begin() + 1, argv.end());
   guard.protect(o.pid, target.tree);
   preflight.reset();
 
+  // Streaming: the checkpoint is built while CRIU dumps. Its temporary directory is the
+  // guard's to remove, exactly as the staged pack's is.
+  std::optional<image::StreamPacker> packer;
+  std::optional<criu::DumpStreamer> streamer;
+  if (stream) {
+    try {
+      PackOptions po = o.pack;
+      po.on_temp_path = [&guard](const fs::path& p) {
+        guard.remove_on_recovery(p);
+        fault_point("compress_write");
+      };
+      packer.emplace(o.output, po, images);
+      streamer.emplace(images, *packer);
+    } catch (const std::exception& e) {
+      const auto* ge = dynamic_cast<const Error*>(&e);
+      packer.reset();
+      const std::string undone = guard.abort();
+      throw Error(ge ? ge->code() : Errc::kInternal,
+                  std::string(e.what()) + "\nno checkpoint was written; " + undone);
+    }
+  }
+
   criu::Run run;
   {
-    DirProgress progress(o.pack.progress, "criu_dump", images, need);
+    std::optional<DirProgress> progress;
+    if (!stream) progress.emplace(o.pack.progress, "criu_dump", images, need);
     try {
       run = criu::dump(inst, a);
       guard.criu_finished();
@@ -197,10 +246,25 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
       } catch (const Error&) {
       }
       const bool device = rep && !rep->all_ok();
+      // A streamer that could not store an image closed CRIU's pipes: that is the cause.
+      std::string cause;
+      Errc code = e.code();
+      if (streamer) {
+        try {
+          streamer->finish();
+        } catch (const Error& se) {
+          cause = std::string("storing CRIU's images failed: ") + se.what() + "\n";
+          code = se.code();
+        } catch (const std::exception& se) {
+          cause = std::string("storing CRIU's images failed: ") + se.what() + "\n";
+        }
+        streamer.reset();
+        packer.reset();
+      }
       guard.criu_finished();
       const std::string undone = guard.abort();
-      throw Error(device ? Errc::kDevice : e.code(),
-                  (device ? "CUDA checkpoint failed: " + rep->first_error() + "\n" : "") +
+      throw Error(device ? Errc::kDevice : code,
+                  (device ? "CUDA checkpoint failed: " + rep->first_error() + "\n" : "") + cause +
                       e.what() + "\nno checkpoint was written; " + undone);
     }
   }
@@ -210,7 +274,19 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
     // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
     rec.tree = o.leave_running ? target.tree : process_tree(o.pid);
     guard.protect(o.pid, rec.tree);
-    out.result.image_bytes = tree_bytes(images);
+    if (streamer) {
+      streamer->finish();  // everything CRIU sent is in the packer now
+      spdlog::debug("criu streamed {} image files", streamer->files().size());
+      streamer.reset();
+      // What CRIU (and the plugin) left as files: its log, stats-dump, the plugin's report.
+      // They belong to the checkpoint as in a staged dump.
+      for (const auto& f : fs::directory_iterator(images))
+        if (f.is_regular_file() && !f.is_symlink())
+          packer->add_file(f.path().filename().string(), f.path());
+      out.result.image_bytes = packer->raw_bytes();
+    } else {
+      out.result.image_bytes = tree_bytes(images);
+    }
     const auto stats = criu::read_dump_stats(images);
     const auto plugin = criu::read_plugin_report(report_path);
     if (!plugin && !inst.plugin_dir.empty())
@@ -227,17 +303,27 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
     out.result.tree = rec.tree;
 
     rec.timeline = tl;
-    PackOptions po = o.pack;
-    po.extra_json = to_extra_json(rec);
-    po.on_temp_path = [&guard](const fs::path& p) {
-      guard.remove_on_recovery(p);
-      fault_point("compress_write");
-    };
-    auto scope = tl.scope("compress_write");
-    const TransferResult tr = pack(images, o.output, po);
-    scope.set_bytes(tr.raw_bytes);
+    if (packer) {
+      packer->finish(to_extra_json(rec));
+      // compress_write overlaps criu_dump: from CRIU's first image byte to the published
+      // manifest.
+      tl.add("compress_write", packer->first_byte, Timeline::Clock::now(), packer->raw_bytes());
+      packer.reset();
+    } else {
+      PackOptions po = o.pack;
+      po.extra_json = to_extra_json(rec);
+      po.on_temp_path = [&guard](const fs::path& p) {
+        guard.remove_on_recovery(p);
+        fault_point("compress_write");
+      };
+      auto scope = tl.scope("compress_write");
+      const TransferResult tr = pack(images, o.output, po);
+      scope.set_bytes(tr.raw_bytes);
+    }
   } catch (const std::exception& e) {
     const auto* ge = dynamic_cast<const Error*>(&e);
+    streamer.reset();
+    packer.reset();
     const std::string undone = guard.abort();
     throw Error(ge ? ge->code() : Errc::kInternal,
                 std::string(e.what()) + "\nno checkpoint was written; " + undone);
@@ -249,6 +335,16 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
 }
 
 }  // namespace process
+
+const char* staging_mode_name(StagingMode m) {
+  return m == StagingMode::kStream ? "stream" : "staged";
+}
+
+StagingMode parse_staging_mode(const std::string& s) {
+  if (s == "stream") return StagingMode::kStream;
+  if (s == "staged") return StagingMode::kStaged;
+  throw Error(Errc::kUsage, "staging mode must be 'stream' or 'staged', not '" + s + "'");
+}
 
 DumpResult dump(const DumpOptions& opts) {
   process::Guard guard("dump");

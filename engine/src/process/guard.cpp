@@ -18,6 +18,7 @@
 #include "gpuckpt/process.h"
 #include "process/proc_info.h"
 #include "process/restore_impl.h"
+#include "process/support.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -273,11 +274,13 @@ std::string recover(const Plan& p) {
   }
   // 2. the copies, which may own the service's endpoints.
   for (const auto& [pid, init] : p.copies) {
-    if (init > 0) ::kill(init, SIGKILL);  // takes its whole pid namespace
-    if (pid > 0) {
-      for (pid_t q : process_tree(pid)) ::kill(q, SIGKILL);
-      wait_ended(pid, std::chrono::seconds(10));
-    }
+    // The namespace's init with everything below it, or the copy's own tree. end_tree locks
+    // restored CUDA processes before it kills them (cuda-checkpoint#53).
+    std::vector<pid_t> tree = process_tree(init > 0 ? init : pid);
+    if (init > 0 && pid > 0)
+      for (pid_t q : process_tree(pid))
+        if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
+    end_tree(tree, 10000);
     say(log, "the restored copy " + std::to_string(pid > 0 ? pid : init) + " was killed");
   }
   // 3. paths a rollback must put back.

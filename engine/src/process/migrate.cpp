@@ -127,6 +127,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   d.output = res.checkpoint;
   d.leave_running = false;  // kept stopped: dump_keep_stopped does not end it
   d.staging_root = o.staging_root;
+  d.staging_mode = o.staging_mode;
   d.pack = o.pack;
   d.lock_timeout = o.lock_timeout;
   d.tcp_established = o.tcp_established;
@@ -153,6 +154,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   r.checkpoint = res.checkpoint;
   r.gpu_map = o.gpu_map;
   r.staging_root = o.staging_root;
+  r.staging_mode = o.staging_mode;
   r.unpack.progress = o.pack.progress;
   r.probe = o.probe;
   r.new_pid_ns = !release;

@@ -1,6 +1,7 @@
 #include "process/proc_info.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -188,6 +189,26 @@ std::string undumpable_reason(const ProcInfo& p) {
   return {};
 }
 
+std::uint64_t largest_deleted_file_bytes(pid_t pid) {
+  std::uint64_t largest = 0;
+  const fs::path dir = "/proc/" + std::to_string(pid);
+  // fds and mappings alike: /proc/PID/map_files links name the mapped file, "(deleted)" if gone.
+  for (const char* sub : {"fd", "map_files"}) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir / sub, ec)) {
+      std::error_code ec2;
+      const std::string target = fs::read_symlink(e.path(), ec2).string();
+      if (ec2 || target.size() < 10 || target.compare(target.size() - 10, 10, " (deleted)") != 0 ||
+          target.rfind("/memfd:", 0) == 0)
+        continue;
+      struct stat st {};
+      if (::stat(e.path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
+        largest = std::max<std::uint64_t>(largest, static_cast<std::uint64_t>(st.st_size));
+    }
+  }
+  return largest;
+}
+
 bool in_child_pid_namespace(pid_t pid) {
   std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/status"));
   for (std::string line; std::getline(in, line);) {
@@ -198,10 +219,6 @@ bool in_child_pid_namespace(pid_t pid) {
     return n > 1;
   }
   return false;
-}
-
-std::vector<pid_t> pids_with_comm(const std::string& comm) {
-  return live_pids_where([&](const ProcInfo& p) { return p.comm == comm; });
 }
 
 bool has_tcp_listener(pid_t pid) {

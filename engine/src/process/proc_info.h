@@ -41,8 +41,6 @@ std::uint64_t dumpable_memory_bytes(pid_t pid);
 // /proc/driver/nvidia/gpus/*/information. Empty without the NVIDIA driver.
 std::vector<std::string> nvidia_gpu_uuids(pid_t pid);
 
-// Pids whose comm is `comm` (for tests and diagnostics).
-std::vector<pid_t> pids_with_comm(const std::string& comm);
 // Live (not zombie) processes for which `pred` holds.
 std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& pred);
 
@@ -55,6 +53,11 @@ std::vector<pid_t> process_tree(pid_t root);
 // to stop it. Covers kernel threads, io_uring instances (CRIU 4.2 cannot dump them) and
 // processes stopped or traced by someone else.
 std::string undumpable_reason(const ProcInfo& p);
+
+// Size of the largest deleted (unlinked) regular file the process holds open or mapped, such as
+// a /dev/shm segment removed once every worker mapped it. CRIU copies such "ghost" files into
+// the images and refuses ones above its --ghost-limit (1 MiB by default).
+std::uint64_t largest_deleted_file_bytes(pid_t pid);
 
 // True if the process lives in a pid namespace below ours (e.g. one that `restore --new-pidns`
 // or a same-host migration created): CRIU can dump such a process only with its namespace's

@@ -10,19 +10,40 @@ namespace gpuckpt::process {
 
 namespace {
 
-json stages_json(const Timeline& t) {
-  json stages = json::array();
-  for (const auto& s : t.stages())
-    stages.push_back(
-        {{"name", s.name}, {"seconds", s.seconds}, {"start", s.start_offset}, {"bytes", s.bytes}});
-  return {{"total_seconds", t.total_seconds()}, {"stages", stages}};
+json gpus_json(const std::vector<RecordedGpu>& gpus) {
+  json a = json::array();
+  for (const auto& g : gpus)
+    a.push_back({{"uuid", g.uuid},
+                 {"name", g.name},
+                 {"compute_capability", {g.compute_major, g.compute_minor}},
+                 {"total_memory", g.total_memory},
+                 {"process_memory", g.process_memory}});
+  return a;
+}
+
+std::vector<RecordedGpu> gpus_from(const json& p, const std::vector<std::string>& uuids) {
+  std::vector<RecordedGpu> out;
+  if (!p.contains("gpus")) {  // an older record: the UUIDs are all there is
+    for (const auto& u : uuids) out.push_back(RecordedGpu{u});
+    return out;
+  }
+  for (const auto& g : p.at("gpus")) {
+    RecordedGpu r;
+    r.uuid = g.at("uuid").get<std::string>();
+    r.name = g.value("name", "");
+    if (g.contains("compute_capability")) {
+      const auto& cc = g.at("compute_capability");
+      r.compute_major = cc.at(0).get<int>();
+      r.compute_minor = cc.at(1).get<int>();
+    }
+    r.total_memory = g.value("total_memory", std::uint64_t{0});
+    r.process_memory = g.value("process_memory", std::uint64_t{0});
+    out.push_back(std::move(r));
+  }
+  return out;
 }
 
 }  // namespace
-
-std::string timeline_json(const Timeline& t) {
-  return stages_json(t).dump();
-}
 
 std::string to_extra_json(const ProcessRecord& r) {
   json p{{"version", r.version},
@@ -36,11 +57,12 @@ std::string to_extra_json(const ProcessRecord& r) {
          {"criu", {{"version", r.criu_version}, {"dump_args", r.criu_args}}},
          {"cuda", r.cuda},
          {"gpu_uuids", r.gpu_uuids},
+         {"gpus", gpus_json(r.gpus)},
          {"tree", r.tree},
          {"cuda_pids", r.cuda_pids},
          {"tcp", {{"listener", r.tcp_listener}, {"established", r.tcp_established}}},
          {"unix_listeners", r.unix_listeners},
-         {"dump_timeline", stages_json(r.timeline)}};
+         {"dump_timeline", timeline_json(r.timeline)}};
   return json{{"process", p}}.dump();
 }
 
@@ -65,6 +87,7 @@ std::optional<ProcessRecord> from_extra_json(const std::string& extra_json) {
     }
     r.cuda = p.value("cuda", false);
     r.gpu_uuids = p.value("gpu_uuids", std::vector<std::string>{});
+    r.gpus = gpus_from(p, r.gpu_uuids);
     r.tree = p.value("tree", std::vector<pid_t>{});
     if (r.tree.empty()) r.tree.push_back(r.pid);  // records of single-process dumps
     r.cuda_pids = p.value("cuda_pids", std::vector<pid_t>{});

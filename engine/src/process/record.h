@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "gpuckpt/device.h"
 #include "gpuckpt/timing.h"
 
 namespace gpuckpt::process {
@@ -27,6 +28,9 @@ struct ProcessRecord {
   std::vector<std::string> criu_args;  // criu dump's arguments (without the binary)
   bool cuda = false;
   std::vector<std::string> gpu_uuids;
+  // The same GPUs described (name, chip, memory, the tree's VRAM on each), for the restore's
+  // checks. Records written before these existed have UUIDs only (the other fields empty).
+  std::vector<RecordedGpu> gpus;
   // Every process of the dumped tree (root first) and those with CUDA state; a restore needs
   // all of these pids free.
   std::vector<pid_t> tree;
@@ -44,8 +48,5 @@ struct ProcessRecord {
 std::string to_extra_json(const ProcessRecord& r);
 // nullopt if `extra_json` has no process record; throws Error(kCorrupt) if it is malformed.
 std::optional<ProcessRecord> from_extra_json(const std::string& extra_json);
-
-// Stages as JSON (name, seconds, start, bytes), the same shape as the CLI's --json timeline.
-std::string timeline_json(const Timeline& t);
 
 }  // namespace gpuckpt::process

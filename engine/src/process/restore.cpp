@@ -15,9 +15,12 @@
 #include "criu/criu.h"
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
+#include "criu/streamer.h"
 #include "device/cuda_checkpoint.h"
+#include "device/cuda_driver.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "image/stream_pack.h"
 #include "probe/probe.h"
 #include "process/guard.h"
 #include "process/pidns.h"
@@ -81,11 +84,14 @@ bool check_pid_free(const ProcessRecord& rec, pid_t pid) {
 }  // namespace
 
 void kill_restored(const RestoreResult& r) {
-  if (r.pidns_init > 0) ::kill(r.pidns_init, SIGKILL);  // takes the whole namespace with it
   std::vector<pid_t> tree = r.tree;
   if (r.pid > 0)
     for (pid_t q : process_tree(r.pid))
       if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
+  // Lock live CUDA processes before any SIGKILL, the namespace's init's included
+  // (cuda-checkpoint#53); best effort and bounded.
+  device::lock_before_kill(tree);
+  if (r.pidns_init > 0) ::kill(r.pidns_init, SIGKILL);  // takes the whole namespace with it
   end_tree(tree, 10000);
 }
 
@@ -139,21 +145,14 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   }
   if (!o.gpu_map.empty() && !rec->cuda)
     spdlog::warn("{} holds no CUDA state: the GPU map has nothing to remap", o.checkpoint.string());
-  if (!o.gpu_map.empty() && rec->cuda) {
-    // The driver needs a target for every GPU the process used.
-    for (const auto& uuid : rec->gpu_uuids) {
-      bool mapped = false;
-      for (const auto& [from, to] : o.gpu_map.pairs) mapped |= from == uuid;
-      if (!mapped)
-        throw Error(Errc::kUsage, "the checkpointed process used GPU " + uuid +
-                                      ", which the GPU map does not map (map every GPU it used)");
-    }
-  }
   if (rec->cuda) {
     std::string why;
-    if (!device::checkpoint_api_available(&why))
+    // Judged without cuInit here: the CUDA work, and its one cuInit, happen in criu's plugin.
+    if (!device::probe_checkpoint_api(&why))
       throw Error(Errc::kNoDevice,
                   "the checkpoint holds CUDA state but it cannot be restored here: " + why);
+    // Before any process exists: every checkpointed GPU mapped, same chip types, free VRAM.
+    check_restore_targets(rec->gpus, o.gpu_map);
   }
   const criu::Installation inst = criu::locate(o.criu.binary);
   if (o.criu.check) criu::check(inst);
@@ -162,12 +161,24 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
                 "the checkpoint holds CUDA state but gpuckpt's CRIU plugin was not found (set "
                 "GPUCKPT_CRIU_PLUGIN_DIR)");
 
+  bool stream = o.staging_mode == StagingMode::kStream;
+  if (stream) {
+    const std::string why = criu::stream_unsupported_reason(
+        o.staging_root / "gpuckpt-restore-4194304-XXXXXX" / "images", o.criu.extra_args);
+    if (!why.empty()) {
+      spdlog::warn("cannot stream the checkpoint into CRIU ({}): unpacking it to {} first", why,
+                   o.staging_root.string());
+      stream = false;
+    }
+  }
+  out.staging_mode = stream ? StagingMode::kStream : StagingMode::kStaged;
   std::error_code ec;
   const auto space = fs::space(o.staging_root, ec);
   if (ec || !fs::is_directory(o.staging_root, ec))
     throw Error(Errc::kInvalidInput,
                 "staging directory " + o.staging_root.string() + " does not exist");
-  if (info.raw_bytes > space.available)
+  // Streaming stages nothing but CRIU's log and stats.
+  if (!stream && info.raw_bytes > space.available)
     throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
                                std::to_string(space.available >> 20) +
                                " MiB free, but the checkpoint unpacks to " +
@@ -179,7 +190,16 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
                           : TempDir(o.staging_root, "gpuckpt-restore");
   if (guard) guard->remove_on_recovery(staging.path());
   const fs::path images = staging.path() / "images";
-  {
+  // Streaming: CRIU asks for each image as it needs it, and gets it from the checkpoint
+  // (verified chunk by chunk) through a pipe; a damaged checkpoint is still found from the seal
+  // and the blobs' sizes before criu starts.
+  std::optional<image::CheckpointSource> source;
+  std::optional<criu::RestoreStreamer> streamer;
+  if (stream) {
+    fs::create_directory(images);
+    source.emplace(o.checkpoint);
+    streamer.emplace(images, *source);
+  } else {
     auto scope = tl.scope("read_decompress");
     const TransferResult tr = unpack(o.checkpoint, images, o.unpack);
     scope.set_bytes(tr.raw_bytes);
@@ -189,6 +209,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   a.images_dir = images;
   a.pidfile = staging.path() / "restore.pid";
   a.shell_job = rec->shell_job;
+  a.stream = stream;
   a.extra_args = criu::tcp_args(rec->tcp_established == "established");
   a.extra_args.insert(a.extra_args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   a.timeout = o.criu.timeout;
@@ -199,40 +220,67 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   const fs::path report_path = staging.path() / criu::kRestoreReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + report_path.string(),
            std::string(criu::kEnvGpuMap) + "=" + gpu_map_env(o.gpu_map)};
+  for (auto& e : plugin_device_env(rec->cuda_pids)) a.env.push_back(std::move(e));
 
   if (o.unpack.progress) o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
   criu::Run run;
-  if (o.new_pid_ns) {
-    const fs::path log = staging.path() / "restore.log";
-    run.argv = criu::restore_argv(inst, a, log);
-    run.log = log;
-    run.start = std::chrono::steady_clock::now();
-    const PidnsRun pr = run_in_new_pidns(run.argv, a.env, staging.path() / "criu-restore.out",
-                                         a.timeout, [&](pid_t init) {
-                                           // The whole namespace goes with its init: the copy
-                                           // cannot outlive a rollback, even one that starts while
-                                           // criu still restores it.
-                                           if (guard && provisional)
-                                             guard->kill_on_recovery(0, init);
-                                           fault_point("criu_restore");
-                                         });
-    run.end = std::chrono::steady_clock::now();
-    out.pidns_init = pr.init_pid;
-    if (!pr.criu.ok()) {
-      ::kill(pr.init_pid, SIGKILL);
-      criu::check_exit("criu restore (in a new pid namespace)", pr.criu,
-                       criu::preserve_log(log, "criu-restore"));
+  try {
+    if (o.new_pid_ns) {
+      const fs::path log = staging.path() / "restore.log";
+      run.argv = criu::restore_argv(inst, a, log);
+      run.log = log;
+      run.start = std::chrono::steady_clock::now();
+      const PidnsRun pr = run_in_new_pidns(run.argv, a.env, staging.path() / "criu-restore.out",
+                                           a.timeout, [&](pid_t init) {
+                                             // The whole namespace goes with its init: the copy
+                                             // cannot outlive a rollback, even one that starts
+                                             // while criu still restores it.
+                                             if (guard && provisional)
+                                               guard->kill_on_recovery(0, init);
+                                             fault_point("criu_restore");
+                                           });
+      run.end = std::chrono::steady_clock::now();
+      out.pidns_init = pr.init_pid;
+      if (!pr.criu.ok()) {
+        ::kill(pr.init_pid, SIGKILL);
+        criu::check_exit("criu restore (in a new pid namespace)", pr.criu,
+                         criu::preserve_log(log, "criu-restore"));
+      }
+      try {
+        out.ns_pid = read_pidfile(a.pidfile);
+        out.pid = host_pid_in_ns(pr.init_pid, out.ns_pid);
+      } catch (...) {
+        ::kill(pr.init_pid, SIGKILL);
+        throw;
+      }
+    } else {
+      run = criu::restore(inst, a);
+      out.pid = out.ns_pid = read_pidfile(a.pidfile);
     }
+  } catch (const Error& e) {
+    // A damaged chunk was never written to CRIU: its pipe was closed, CRIU failed on a
+    // truncated image and removed what it had restored. The checkpoint is the cause.
+    if (streamer) {
+      try {
+        streamer->finish();
+      } catch (const Error& se) {
+        throw Error(se.code(), std::string(se.what()) +
+                                   "\nno process was left running: criu restore stopped on it (" +
+                                   e.what() + ")");
+      }
+    }
+    throw;
+  }
+  if (streamer) {
     try {
-      out.ns_pid = read_pidfile(a.pidfile);
-      out.pid = host_pid_in_ns(pr.init_pid, out.ns_pid);
+      streamer->finish();
     } catch (...) {
-      ::kill(pr.init_pid, SIGKILL);
+      kill_restored(out);
       throw;
     }
-  } else {
-    run = criu::restore(inst, a);
-    out.pid = out.ns_pid = read_pidfile(a.pidfile);
+    // read_decompress overlaps criu_restore: CRIU reads its images while it restores.
+    tl.add("read_decompress", run.start, Timeline::Clock::now(), source->raw_written());
+    streamer.reset();
   }
   if (guard) guard->criu_finished();
   if (guard && provisional) guard->kill_on_recovery(out.pid, out.pidns_init);

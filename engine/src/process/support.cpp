@@ -6,11 +6,14 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <sstream>
 
+#include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
+#include "device/cuda_driver.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "process/proc_info.h"
@@ -104,6 +107,9 @@ TempDir make_staging(const fs::path& root, const std::string& prefix, pid_t guar
 }
 
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
+  // A live CUDA process is locked before it is killed (cuda-checkpoint#53). The budget is a
+  // part of the caller's: a lock that cannot be had in time does not stop the kill.
+  device::lock_before_kill(tree, std::chrono::milliseconds(std::min(timeout_ms / 3, 10000)));
   for (pid_t p : tree) ::kill(p, SIGKILL);
   std::vector<pid_t> left;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
@@ -122,6 +128,18 @@ std::string gpu_map_env(const GpuMap& map) {
     s += from + "=" + to;
   }
   return s;
+}
+
+std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids) {
+  std::vector<std::string> env;
+  if (const std::string lib = device::driver_library_path(); !lib.empty())
+    env.push_back(std::string(criu::kEnvLibcuda) + "=" + lib);
+  if (!cuda_pids.empty()) {
+    std::string pids;
+    for (pid_t p : cuda_pids) pids += (pids.empty() ? "" : ",") + std::to_string(p);
+    env.push_back(std::string(criu::kEnvCudaPids) + "=" + pids);
+  }
+  return env;
 }
 
 std::string hostname() {

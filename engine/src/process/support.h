@@ -46,11 +46,15 @@ bool kill_and_wait(pid_t pid, int timeout_ms = 30000);
 TempDir make_staging(const std::filesystem::path& root, const std::string& prefix, pid_t guard_pid);
 
 // SIGKILLs every process of a tree (not our children) and waits for each to end; returns those
-// still there after `timeout_ms`.
+// still there after `timeout_ms`. Live CUDA processes are locked first (device::
+// lock_before_kill: best effort, bounded).
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 30000);
 
 // Environment handed to criu for the plugin.
 std::string gpu_map_env(const GpuMap& map);
+// The device part of it (criu/plugin_report.h): the libcuda path this process found and, for a
+// restore, the pids recorded with CUDA state. Costs no cuInit.
+std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids);
 
 std::string hostname();
 

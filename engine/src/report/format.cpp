@@ -24,12 +24,6 @@ std::string fmt_sig3(double v) {
   return printf_str("%.2g", v);
 }
 
-std::string fmt_seconds(double s) {
-  if (s >= 1) return printf_str("%.2f s", s);
-  if (s >= 1e-3) return printf_str("%.1f ms", s * 1e3);
-  return printf_str("%.0f us", s * 1e6);
-}
-
 std::string fmt_gbps(double gbps) {
   return fmt_sig3(gbps) + " GB/s";
 }

@@ -7,7 +7,6 @@
 
 namespace gpuckpt::report {
 
-std::string fmt_seconds(double s);      // "12.40 s", "85.3 ms", "420 us"
 std::string fmt_gbps(double gbps);      // "4315 GB/s", "25.3 GB/s", "0.84 GB/s"
 std::string fmt_gflops(double gflops);  // "59000 GFLOP/s", "210 GFLOP/s", "12.6 GFLOP/s"
 std::string fmt_intensity(double fpb);  // "8.33 FLOP/B", "0.083 FLOP/B", "128 FLOP/B"

@@ -52,17 +52,6 @@ std::string string(const Json& j, const char* key) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
 }
 
-Json timeline_to_json(const Timeline& t) {
-  Json stages = Json::array();
-  for (const auto& s : t.stages())
-    stages.push_back({{"name", s.name},
-                      {"seconds", s.seconds},
-                      {"start", s.start_offset},
-                      {"bytes", s.bytes},
-                      {"gbps", s.gbps()}});
-  return {{"total_seconds", t.total_seconds()}, {"stages", stages}};
-}
-
 Timeline timeline_from_json(const Json& j, const std::string& source) {
   if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array())
     bad(source, "a timeline needs a 'stages' array");
@@ -93,14 +82,7 @@ Timeline timeline_from_json(const Json& j, const std::string& source) {
 }
 
 Json ceilings_to_json(const Ceilings& c) {
-  Json details = Json::object();
-  if (!c.details_json.empty()) {
-    try {
-      details = Json::parse(c.details_json);
-    } catch (const Json::exception&) {
-      details = {{"text", c.details_json}};
-    }
-  }
+  const Json details(c.details);
   return {{"target", c.target},
           {"device_name", c.device_name},
           {"bandwidth_gbps", c.bandwidth_gbps},
@@ -126,7 +108,8 @@ Ceilings ceilings_from_json(const Json& j, const std::string& source) {
     c.tensor_gflops = number(j, "tensor_gflops", source);
   c.method = string(j, "method");
   c.note = string(j, "note");
-  c.details_json = j.contains("details") && j["details"].is_object() ? j["details"].dump() : "{}";
+  c.details = j.contains("details") && j["details"].is_object() ? nlohmann::json(j["details"])
+                                                                : nlohmann::json::object();
   return c;
 }
 
@@ -153,7 +136,7 @@ RooflinePlacement placement_from_json(const Json& j, const std::string& source) 
 
 Json runs_json(const std::optional<Timeline>& t, const std::vector<double>& runs) {
   if (!t) return nullptr;
-  return {{"timeline", timeline_to_json(*t)}, {"runs", runs}};
+  return {{"timeline", Json(timeline_json(*t))}, {"runs", runs}};
 }
 
 void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
@@ -170,10 +153,6 @@ void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
 }
 
 }  // namespace
-
-std::string timeline_json(const Timeline& t) {
-  return timeline_to_json(t).dump();
-}
 
 std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
                           const std::optional<KernelMeasurement>& kernel) {
@@ -218,7 +197,7 @@ std::string bench_json(const std::string& kind, const std::vector<Timeline>& run
   Json all = Json::array();
   for (const auto& t : runs) {
     totals.push_back(t.total_seconds());
-    all.push_back(timeline_to_json(t));
+    all.push_back(Json(timeline_json(t)));
   }
   std::vector<double> sorted = totals;
   std::sort(sorted.begin(), sorted.end());
@@ -226,7 +205,7 @@ std::string bench_json(const std::string& kind, const std::vector<Timeline>& run
   const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
   Json j = {{"ok", true},
             {"kind", kind},
-            {"timeline", timeline_to_json(median_run(runs))},
+            {"timeline", Json(timeline_json(median_run(runs)))},
             {"runs", all},
             {"summary",
              {{"runs", n},

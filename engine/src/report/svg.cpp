@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpuckpt/report.h"
+#include "gpuckpt/support.h"
 #include "report/format.h"
 
 namespace gpuckpt {
@@ -348,9 +349,10 @@ double bars_panel(Svg& s, const TransientReport& r) {
           lane[i] == 0 ? bar_y : bar_y + kBarH + kLaneGap + (lane[i] - 1) * (kLaneH + kLaneGap);
       const double h = lane[i] == 0 ? kBarH : kLaneH;
       s.rect(kRx0 + st.start_offset * scale, y, std::max(st.seconds * scale, 0.75), h,
-             colour(st.name), "", st.name + ": " + fmt_seconds(st.seconds));
+             colour(st.name), "", st.name + ": " + format_seconds(st.seconds));
     }
-    s.text(kRx0 + total * scale + 6, bar_y + 19, fmt_seconds(total), 13, " font-weight=\"bold\"");
+    s.text(kRx0 + total * scale + 6, bar_y + 19, format_seconds(total), 13,
+           " font-weight=\"bold\"");
     yrow = bar_y + kBarH + (lanes - 1) * (kLaneH + kLaneGap) + 34;
   }
 

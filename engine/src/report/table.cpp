@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "gpuckpt/report.h"
+#include "gpuckpt/support.h"
 #include "report/format.h"
 
 namespace gpuckpt {
@@ -31,17 +32,17 @@ void transient(std::ostringstream& o, const char* title, const std::optional<Tim
     o << title << ": not measured\n";
     return;
   }
-  o << pad(std::string(title) + ":", 46) << lpad(fmt_seconds(t->total_seconds()), 10);
+  o << pad(std::string(title) + ":", 46) << lpad(format_seconds(t->total_seconds()), 10);
   if (runs.size() > 1) {
     std::vector<double> s = runs;
     std::sort(s.begin(), s.end());
-    o << "  (median run of " << s.size() << "; min " << fmt_seconds(s.front()) << ", max "
-      << fmt_seconds(s.back()) << ")";
+    o << "  (median run of " << s.size() << "; min " << format_seconds(s.front()) << ", max "
+      << format_seconds(s.back()) << ")";
   }
   o << "\n";
   for (const auto& st : t->stages()) {
-    o << "  " << pad(st.name, 24) << lpad(fmt_seconds(st.seconds), 10) << "  at "
-      << lpad(fmt_seconds(st.start_offset), 9);
+    o << "  " << pad(st.name, 24) << lpad(format_seconds(st.seconds), 10) << "  at "
+      << lpad(format_seconds(st.start_offset), 9);
     if (st.bytes) {
       char b[64];
       std::snprintf(b, sizeof b, "  %.1f MiB", static_cast<double>(st.bytes) / (1 << 20));

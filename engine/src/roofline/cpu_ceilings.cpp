@@ -182,7 +182,7 @@ Ceilings measure_cpu_ceilings(const MeasureOptions& opts) {
                       {"triad_gbps", bw.triad_gbps},   {"read_gbps", bw.read_gbps},
                       {"fma_chains", chains},          {"fma_iterations", fma.iters},
                       {"fma_seconds", fma.seconds}};
-  c.details_json = d.dump();
+  c.details = std::move(d);
   return c;
 }
 

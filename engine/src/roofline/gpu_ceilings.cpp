@@ -58,9 +58,10 @@ Ceilings parse_gpu_ceilings_json(const std::string& text) {
       j["tensor_gflops"].get<double>() > 0)
     c.tensor_gflops = j["tensor_gflops"].get<double>();
   const auto details = j.value("details", nlohmann::json::object());
-  c.details_json = details.is_object() ? details.dump() : "{}";
+  c.details = details.is_object() ? details : nlohmann::json::object();
   c.method = std::string("GPU kernels (") + kGpuBinary + "): streaming copy/triad bandwidth, " +
-             "FP32 FMA chains" + (c.tensor_gflops ? ", bf16 tensor-core MMA" : "");
+             "FP32 FMA chains" +
+             (c.tensor_gflops ? ", bf16 tensor-core mma.sync (not wgmma: understates Hopper)" : "");
   return c;
 }
 

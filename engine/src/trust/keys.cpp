@@ -9,6 +9,7 @@
 #include <cerrno>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "trust/secure_file.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
@@ -127,7 +128,7 @@ SigningKey SigningKey::load(const fs::path& path) {
     throw Error(Errc::kInvalidInput, what + " " + untrusted_because(st));
   if ((st.st_mode & 077) != 0)
     throw Error(Errc::kInvalidInput, what + " is accessible by group or others (mode " +
-                                         mode_octal(st.st_mode) + "); chmod 600 it");
+                                         format_mode(st.st_mode) + "); chmod 600 it");
   SigningKey k;
   const auto fields = split_ws(*text, 3);
   std::optional<std::vector<unsigned char>> sk;

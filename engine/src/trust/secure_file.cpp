@@ -1,4 +1,5 @@
 #include "trust/secure_file.h"
+#include "gpuckpt/support.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -11,12 +12,6 @@
 namespace fs = std::filesystem;
 
 namespace gpuckpt::trust {
-
-std::string mode_octal(mode_t mode) {
-  char buf[8];
-  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
-  return buf;
-}
 
 std::optional<std::string> read_regular_file(const fs::path& path, const std::string& what,
                                              const ReadLimits& limits, struct stat* st_out) {
@@ -72,7 +67,7 @@ std::string untrusted_because(const struct stat& st, bool sticky_ok) {
            (::geteuid() != 0 ? " or uid " + std::to_string(::geteuid()) : std::string()) + ")";
   if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 &&
       !(sticky_ok && S_ISDIR(st.st_mode) && (st.st_mode & S_ISVTX)))
-    return "is writable by group or others (mode " + mode_octal(st.st_mode) + ")";
+    return "is writable by group or others (mode " + format_mode(st.st_mode) + ")";
   return {};
 }
 

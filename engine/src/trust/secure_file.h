@@ -41,6 +41,4 @@ struct Untrusted {
 // as given and along its resolved location (a symlink's directory decides where it points).
 std::optional<Untrusted> untrusted_path(const std::filesystem::path& path);
 
-std::string mode_octal(mode_t mode);  // "0644"
-
 }  // namespace gpuckpt::trust

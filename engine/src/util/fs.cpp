@@ -23,7 +23,8 @@ void fsync_dir(const fs::path& dir) {
 
 fs::path temp_sibling(const fs::path& final_path) {
   static thread_local std::mt19937_64 rng{std::random_device{}()};
-  const fs::path parent = final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
+  const fs::path parent =
+      final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
   for (int i = 0; i < 100; ++i) {
     char suffix[17];
     std::snprintf(suffix, sizeof suffix, "%016llx", static_cast<unsigned long long>(rng()));
@@ -94,7 +95,9 @@ TempDir TempDir::at(const fs::path& path) {
   return t;
 }
 
-TempDir::TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
+TempDir::TempDir(TempDir&& o) noexcept : path_(std::move(o.path_)) {
+  o.path_.clear();
+}
 
 TempDir& TempDir::operator=(TempDir&& o) noexcept {
   if (this != &o) {

@@ -4,7 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gpuckpt/error.h"
-#include "gpuckpt/report.h"
+#include "gpuckpt/process.h"
 #include "probe/probe.h"
 #include "util/subprocess.h"
 

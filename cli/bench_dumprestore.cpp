@@ -1,0 +1,126 @@
+// `gpuckpt bench dump`: dump and restore side by side, gpuckpt streaming vs gpuckpt staged vs
+// plain CRIU on the same disk, as time ratios and peak extra host memory (docs/PERFORMANCE.md).
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <memory>
+
+#include "commands.h"
+#include "flags.h"
+
+namespace gpuckpt::cli {
+
+namespace {
+
+struct DumpBenchArgs {
+  std::string dir, staging = "/dev/shm", size = "1G", content = "mixed";
+  unsigned runs = 3;
+  CriuFlags criu;
+};
+
+std::uint64_t parse_bytes(const std::string& s) {
+  std::size_t pos = 0;
+  double v = 0;
+  try {
+    v = std::stod(s, &pos);
+  } catch (const std::exception&) {
+    throw Error(Errc::kUsage, "bad size: " + s);
+  }
+  std::uint64_t mult = 1;
+  if (pos < s.size()) {
+    switch (s[pos]) {
+      case 'k':
+      case 'K':
+        mult = 1ull << 10;
+        break;
+      case 'm':
+      case 'M':
+        mult = 1ull << 20;
+        break;
+      case 'g':
+      case 'G':
+        mult = 1ull << 30;
+        break;
+      default:
+        throw Error(Errc::kUsage, "bad size: " + s);
+    }
+  }
+  return static_cast<std::uint64_t>(v * static_cast<double>(mult));
+}
+
+void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
+  DumpRestoreBenchOptions o;
+  o.dir = a.dir;
+  o.staging_root = a.staging;
+  o.size = parse_bytes(a.size);
+  o.content = a.content;
+  o.runs = a.runs;
+  o.criu = a.criu.settings();
+  o.log = [](const std::string& line) { spdlog::info("{}", line); };
+  const DumpRestoreBenchResult r = bench_dump_restore(o);
+  const DumpRestoreBenchMethod* criu = nullptr;
+  for (const auto& m : r.methods)
+    if (m.name == "criu") criu = &m;
+  auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  if (ctx.json) {
+    nlohmann::json methods = nlohmann::json::array();
+    for (const auto& m : r.methods)
+      methods.push_back({{"name", m.name},
+                         {"dump_seconds", m.dump_seconds},
+                         {"restore_seconds", m.restore_seconds},
+                         {"dump_extra_bytes", m.dump_extra_bytes},
+                         {"restore_extra_bytes", m.restore_extra_bytes},
+                         {"dump_median_seconds", m.dump_median},
+                         {"restore_median_seconds", m.restore_median},
+                         {"dump_extra_median_bytes", m.dump_extra_median},
+                         {"restore_extra_median_bytes", m.restore_extra_median},
+                         {"dump_time_vs_criu", ratio(m.dump_median, criu->dump_median)},
+                         {"restore_time_vs_criu", ratio(m.restore_median, criu->restore_median)},
+                         {"checkpoint_bytes",
+                          r.checkpoint_bytes.count(m.name) ? r.checkpoint_bytes.at(m.name) : 0}});
+    ctx.emit({{"bench", "dump"},
+              {"process_bytes", r.process_bytes},
+              {"content", a.content},
+              {"runs", a.runs},
+              {"methods", methods}});
+    return;
+  }
+  std::printf("dump and restore of a %s process (%s weights), median of %u runs, on %s:\n",
+              human_bytes(r.process_bytes).c_str(), a.content.c_str(), a.runs, a.dir.c_str());
+  std::printf("%-8s %10s %8s %12s %7s   %10s %8s %12s %7s %11s\n", "method", "dump", "vs criu",
+              "extra mem", "of proc", "restore", "vs criu", "extra mem", "of proc", "on disk");
+  for (const auto& m : r.methods) {
+    const double pb = static_cast<double>(r.process_bytes);
+    std::printf(
+        "%-8s %10s %7.2fx %12s %6.1f%%   %10s %7.2fx %12s %6.1f%% %11s\n", m.name.c_str(),
+        format_seconds(m.dump_median).c_str(), ratio(m.dump_median, criu->dump_median),
+        human_bytes(m.dump_extra_median).c_str(),
+        100.0 * static_cast<double>(m.dump_extra_median) / pb,
+        format_seconds(m.restore_median).c_str(), ratio(m.restore_median, criu->restore_median),
+        human_bytes(m.restore_extra_median).c_str(),
+        100.0 * static_cast<double>(m.restore_extra_median) / pb,
+        human_bytes(r.checkpoint_bytes.count(m.name) ? r.checkpoint_bytes.at(m.name) : 0).c_str());
+  }
+}
+
+}  // namespace
+
+void add_bench_dumprestore(CLI::App& bench, Context& ctx) {
+  auto a = std::make_shared<DumpBenchArgs>();
+  auto* c = bench.add_subcommand(
+      "dump",
+      "Dump and restore a demo server three ways on the disk of DIR: gpuckpt streaming, gpuckpt "
+      "staged through tmpfs, plain criu dump/restore -D; time and peak extra host memory");
+  c->add_option("--dir", a->dir, "Directory on the disk under test (checkpoints, CRIU's images)")
+      ->required();
+  c->add_option("--size", a->size, "Process memory (weights), e.g. 4G");
+  c->add_option("--content", a->content, "Weights: mixed (half random, half fp16-like) or bf16")
+      ->check(CLI::IsMember({"mixed", "bf16"}));
+  c->add_option("--runs", a->runs, "Runs per method (medians reported)")->check(CLI::Range(1, 100));
+  c->add_option("--staging", a->staging, "tmpfs for the staged method (and CRIU's socket)");
+  a->criu.add(c);
+  c->fallthrough();
+  c->callback([a, &ctx] { run_dump_bench(*a, ctx); });
+}
+
+}  // namespace gpuckpt::cli

@@ -1,0 +1,18 @@
+// Small jobs the CLI shares with the engine, so that each has one implementation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "gpuckpt/unique_fd.h"
+
+namespace gpuckpt {
+
+std::string format_seconds(double s);         // "12.40 s", "85.3 ms", "420 us"
+std::string format_mode(std::uint32_t mode);  // permission bits as "0644"
+std::string format_hex64(std::uint64_t v);    // 16 lower-case hex digits
+// Runs `command` with /bin/sh -c (stdin from /dev/null); its exit code, or -1 if it was killed
+// or could not run.
+int run_shell(const std::string& command);
+
+}  // namespace gpuckpt

@@ -1,0 +1,676 @@
+#include "image/stream_pack.h"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <optional>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/gpuckpt.h"
+#include "image/async_io.h"
+#include "image/chunk_codec.h"
+#include "image/pipeline.h"
+#include "image/publish.h"
+#include "image/transfer_common.h"
+#include "trust/keys.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt::image {
+
+namespace {
+
+// A file's first buffer: most CRIU images are a few hundred bytes, and one is open per image
+// CRIU has open, so small files must not each cost a whole chunk.
+constexpr std::size_t kSmallBuffer = 64u << 10;
+
+double seconds_since(Timeline::Clock::time_point t) {
+  return std::chrono::duration<double>(Timeline::Clock::now() - t).count();
+}
+
+// Holds SIGPIPE blocked in this thread while it writes to a pipe whose reader may be gone, so
+// that the write fails with EPIPE instead of killing gpuckpt; a SIGPIPE raised meanwhile is
+// consumed before the mask is restored.
+class NoSigpipe {
+ public:
+  NoSigpipe() {
+    sigemptyset(&pipe_);
+    sigaddset(&pipe_, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
+  }
+  ~NoSigpipe() {
+    const timespec zero{0, 0};
+    while (sigtimedwait(&pipe_, nullptr, &zero) > 0) {
+    }
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  NoSigpipe(const NoSigpipe&) = delete;
+  NoSigpipe& operator=(const NoSigpipe&) = delete;
+
+ private:
+  sigset_t pipe_{}, old_{};
+};
+
+}  // namespace
+
+// Chunk-sized buffers are recycled: mapping and faulting in 4 MiB per chunk would cost a
+// noticeable share of the bandwidth.
+class StreamPacker::BufferPool {
+ public:
+  BufferPool(std::size_t bytes, std::size_t keep) : bytes_(bytes), keep_(keep) {}
+  AlignedBuffer get() {
+    std::lock_guard lock(mu_);
+    if (free_.empty()) return AlignedBuffer(bytes_);
+    AlignedBuffer b = std::move(free_.back());
+    free_.pop_back();
+    return b;
+  }
+  void put(AlignedBuffer b) {
+    if (b.size() != align_up(bytes_)) return;  // a small buffer: unmapped here
+    std::lock_guard lock(mu_);
+    if (free_.size() < keep_) free_.push_back(std::move(b));
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  std::size_t bytes_, keep_;
+  std::mutex mu_;
+  std::vector<AlignedBuffer> free_;
+};
+
+struct StreamPacker::Job {
+  FileId file = 0;
+  std::uint32_t index = 0;  // chunk index within the file
+  AlignedBuffer raw, out;
+  std::uint32_t raw_len = 0;
+  // Set by the worker.
+  const std::byte* data = nullptr;
+  std::uint32_t data_len = 0;
+  Codec codec = Codec::kRaw;
+  std::uint64_t hash = 0;
+  Digest digest{};
+  // Set by the writer.
+  ChunkRecord rec;
+};
+
+struct StreamPacker::OpenFile {
+  std::uint32_t entry = 0;  // index into m_.entries
+  AlignedBuffer buf;
+  std::size_t len = 0;  // bytes in buf
+  std::uint32_t next_chunk = 0;
+  std::uint64_t size = 0;
+  std::unique_ptr<StreamHash> hash = std::make_unique<StreamHash>();
+  bool open = true;
+};
+
+StreamPacker::StreamPacker(const fs::path& output, const PackOptions& opts, const fs::path& source)
+    : output_(output), opts_(opts) {
+  validate_pack_options(opts_);
+  if (output.empty()) throw Error(Errc::kUsage, "no output path given");
+  check_pack_output(output, opts_.force);
+  if (!opts_.sign_key.empty())
+    key_ = std::make_unique<trust::SigningKey>(trust::SigningKey::load(opts_.sign_key));
+  digest_ = key_ != nullptr;
+  parse_extra_json(opts_.extra_json);  // refused now rather than after the whole stream
+
+  m_.major = kImageFormatMajor;
+  m_.minor = kImageFormatMinor;
+  m_.created_by = std::string("gpuckpt ") + version();
+  m_.created_at = utc_now_iso8601();
+  m_.host = host_name();
+  m_.source = fs::absolute(source).lexically_normal().string();
+  m_.input_kind = "directory";
+  m_.chunk_bytes = opts_.chunk_bytes;
+  m_.zstd_level = opts_.zstd_level;
+
+  const unsigned threads = resolve_threads(opts_.threads);
+  const std::size_t buf = slot_buffer_bytes(opts_.chunk_bytes);
+  // The pipeline's slot budget (the same auto-sizing as pack): each chunk in flight holds its
+  // raw and its compressed form.
+  max_inflight_ = resolve_slots(opts_.inflight_chunks, threads, buf, ~0ull);
+  pool_ = std::make_unique<BufferPool>(opts_.chunk_bytes, 2 * max_inflight_ + 2);
+
+  const fs::path tmp_path = temp_sibling(output);
+  if (opts_.on_temp_path) opts_.on_temp_path(tmp_path);
+  tmp_ = TempDir::at(tmp_path);
+  if (::chmod(tmp_.path().c_str(), 0700) != 0)
+    throw_errno(Errc::kIo, "chmod " + tmp_.path().string());
+
+  threads_ = threads;
+  try {
+    for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
+    writer_ = std::thread([this] { writer_loop(); });
+  } catch (...) {
+    stop_threads();
+    throw;
+  }
+}
+
+StreamPacker::~StreamPacker() {
+  stop_threads();
+}
+
+void StreamPacker::stop_threads() {
+  {
+    std::lock_guard lock(mu_);
+    if (!error_ && !finished_)
+      error_ = std::make_exception_ptr(Error(Errc::kInternal, "the checkpoint was abandoned"));
+    closing_ = true;
+    workers_done_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_)
+    if (t.joinable()) t.join();
+  if (writer_.joinable()) writer_.join();
+}
+
+void StreamPacker::fail(std::exception_ptr e) {
+  {
+    std::lock_guard lock(mu_);
+    if (!error_) error_ = e;
+  }
+  cv_.notify_all();
+}
+
+void StreamPacker::check_failed() {
+  std::lock_guard lock(mu_);
+  if (error_) std::rethrow_exception(error_);
+}
+
+StreamPacker::FileId StreamPacker::open(const std::string& name, std::uint32_t mode) {
+  check_failed();
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
+      name == kManifestName || name == kSealName)
+    throw Error(Errc::kInvalidInput, "cannot store a file named '" + name + "' in a checkpoint");
+  for (const auto& e : m_.entries)
+    if (e.path == name) throw Error(Errc::kInvalidInput, "file '" + name + "' was sent twice");
+  ManifestEntry e;
+  e.path = name;
+  e.type = EntryType::kFile;
+  e.mode = mode & 07777;
+  e.xxh3 = xxh3(nullptr, 0);
+  m_.entries.push_back(std::move(e));
+  OpenFile f;
+  f.entry = static_cast<std::uint32_t>(m_.entries.size() - 1);
+  files_.push_back(std::move(f));
+  ++open_;
+  return static_cast<FileId>(files_.size() - 1);
+}
+
+std::span<std::byte> StreamPacker::space(FileId id) {
+  OpenFile& f = files_.at(id);
+  const std::size_t chunk = opts_.chunk_bytes;
+  if (f.buf.size() == 0) {
+    // A file that already filled a chunk is a large one: go straight to a chunk buffer.
+    f.buf = f.next_chunk > 0 ? pool_->get() : AlignedBuffer(std::min(kSmallBuffer, chunk));
+  } else if (f.len == std::min(f.buf.size(), chunk)) {
+    const std::size_t want = std::min(f.buf.size() * 2, chunk);
+    AlignedBuffer bigger = want >= chunk ? pool_->get() : AlignedBuffer(want);
+    std::memcpy(bigger.data(), f.buf.data(), f.len);
+    pool_->put(std::move(f.buf));
+    f.buf = std::move(bigger);
+  }
+  const std::size_t cap = std::min(f.buf.size(), chunk);
+  return {f.buf.data() + f.len, cap - f.len};
+}
+
+void StreamPacker::commit(FileId id, std::size_t n) {
+  if (n == 0) return;
+  OpenFile& f = files_.at(id);
+  if (raw_.load(std::memory_order_relaxed) == 0) first_byte = Timeline::Clock::now();
+  f.hash->update(f.buf.data() + f.len, n);
+  f.len += n;
+  f.size += n;
+  raw_.fetch_add(n, std::memory_order_relaxed);
+  if (f.len == opts_.chunk_bytes) submit_chunk(id);
+  if (opts_.progress) {
+    // At most a few calls a second (ProgressFn's contract), not one per pipe read.
+    const auto now = Timeline::Clock::now();
+    if (now - last_progress_ >= std::chrono::milliseconds(200)) {
+      last_progress_ = now;
+      opts_.progress(Progress{"criu_dump", raw_bytes(), 0, seconds_since(created_)});
+    }
+  }
+}
+
+void StreamPacker::submit_chunk(FileId id) {
+  OpenFile& f = files_.at(id);
+  auto job = std::make_unique<Job>();
+  job->file = id;
+  job->index = f.next_chunk++;
+  job->raw_len = static_cast<std::uint32_t>(f.len);
+  job->raw = std::move(f.buf);
+  f.buf = AlignedBuffer();
+  f.len = 0;
+  std::unique_lock lock(mu_);
+  // The memory bound: the producer (and so CRIU behind its pipe) waits for the disk.
+  cv_.wait(lock, [&] { return inflight_ < max_inflight_ || error_; });
+  if (error_) std::rethrow_exception(error_);
+  ++inflight_;
+  to_work_.push_back(std::move(job));
+  lock.unlock();
+  cv_.notify_all();
+}
+
+void StreamPacker::close(FileId id) {
+  OpenFile& f = files_.at(id);
+  if (!f.open) return;
+  if (f.len > 0) submit_chunk(id);
+  f.buf = AlignedBuffer();
+  ManifestEntry& e = m_.entries[f.entry];
+  e.size = f.size;
+  e.xxh3 = f.hash->digest();
+  f.hash.reset();
+  f.open = false;
+  --open_;
+}
+
+void StreamPacker::add_file(const std::string& name, const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) throw_errno(Errc::kIo, "open " + path.string());
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) throw_errno(Errc::kIo, "stat " + path.string());
+  const FileId id = open(name, st.st_mode & 07777);
+  for (;;) {
+    const auto room = space(id);
+    const ssize_t n = ::read(fd.get(), room.data(), room.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(Errc::kIo, "read " + path.string());
+    if (n == 0) break;
+    commit(id, static_cast<std::size_t>(n));
+  }
+  close(id);
+}
+
+void StreamPacker::worker_loop() {
+  try {
+    Compressor comp(opts_.zstd_level);
+    for (;;) {
+      std::unique_ptr<Job> job;
+      {
+        std::unique_lock lock(mu_);
+        cv_.wait(lock, [&] { return error_ || !to_work_.empty() || closing_; });
+        if (error_ || to_work_.empty()) return;
+        job = std::move(to_work_.front());
+        to_work_.pop_front();
+      }
+      const auto t0 = Timeline::Clock::now();
+      job->out = job->raw_len > kSmallBuffer ? pool_->get() : AlignedBuffer(job->raw_len);
+      const std::size_t n = comp.compress(job->raw.data(), job->raw_len, job->out.data(),
+                                          std::min<std::size_t>(job->out.size(), job->raw_len));
+      if (n > 0) {
+        job->data = job->out.data();
+        job->data_len = static_cast<std::uint32_t>(n);
+        job->codec = Codec::kZstd;
+      } else {  // incompressible: stored as is
+        job->data = job->raw.data();
+        job->data_len = job->raw_len;
+        job->codec = Codec::kRaw;
+      }
+      job->hash = xxh3(job->data, job->data_len);
+      if (digest_) job->digest = blake2b(job->data, job->data_len);
+      const double busy = seconds_since(t0);
+      {
+        std::lock_guard lock(mu_);
+        busy_ += busy;
+        to_write_.push_back(std::move(job));
+      }
+      cv_.notify_all();
+    }
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+void StreamPacker::writer_loop() {
+  struct Blob {
+    UniqueFd fd;
+    std::uint64_t pos = 0, end = 0;
+  };
+  std::vector<Blob> blobs;
+  // Jobs whose writes are in flight, by tag; declared before `io` so that io's destructor
+  // (which waits for the kernel) runs first.
+  std::vector<std::unique_ptr<Job>> pending;
+  std::vector<std::uint64_t> free_tags;
+  try {
+    AsyncIo::Config cfg;
+    cfg.depth = opts_.queue_depth;
+    cfg.allow_uring = io_uring_allowed();
+    AsyncIo io(cfg);
+    {
+      std::lock_guard lock(mu_);
+      uring_ = io.uring();
+    }
+    std::vector<IoResult> done;
+    auto complete = [&] {
+      for (const auto& r : done) {
+        auto& job = pending[r.req.tag];
+        if (r.res < 0)
+          throw_errno(Errc::kIo, "write " + (tmp_.path() / blob_name(job->rec.blob)).string(),
+                      static_cast<int>(-r.res));
+        pool_->put(std::move(job->raw));
+        pool_->put(std::move(job->out));
+        {
+          std::lock_guard lock(mu_);
+          written_.push_back({job->file, job->index, job->rec});
+          stored_ += job->rec.stored;
+          --inflight_;
+        }
+        cv_.notify_all();
+        job.reset();
+        free_tags.push_back(r.req.tag);
+      }
+      done.clear();
+    };
+    for (;;) {
+      std::unique_ptr<Job> job;
+      {
+        std::unique_lock lock(mu_);
+        if (to_write_.empty() && io.inflight() > 0) {
+          lock.unlock();
+          io.reap(true, done);
+          complete();
+          continue;
+        }
+        cv_.wait(lock, [&] { return error_ || !to_write_.empty() || workers_done_; });
+        if (error_) return;
+        if (to_write_.empty()) break;  // workers done, everything written
+        job = std::move(to_write_.front());
+        to_write_.pop_front();
+      }
+      while (io.full()) {
+        io.reap(true, done);
+        complete();
+      }
+      const std::uint64_t padded = align_up(job->data_len);
+      if (blobs.empty() ||
+          (blobs.back().pos > 0 && blobs.back().pos + padded > opts_.max_blob_bytes)) {
+        const auto index = static_cast<std::uint32_t>(blobs.size());
+        const fs::path p = tmp_.path() / blob_name(index);
+        bool direct = false;
+        Blob b;
+        b.fd.reset(
+            open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, opts_.direct_io, &direct));
+        if (!b.fd) throw_errno(Errc::kIo, "create " + p.string());
+        if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+        if (direct) direct_used_ = true;
+        blobs.push_back(std::move(b));
+      }
+      Blob& b = blobs.back();
+      // Deterministic zero padding up to the next aligned chunk (the buffers are page-sized).
+      auto* data = const_cast<std::byte*>(job->data);
+      std::memset(data + job->data_len, 0, padded - job->data_len);
+      job->rec = {static_cast<std::uint32_t>(blobs.size() - 1),
+                  b.pos,
+                  job->data_len,
+                  job->raw_len,
+                  job->hash,
+                  job->codec,
+                  digest_,
+                  job->digest};
+      IoRequest w;
+      w.kind = IoRequest::Kind::kWrite;
+      w.fd = b.fd.get();
+      w.buf = data;
+      w.len = static_cast<std::uint32_t>(padded);
+      w.offset = b.pos;
+      if (free_tags.empty()) {
+        free_tags.push_back(pending.size());
+        pending.emplace_back();
+      }
+      w.tag = free_tags.back();
+      free_tags.pop_back();
+      pending[w.tag] = std::move(job);
+      b.end = b.pos + pending[w.tag]->data_len;
+      b.pos += padded;
+      io.submit(w);
+      io.flush();
+      io.reap(false, done);
+      complete();
+    }
+    io.drain(done);
+    complete();
+    // The last chunk of each blob was written padded: cut to the real end, then make durable.
+    for (std::uint32_t i = 0; i < blobs.size(); ++i) {
+      const fs::path p = tmp_.path() / blob_name(i);
+      if (::ftruncate(blobs[i].fd.get(), static_cast<off_t>(blobs[i].end)) != 0)
+        throw_errno(Errc::kIo, "truncate " + p.string());
+      if (::fsync(blobs[i].fd.get()) != 0) throw_errno(Errc::kIo, "fsync " + p.string());
+      m_blobs_.push_back({blob_name(i), blobs[i].end});
+    }
+    last_write = Timeline::Clock::now();
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+TransferResult StreamPacker::finish(const std::string& extra_json) {
+  check_failed();
+  for (const auto& f : files_)
+    if (f.open)
+      throw Error(Errc::kInternal,
+                  "file '" + m_.entries[f.entry].path + "' of the checkpoint was not closed");
+  {
+    std::lock_guard lock(mu_);
+    closing_ = true;
+  }
+  cv_.notify_all();
+  for (auto& t : workers_) t.join();
+  {
+    std::lock_guard lock(mu_);
+    workers_done_ = true;
+  }
+  cv_.notify_all();
+  writer_.join();
+  check_failed();
+
+  TransferResult res;
+  if (raw_bytes() == 0) first_byte = last_write = Timeline::Clock::now();
+  for (const auto& w : written_) {
+    auto& chunks = m_.entries[files_[w.file].entry].chunks;
+    if (chunks.size() <= w.index) chunks.resize(w.index + 1);
+    chunks[w.index] = w.rec;
+  }
+  m_.blobs = m_blobs_;
+  std::uint64_t nchunks = 0;
+  for (const auto& e : m_.entries) {
+    std::uint64_t sum = 0;
+    for (const auto& c : e.chunks) sum += c.raw;
+    if (sum != e.size)
+      throw Error(Errc::kInternal, "chunks of '" + e.path + "' went missing on the way to disk");
+    nchunks += e.chunks.size();
+  }
+  // Manifest order is byte-wise sorted (docs/FORMAT.md); arrival order stays in the blobs.
+  std::sort(m_.entries.begin(), m_.entries.end(),
+            [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; });
+  m_.extra = parse_extra_json(extra_json);
+  {
+    auto s = res.timeline.scope("commit");
+    const std::string text = serialize(m_);
+    if (text.size() > kMaxManifestBytes)
+      throw Error(Errc::kUsage, "the manifest would be " + std::to_string(text.size() >> 20) +
+                                    " MiB, more than readers accept: use a larger chunk size");
+    write_private_file(tmp_.path(), kSealName, make_seal(text, key_.get()));
+    write_private_file(tmp_.path(), kManifestName, text);
+    fsync_dir(tmp_.path());
+    publish(tmp_, output_, opts_.force);
+  }
+  finished_ = true;
+  res.raw_bytes = raw_bytes();
+  res.compressed_bytes = stored_;
+  res.chunks = nchunks;
+  res.files = m_.entries.size();
+  res.threads = threads_;
+  res.buffer_bytes = static_cast<std::uint64_t>(max_inflight_) * 2 * pool_->bytes();
+  res.worker_busy_seconds = busy_;
+  res.io_uring = uring_;
+  res.direct_io = direct_used_;
+  return res;
+}
+
+// ---- reading ----------------------------------------------------------------------------------
+
+CheckpointSource::CheckpointSource(const fs::path& checkpoint)
+    : ckpt_(checkpoint), threads_(resolve_threads(0)) {
+  m_ = load_manifest(checkpoint);
+  // A signature that fails is a manifest changed after signing: nothing is served from it.
+  enforce_signature(m_.signature, TrustOptions{}, checkpoint);
+  check_blobs(m_, checkpoint);
+  for (const auto& b : m_.blobs) {
+    const fs::path p = checkpoint / b.name;
+    UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!fd) throw_errno(Errc::kIo, "open " + p.string());
+    blobs_.push_back(std::move(fd));
+  }
+}
+
+const ManifestEntry* CheckpointSource::find(std::string_view path) const {
+  for (const auto& e : m_.entries)
+    if (e.type == EntryType::kFile && e.path == path) return &e;
+  return nullptr;
+}
+
+// Reads, checks and decompresses chunk `k` of `e` into `in`/`out`; returns where its raw bytes
+// are. Throws Error(kCorrupt) naming the chunk.
+const std::byte* CheckpointSource::decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
+                                          AlignedBuffer& out, Decompressor& dec) const {
+  const ChunkRecord& c = e.chunks[k];
+  auto corrupt = [&](const std::string& why) {
+    return Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: chunk " +
+                                     std::to_string(k) + " of '" + e.path + "' (" +
+                                     m_.blobs[c.blob].name + " at offset " +
+                                     std::to_string(c.offset) + "): " + why);
+  };
+  for (std::uint32_t got = 0; got < c.stored;) {
+    const ssize_t n = ::pread(blobs_[c.blob].get(), in.data() + got, c.stored - got,
+                              static_cast<off_t>(c.offset + got));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(Errc::kIo, "read " + (ckpt_ / m_.blobs[c.blob].name).string());
+    if (n == 0) throw corrupt("the blob ends inside the chunk");
+    got += static_cast<std::uint32_t>(n);
+  }
+  stored_read_ += c.stored;
+  // Checksum the stored bytes before zstd ever sees them, and before CRIU sees any of them.
+  if (xxh3(in.data(), c.stored) != c.xxh3) throw corrupt("stored bytes fail their xxh3 checksum");
+  if (c.has_blake2b && blake2b(in.data(), c.stored) != c.blake2b)
+    throw corrupt("stored bytes fail their blake2b digest");
+  if (c.codec != Codec::kZstd) return in.data();
+  const std::string err = dec.decompress(in.data(), c.stored, out.data(), c.raw);
+  if (!err.empty()) throw corrupt(err);
+  return out.data();
+}
+
+bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
+  std::uint32_t largest = 1;
+  for (const auto& c : e.chunks) largest = std::max(largest, c.raw);
+  const std::size_t n = e.chunks.size();
+  StreamHash hash;
+  NoSigpipe nosig;
+  // false: the reader closed its end (EPIPE).
+  auto put = [&](const std::byte* data, std::uint32_t len) {
+    hash.update(data, len);
+    for (std::uint32_t off = 0; off < len;) {
+      const ssize_t w = ::write(fd, data + off, len - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0 && errno == EPIPE) return false;
+      if (w < 0) throw_errno(Errc::kIo, "write '" + e.path + "'");
+      off += static_cast<std::uint32_t>(w);
+      raw_written_ += static_cast<std::uint64_t>(w);
+    }
+    return true;
+  };
+  const unsigned workers = n > 2 ? static_cast<unsigned>(std::min<std::size_t>(threads_, n)) : 0;
+  if (workers == 0) {  // small files: one chunk or two, decoded right here
+    AlignedBuffer in(largest), out(largest);
+    Decompressor dec;
+    for (std::size_t k = 0; k < n; ++k)
+      if (!put(decode(e, k, in, out, dec), e.chunks[k].raw)) return false;
+  } else {
+    // Large files (pages-*.img): workers read, check and decompress the next chunks while this
+    // thread writes the current one into CRIU's pipe; `depth` slots bound the memory.
+    struct Slot {
+      AlignedBuffer in, out;
+      const std::byte* data = nullptr;
+      bool ready = false;
+      std::exception_ptr error;
+    };
+    const std::size_t depth = workers + 2;
+    std::vector<Slot> slots(depth);
+    for (auto& sl : slots) sl.in = AlignedBuffer(largest), sl.out = AlignedBuffer(largest);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::size_t next = 0, written = 0;
+    bool stop = false;
+    std::vector<std::thread> pool;
+    auto finish_pool = [&] {
+      {
+        std::lock_guard lock(mu);
+        stop = true;
+      }
+      cv.notify_all();
+      for (auto& t : pool) t.join();
+      pool.clear();
+    };
+    try {
+      for (unsigned w = 0; w < workers; ++w)
+        pool.emplace_back([&] {
+          Decompressor dec;
+          for (;;) {
+            std::size_t k;
+            {
+              std::unique_lock lock(mu);
+              cv.wait(lock, [&] { return stop || next >= n || next < written + depth; });
+              if (stop || next >= n) return;
+              k = next++;
+            }
+            Slot& sl = slots[k % depth];
+            try {
+              sl.data = decode(e, k, sl.in, sl.out, dec);
+            } catch (...) {
+              sl.error = std::current_exception();
+            }
+            {
+              std::lock_guard lock(mu);
+              sl.ready = true;
+            }
+            cv.notify_all();
+          }
+        });
+      for (std::size_t k = 0; k < n; ++k) {
+        Slot& sl = slots[k % depth];
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return sl.ready; });
+        }
+        if (sl.error) std::rethrow_exception(sl.error);
+        if (!put(sl.data, e.chunks[k].raw)) {
+          finish_pool();
+          return false;
+        }
+        {
+          std::lock_guard lock(mu);
+          sl.ready = false;
+          written = k + 1;
+        }
+        cv.notify_all();
+      }
+    } catch (...) {
+      finish_pool();
+      throw;
+    }
+    finish_pool();
+  }
+  if (hash.digest() != e.xxh3)
+    throw Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: '" + e.path +
+                                    "' fails its whole-file xxh3 checksum");
+  return true;
+}
+
+}  // namespace gpuckpt::image

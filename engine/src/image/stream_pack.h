@@ -1,0 +1,158 @@
+// Checkpoints written and read file by file, for producers and consumers that hand over byte
+// streams instead of a directory (CRIU's image streamer, criu/streamer.h):
+//
+//   StreamPacker:     bytes of several files at once --> chunks --> zstd workers --> blobs
+//                     (io_uring) --> manifest + seal, published by rename like pack();
+//   CheckpointSource: one file of a checkpoint --> chunk checksums --> zstd --> a descriptor,
+//                     any file, in any order, as often as asked.
+//
+// Same format as pack()/unpack() (docs/FORMAT.md): only the order of chunks inside the blobs
+// follows arrival instead of manifest order, which readers never relied on. Memory is bounded
+// by the chunks in flight plus one partial chunk per open file, whatever the file sizes.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "gpuckpt/image.h"
+#include "image/aligned_buffer.h"
+#include "image/chunk_codec.h"
+#include "image/manifest.h"
+#include "util/fs.h"
+#include "util/unique_fd.h"
+
+namespace gpuckpt::trust {
+class SigningKey;
+}
+
+namespace gpuckpt::image {
+
+class StreamPacker {
+ public:
+  using FileId = std::uint32_t;
+
+  // Checks the options and `output` as pack() does, creates the temporary sibling (after
+  // calling opts.on_temp_path) and starts the workers. `source` is recorded as the manifest's
+  // informational source path.
+  StreamPacker(const std::filesystem::path& output, const PackOptions& opts,
+               const std::filesystem::path& source);
+  // Unfinished: stops the threads and removes the temporary checkpoint.
+  ~StreamPacker();
+  StreamPacker(const StreamPacker&) = delete;
+  StreamPacker& operator=(const StreamPacker&) = delete;
+
+  // The calls below come from one thread (the producer). A file name is one path component;
+  // a name given twice is Error(kInvalidInput).
+  FileId open(const std::string& name, std::uint32_t mode = 0600);
+  // Room for the file's next bytes (never empty); commit(n) says how many were written there.
+  // May wait for a chunk buffer while the workers and the writer catch up.
+  std::span<std::byte> space(FileId f);
+  void commit(FileId f, std::size_t n);
+  void close(FileId f);
+  // A whole local file (small: logs, CRIU's stats) added as `name`.
+  void add_file(const std::string& name, const std::filesystem::path& path);
+  std::size_t open_files() const { return open_; }
+  // Raw bytes received so far (any thread).
+  std::uint64_t raw_bytes() const { return raw_.load(std::memory_order_relaxed); }
+
+  // Every file closed: waits for the last chunks, writes manifest.json and manifest.seal with
+  // `extra_json` (as PackOptions::extra_json) and publishes the checkpoint. Rethrows the first
+  // error of any thread.
+  TransferResult finish(const std::string& extra_json);
+
+  // When the first chunk arrived and when the last write completed (the compress_write
+  // window), valid after finish().
+  Timeline::Clock::time_point first_byte, last_write;
+
+ private:
+  struct Job;
+  struct OpenFile;
+  class BufferPool;
+
+  void submit_chunk(FileId f);
+  void worker_loop();
+  void writer_loop();
+  void fail(std::exception_ptr e);
+  void check_failed();
+  void stop_threads();
+
+  std::filesystem::path output_;
+  PackOptions opts_;
+  Manifest m_;
+  TempDir tmp_;
+  std::unique_ptr<BufferPool> pool_;
+  std::vector<OpenFile> files_;
+  std::size_t open_ = 0;
+  std::atomic<std::uint64_t> raw_{0};
+  std::unique_ptr<trust::SigningKey> key_;
+  bool digest_ = false;
+  bool finished_ = false;
+  unsigned threads_ = 0;
+  Timeline::Clock::time_point created_ = Timeline::Clock::now(), last_progress_{};
+  bool uring_ = false;
+  bool direct_used_ = false;
+
+  // Jobs go producer -> workers -> writer through two queues; `inflight_` bounds how many
+  // chunks exist at once (the memory bound).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Job>> to_work_, to_write_;
+  struct Written {
+    FileId file;
+    std::uint32_t index;
+    ChunkRecord rec;
+  };
+  std::vector<Written> written_;     // the writer's records, placed in the manifest at the end
+  std::vector<BlobRecord> m_blobs_;  // the writer's blobs
+  std::uint64_t stored_ = 0;
+  double busy_ = 0;
+  unsigned inflight_ = 0, max_inflight_ = 0;
+  bool closing_ = false;  // no more jobs will come
+  bool workers_done_ = false;
+  std::exception_ptr error_;
+  std::vector<std::thread> workers_;
+  std::thread writer_;
+  unsigned working_ = 0;
+};
+
+// Serves the files of one checkpoint. The manifest's seal (and a signature's integrity) is
+// checked and the blobs are looked at up front; each chunk is checked against its xxh3 (and
+// BLAKE2b when recorded) before it is decompressed, and each file against its whole-file xxh3.
+// write_to() may be called from several threads at once.
+class CheckpointSource {
+ public:
+  explicit CheckpointSource(const std::filesystem::path& checkpoint);
+  const Manifest& manifest() const { return m_; }
+  // The regular file `path`, or nullptr.
+  const ManifestEntry* find(std::string_view path) const;
+  // Writes the file to `fd` (a pipe, a file). Returns false if the reader closed its end
+  // before the end of the file (EPIPE: it did not need the rest). Throws Error(kCorrupt) on a
+  // damaged chunk, before any of its bytes are written, and on a whole-file mismatch.
+  bool write_to(const ManifestEntry& e, int fd) const;
+  // Bytes read from the blobs and bytes written out, so far (any thread).
+  std::uint64_t stored_read() const { return stored_read_.load(); }
+  std::uint64_t raw_written() const { return raw_written_.load(); }
+
+ private:
+  const std::byte* decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
+                          AlignedBuffer& out, Decompressor& dec) const;
+  std::filesystem::path ckpt_;
+  unsigned threads_ = 1;  // decompression workers per large file
+  Manifest m_;
+  std::vector<UniqueFd> blobs_;
+  mutable std::atomic<std::uint64_t> stored_read_{0}, raw_written_{0};
+};
+
+}  // namespace gpuckpt::image

@@ -1,0 +1,273 @@
+// gpuckpt::bench_dump_restore(): one process dumped and restored three ways on the same disk,
+// side by side (docs/PERFORMANCE.md, "Streaming dump and restore"): gpuckpt streaming, gpuckpt
+// staged through tmpfs, and plain `criu dump -D DIR` / `criu restore -D DIR`. Each dump and
+// restore runs as a child process, so that its peak RSS and that of everything it starts
+// (criu, the guard) can be sampled, together with what it puts in the staging tmpfs.
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "criu/criu.h"
+#include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
+#include "process/proc_info.h"
+#include "util/fs.h"
+#include "util/subprocess.h"
+#include "util/unique_fd.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::uint64_t vm_hwm(pid_t pid) {
+  // libstdc++'s filebuf throws when read() fails, as it does (ESRCH) for a process that
+  // exits while its status is read.
+  try {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(in, line);)
+      if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) << 10;
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
+
+std::uint64_t allocated_bytes(const fs::path& dir) {
+  std::uint64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      n += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return n;
+}
+
+std::string ask(const fs::path& socket, const std::string& line) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  timeval tv{30, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string req = line + "\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
+    return "";
+  std::string out;
+  char c;
+  while (::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
+  return out;
+}
+
+struct Sampled {
+  double seconds = 0;
+  std::uint64_t extra = 0;  // sum of peak RSS of the command's tree + peak staging bytes
+  ExitStatus status;
+};
+
+// Runs argv to completion, sampling every few ms the peak RSS (VmHWM) of it and its
+// descendants (`exclude`: the process being restored, which is criu's child meanwhile) and the
+// bytes in `staging`.
+Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& staging, pid_t exclude,
+                    const fs::path& out_file, std::chrono::seconds timeout) {
+  SpawnOptions so;
+  so.stdout_file = out_file;
+  so.stderr_file = out_file;
+  so.new_process_group = true;
+  Sampled s;
+  const auto t0 = Clock::now();
+  Child c = spawn(argv, so);
+  std::map<pid_t, std::uint64_t> peak;
+  std::uint64_t staged = 0;
+  std::optional<ExitStatus> st;
+  while (!(st = c.wait_for(std::chrono::milliseconds(2)))) {
+    try {  // a process exiting while /proc is read: skip this sample
+      for (pid_t p : process::process_tree(c.pid()))
+        if (p != exclude) peak[p] = std::max(peak[p], vm_hwm(p));
+    } catch (const std::exception&) {
+    }
+    staged = std::max(staged, allocated_bytes(staging));
+    if (Clock::now() - t0 > timeout) {
+      c.kill(SIGKILL);
+      c.wait();
+      throw Error(Errc::kTimeout,
+                  argv[0] + " did not finish within " + std::to_string(timeout.count()) + " s");
+    }
+  }
+  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.status = *st;
+  for (const auto& [p, v] : peak) s.extra += v;
+  s.extra += staged;
+  return s;
+}
+
+// The page cache must not serve a restore what the dump just wrote: every method reads from
+// the disk. Targeted (POSIX_FADV_DONTNEED on these files) rather than drop_caches.
+void evict(const fs::path& dir) {
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    if (!it->is_regular_file()) continue;
+    UniqueFd fd(::open(it->path().c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) continue;
+    ::fdatasync(fd.get());
+    ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
+  }
+}
+
+// Everything CRIU wrote, made durable, as gpuckpt's checkpoints are: plain CRIU does not fsync.
+void sync_dir(const fs::path& dir) {
+  UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (fd) ::syncfs(fd.get());
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+class Server {
+ public:
+  Server(const fs::path& dir, const fs::path& weights) : sock_(dir / "bench.sock") {
+    const fs::path log = dir / "bench-server.log";
+    fs::remove(log);
+    SpawnOptions so;
+    so.stdout_file = log;
+    so.stderr_file = log;
+    so.new_session = true;  // no terminal: CRIU dumps it without --shell-job
+    child_ = spawn({(self_exe_dir() / "gpuckpt-demo-server").string(), "--socket", sock_.string(),
+                    "--weights", weights.string()},
+                   so);
+    const auto deadline = Clock::now() + std::chrono::seconds(300);
+    while (ask(sock_, "PING") != "PONG") {
+      if (child_.wait_for(std::chrono::milliseconds(20)))
+        throw Error(Errc::kProcess, "the demo server exited: " + read_file(log));
+      if (Clock::now() > deadline) throw Error(Errc::kTimeout, "the demo server did not start");
+    }
+    pid_ = child_.pid();
+  }
+  pid_t pid() const { return pid_; }
+  const fs::path& socket() const { return sock_; }
+  Child& child() { return child_; }
+
+ private:
+  fs::path sock_;
+  Child child_;
+  pid_t pid_ = 0;
+};
+
+}  // namespace
+
+DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
+  if (o.dir.empty()) throw Error(Errc::kUsage, "no benchmark directory given");
+  if (o.runs == 0) throw Error(Errc::kUsage, "at least one run");
+  fs::create_directories(o.dir);
+  const fs::path gpuckpt = fs::read_symlink("/proc/self/exe");
+  const criu::Installation inst = criu::locate(o.criu.binary);
+  const fs::path weights = o.dir / "bench-weights.bin";
+  {
+    auto r =
+        run_capture({(self_exe_dir() / "gpuckpt-demo-server").string(), "--generate-weights",
+                     weights.string(), "--size", std::to_string(o.size), "--content", o.content},
+                    std::chrono::seconds(1800));
+    if (!r.status.ok()) throw Error(Errc::kIo, "cannot generate the weights: " + r.output);
+  }
+  DumpRestoreBenchResult res;
+  res.methods = {{"stream"}, {"staged"}, {"criu"}};
+  const auto timeout = std::chrono::seconds(1800);
+  for (unsigned run = 0; run < o.runs; ++run) {
+    for (auto& m : res.methods) {
+      Server srv(o.dir, weights);
+      const std::string weights_answer = ask(srv.socket(), "WEIGHTS");
+      res.process_bytes = process::dumpable_memory_bytes(srv.pid());
+      const fs::path ckpt = o.dir / ("bench-" + m.name + ".ckpt");
+      fs::remove_all(ckpt);
+      const fs::path out = o.dir / ("bench-" + m.name + ".out");
+      Sampled d, r;
+      if (m.name == "criu") {
+        fs::create_directories(ckpt);
+        d = run_sampled({inst.binary.string(), "dump", "-t", std::to_string(srv.pid()), "-D",
+                         ckpt.string(), "-o", "dump.log", "-v2"},
+                        o.staging_root, 0, out, timeout);
+        const auto t = Clock::now();
+        sync_dir(ckpt);
+        d.seconds += std::chrono::duration<double>(Clock::now() - t).count();
+      } else {
+        d = run_sampled(
+            {gpuckpt.string(), "dump", "--pid", std::to_string(srv.pid()), "-o", ckpt.string(),
+             "--staging", o.staging_root.string(), "--staging-mode", m.name, "--no-criu-check"},
+            o.staging_root, 0, out, timeout);
+      }
+      if (!d.status.ok())
+        throw Error(Errc::kCriu,
+                    m.name + " dump failed (" + d.status.describe() + "): " + read_file(out));
+      srv.child().wait_for(std::chrono::seconds(60));  // it ends after its dump
+      const pid_t pid = srv.pid();
+      res.checkpoint_bytes[m.name] = tree_bytes(ckpt);
+      evict(ckpt);
+
+      const auto t0 = Clock::now();
+      if (m.name == "criu") {
+        r = run_sampled({inst.binary.string(), "restore", "-D", ckpt.string(), "-d", "-o",
+                         "restore.log", "-v2"},
+                        o.staging_root, pid, out, timeout);
+      } else {
+        r = run_sampled({gpuckpt.string(), "restore", ckpt.string(), "--staging",
+                         o.staging_root.string(), "--staging-mode", m.name, "--no-criu-check"},
+                        o.staging_root, pid, out, timeout);
+      }
+      if (!r.status.ok())
+        throw Error(Errc::kCriu,
+                    m.name + " restore failed (" + r.status.describe() + "): " + read_file(out));
+      // Until it answers, like gpuckpt restore --probe (which the gpuckpt runs do not use, so
+      // that all three are timed the same way).
+      while (ask(srv.socket(), "PING") != "PONG") {
+        if (Clock::now() - t0 > std::chrono::seconds(120))
+          throw Error(Errc::kTimeout, "the restored server does not answer");
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+      r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (ask(srv.socket(), "WEIGHTS") != weights_answer)
+        throw Error(Errc::kCorrupt, m.name + ": the restored weights differ");
+      ask(srv.socket(), "QUIT");
+      process::wait_ended(pid, std::chrono::seconds(30));
+      m.dump_seconds.push_back(d.seconds);
+      m.restore_seconds.push_back(r.seconds);
+      m.dump_extra_bytes.push_back(d.extra);
+      m.restore_extra_bytes.push_back(r.extra);
+      if (o.log)
+        o.log(m.name + " run " + std::to_string(run + 1) + ": dump " + std::to_string(d.seconds) +
+              " s, " + std::to_string(d.extra >> 20) + " MiB extra; restore " +
+              std::to_string(r.seconds) + " s, " + std::to_string(r.extra >> 20) + " MiB extra");
+      fs::remove_all(ckpt);
+    }
+  }
+  fs::remove(weights);
+  for (auto& m : res.methods) {
+    m.dump_median = median(m.dump_seconds);
+    m.restore_median = median(m.restore_seconds);
+    std::vector<double> de(m.dump_extra_bytes.begin(), m.dump_extra_bytes.end());
+    std::vector<double> re(m.restore_extra_bytes.begin(), m.restore_extra_bytes.end());
+    m.dump_extra_median = static_cast<std::uint64_t>(median(de));
+    m.restore_extra_median = static_cast<std::uint64_t>(median(re));
+  }
+  return res;
+}
+
+}  // namespace gpuckpt

@@ -1,0 +1,152 @@
+// The streaming writer and reader (image/stream_pack.h) without CRIU: files written
+// interleaved, in pieces of any size, make a checkpoint that verify() and unpack() accept
+// byte for byte; CheckpointSource serves any file, and refuses a damaged chunk before writing
+// any of its bytes.
+#include "image/stream_pack.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <random>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/image.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+
+namespace {
+
+std::string random_bytes(std::size_t n, std::uint64_t seed, bool compressible) {
+  std::mt19937_64 rng(seed);
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(compressible ? (rng() % 4) : rng());
+  return s;
+}
+
+std::string fd_contents(int fd) {
+  std::string out;
+  ::lseek(fd, 0, SEEK_SET);
+  char buf[65536];
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
+  return out;
+}
+
+class StreamPack : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    files_ = {{"pages-1.img", random_bytes(700 * 1024 + 123, 1, false)},
+              {"pagemap-1.img", random_bytes(5000, 2, true)},
+              {"core-1.img", random_bytes(64 * 1024, 3, true)},  // exactly one chunk
+              {"empty.img", ""}};
+    opts_.chunk_bytes = 64u << 10;
+    opts_.threads = 2;
+    opts_.inflight_chunks = 3;          // the producer must wait for the writer
+    opts_.max_blob_bytes = 256u << 10;  // several blobs
+  }
+  // Writes every file through a StreamPacker, interleaved, in uneven pieces.
+  TransferResult write(const fs::path& out) {
+    image::StreamPacker p(out, opts_, dir_.path());
+    std::vector<image::StreamPacker::FileId> ids;
+    std::vector<std::size_t> done(files_.size(), 0);
+    for (const auto& [name, data] : files_) ids.push_back(p.open(name));
+    std::mt19937 rng(7);
+    for (bool more = true; more;) {
+      more = false;
+      for (std::size_t i = 0; i < files_.size(); ++i) {
+        const std::string& data = files_[i].second;
+        if (done[i] == data.size()) continue;
+        more = true;
+        auto room = p.space(ids[i]);
+        const std::size_t n =
+            std::min({room.size(), data.size() - done[i], std::size_t(1 + rng() % 40000)});
+        std::memcpy(room.data(), data.data() + done[i], n);
+        p.commit(ids[i], n);
+        done[i] += n;
+      }
+    }
+    for (auto id : ids) p.close(id);
+    EXPECT_EQ(p.open_files(), 0u);
+    return p.finish(R"({"process":{"pid":1}})");
+  }
+  TempDir dir_ = test::scratch_dir("gpuckpt-streampack");
+  std::vector<std::pair<std::string, std::string>> files_;
+  PackOptions opts_;
+};
+
+TEST_F(StreamPack, InterleavedFilesMakeACheckpointThatVerifiesAndUnpacksExactly) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  const TransferResult w = write(ckpt);
+  std::uint64_t raw = 0;
+  for (const auto& f : files_) raw += f.second.size();
+  EXPECT_EQ(w.raw_bytes, raw);
+  const ImageInfo info = inspect(ckpt);
+  EXPECT_TRUE(info.sealed);
+  EXPECT_GT(info.blob_count, 1u);
+  EXPECT_EQ(info.extra_json, R"({"process":{"pid":1}})");
+  ASSERT_EQ(info.files.size(), files_.size());
+  for (std::size_t i = 1; i < info.files.size(); ++i)  // sorted, as pack writes them
+    EXPECT_LT(info.files[i - 1].path, info.files[i].path);
+  EXPECT_NO_THROW(verify(ckpt));
+  const fs::path out = dir_.path() / "out";
+  unpack(ckpt, out);
+  for (const auto& [name, data] : files_) EXPECT_EQ(read_file(out / name), data) << name;
+
+  image::CheckpointSource src(ckpt);
+  EXPECT_EQ(src.find("missing.img"), nullptr);
+  for (const auto& [name, data] : files_) {
+    const image::ManifestEntry* e = src.find(name);
+    ASSERT_NE(e, nullptr) << name;
+    UniqueFd fd(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+    EXPECT_TRUE(src.write_to(*e, fd.get()));
+    EXPECT_EQ(fd_contents(fd.get()), data) << name;
+  }
+}
+
+TEST_F(StreamPack, DamagedChunkIsRefusedBeforeAnyOfItsBytesAreWritten) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  image::CheckpointSource probe(ckpt);
+  const image::ManifestEntry* e = probe.find("pages-1.img");
+  ASSERT_NE(e, nullptr);
+  ASSERT_GT(e->chunks.size(), 3u);
+  const image::ChunkRecord& c = e->chunks[3];
+  {
+    std::fstream f(ckpt / probe.manifest().blobs[c.blob].name,
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(c.offset + c.stored / 2));
+    f.put('\x5a');
+  }
+  image::CheckpointSource src(ckpt);
+  UniqueFd fd(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+  try {
+    src.write_to(*src.find("pages-1.img"), fd.get());
+    FAIL() << "a damaged chunk was served";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), Errc::kCorrupt);
+    EXPECT_NE(std::string(err.what()).find("chunk 3 of 'pages-1.img'"), std::string::npos)
+        << err.what();
+  }
+  // Only the chunks before the damaged one reached the reader.
+  EXPECT_LE(fd_contents(fd.get()).size(), 3u * opts_.chunk_bytes);
+}
+
+TEST_F(StreamPack, AbandonedCheckpointLeavesNothing) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  {
+    image::StreamPacker p(ckpt, opts_, dir_.path());
+    auto id = p.open("pages-1.img");
+    auto room = p.space(id);
+    std::memset(room.data(), 1, room.size());
+    p.commit(id, room.size());
+    EXPECT_THROW(p.open("pages-1.img"), Error);  // a name sent twice
+    EXPECT_THROW(p.open("../x"), Error);
+  }
+  for (const auto& e : fs::directory_iterator(dir_.path()))
+    ADD_FAILURE() << "left behind: " << e.path();
+}
+
+}  // namespace
