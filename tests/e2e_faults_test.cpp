@@ -16,6 +16,7 @@
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "probe/probe.h"
 #include "process/proc_info.h"
 #include "test_support.h"
 
@@ -25,23 +26,6 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 
 namespace {
-
-std::string ask(const fs::path& socket, const std::string& line) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
-  timeval tv{30, 0};
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string req = line + "\n";
-  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
-    return "";
-  std::string out;
-  char c;
-  while (::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
-  return out;
-}
 
 // Processes whose command line mentions `needle` (a restored server keeps its command line).
 std::vector<pid_t> serving(const std::string& needle) {
@@ -101,7 +85,7 @@ class E2eFaults : public ::testing::Test {
     Child c = spawn({(test::bin_dir() / "gpuckpt-demo-server").string(), "--socket", sock.string(),
                      "--weights", weights_.string(), "--init-seconds", "0"},
                     o);
-    EXPECT_TRUE(test::wait_until([&] { return ask(sock, "PING") == "PONG"; }));
+    EXPECT_TRUE(test::wait_until([&] { return ask_unix_line(sock, "PING") == "PONG"; }));
     return c;
   }
   fs::path sock(const std::string& name) const { return dir_.path() / (name + ".sock"); }
@@ -135,8 +119,8 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfADumpLeavesTheServiceRunningAndNothingBehind
     for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGKILL}) {
       SCOPED_TRACE(point + " / " + strsignal(sig));
       Child s = server("d");
-      ask(sock("d"), "GEN before");
-      const std::string state = ask(sock("d"), "STATE");
+      ask_unix_line(sock("d"), "GEN before");
+      const std::string state = ask_unix_line(sock("d"), "STATE");
       const fs::path ckpt = out_ / "d.ckpt";
       Child g = paused_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(),
                             "--staging", staging_.string()},
@@ -150,7 +134,7 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfADumpLeavesTheServiceRunningAndNothingBehind
         const char c = test::process_state(s.pid());
         return c != 'T' && c != 't';
       })) << "the service was left frozen";
-      EXPECT_TRUE(test::wait_until([&] { return ask(sock("d"), "STATE") == state; }));
+      EXPECT_TRUE(test::wait_until([&] { return ask_unix_line(sock("d"), "STATE") == state; }));
       EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }))
           << "staging left behind: " << entries(staging_).front();
       EXPECT_TRUE(test::wait_until([&] { return entries(out_).empty(); }))
@@ -192,8 +176,8 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfAMigrationRollsBackToOneRunningOriginal) {
     for (const int sig : {SIGINT, SIGKILL}) {
       SCOPED_TRACE(point + " / " + strsignal(sig));
       Child s = server("m");
-      ask(sock("m"), "GEN m");
-      const std::string state = ask(sock("m"), "STATE");
+      ask_unix_line(sock("m"), "GEN m");
+      const std::string state = ask_unix_line(sock("m"), "STATE");
       Child g = paused_cli(
           {"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "target").string(),
            "--staging", staging_.string(), "--probe", "unix:" + sock("m").string()},
@@ -209,7 +193,7 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfAMigrationRollsBackToOneRunningOriginal) {
       EXPECT_TRUE(test::wait_until([&] {
         return serving(sock("m").string()) == std::vector<pid_t>{s.pid()};
       })) << "a second copy survived the rollback";
-      EXPECT_EQ(ask(sock("m"), "STATE"), state);
+      EXPECT_EQ(ask_unix_line(sock("m"), "STATE"), state);
       EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }));
       EXPECT_TRUE(entries(dir_.path(), ".m.sock.gpuckpt-rollback").empty());
       s.kill(SIGKILL);
@@ -301,13 +285,13 @@ TEST_F(E2eFaults, StagingLeftByAKilledGpuckptAndGuardIsSweptByTheNextRun) {
 
 TEST_F(E2eFaults, RolledBackMigrationLeavesTheSocketPathBoundToTheOriginal) {
   Child s = server("rb");
-  ask(sock("rb"), "GEN r");
-  const std::string state = ask(sock("rb"), "STATE");
+  ask_unix_line(sock("rb"), "GEN r");
+  const std::string state = ask_unix_line(sock("rb"), "STATE");
   auto m = test::run_cli(
       {"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "t").string(), "--probe",
        "unix:" + (dir_.path() / "nobody.sock").string(), "--probe-timeout", "2"});
   EXPECT_EQ(m.exit_code, 11) << m.err;
-  EXPECT_EQ(ask(sock("rb"), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(sock("rb"), "STATE"), state);
   // Not a path left pointing at a deleted socket: the next dump and restore reach it again.
   auto d =
       test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", (out_ / "rb.ckpt").string()});
@@ -316,7 +300,7 @@ TEST_F(E2eFaults, RolledBackMigrationLeavesTheSocketPathBoundToTheOriginal) {
   auto r = test::run_cli({"restore", (out_ / "rb.ckpt").string(), "--probe",
                           "unix:" + sock("rb").string(), "--request", "STATE"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(ask(sock("rb"), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(sock("rb"), "STATE"), state);
   for (pid_t p : serving(sock("rb").string())) {
     ::kill(p, SIGKILL);
     process::wait_ended(p, 10s);
@@ -337,7 +321,7 @@ TEST_F(E2eFaults, ProcessInItsOwnPidNamespaceIsRefusedBeforeItIsFrozen) {
   EXPECT_EQ(d.exit_code, 10) << d.err;
   EXPECT_NE(d.err.find("pid namespace"), std::string::npos) << d.err;
   EXPECT_NE(test::process_state(moved), 'T');
-  EXPECT_EQ(ask(sock("ns"), "PING"), "PONG");
+  EXPECT_EQ(ask_unix_line(sock("ns"), "PING"), "PONG");
   // With the release handoff the copy lives in our pid namespace and can be moved again.
   auto m2 = test::run_cli({"--json", "migrate", "--pid", std::to_string(moved), "--to",
                            (out_ / "t2").string(), "--handoff", "release"});
@@ -359,7 +343,7 @@ TEST_F(E2eFaults, ForceOntoSomethingThatIsNotACheckpointIsRefusedBeforeFreezing)
   EXPECT_NE(d.err.find("not a gpuckpt checkpoint"), std::string::npos) << d.err;
   EXPECT_NE(d.err.find("nothing was frozen"), std::string::npos) << d.err;
   EXPECT_TRUE(fs::exists(precious / "data.txt"));
-  EXPECT_EQ(ask(sock("f"), "PING"), "PONG");
+  EXPECT_EQ(ask_unix_line(sock("f"), "PING"), "PONG");
   s.kill(SIGKILL);
   s.wait();
 }
@@ -369,8 +353,8 @@ TEST_F(E2eFaults, ForceOntoSomethingThatIsNotACheckpointIsRefusedBeforeFreezing)
 // guard to exit before it does.)
 TEST_F(E2eFaults, TwentyDumpRestoreCyclesLeakNothing) {
   Child s = server("c");
-  ask(sock("c"), "GEN cycle");
-  const std::string state = ask(sock("c"), "STATE");
+  ask_unix_line(sock("c"), "GEN cycle");
+  const std::string state = ask_unix_line(sock("c"), "STATE");
   const pid_t pid = s.pid();
   auto count = [](const fs::path& p) {
     std::size_t n = 0;
@@ -421,7 +405,7 @@ TEST_F(E2eFaults, TwentyDumpRestoreCyclesLeakNothing) {
       maps = lines(proc / "maps");
     }
   }
-  EXPECT_EQ(ask(sock("c"), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(sock("c"), "STATE"), state);
   ASSERT_TRUE(idle());
   EXPECT_EQ(count(proc / "fd"), fds) << "the service gained file descriptors";
   EXPECT_EQ(lines(proc / "maps"), maps) << "the service gained mappings";

@@ -18,6 +18,7 @@
 #include "criu/plugin_report.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "probe/probe.h"
 #include "process/proc_info.h"
 #include "process/record.h"
 #include "test_support.h"
@@ -30,24 +31,6 @@ namespace {
 
 fs::path demo_binary() {
   return test::bin_dir() / "gpuckpt-demo-server";
-}
-
-// One request per connection; "" if the socket does not answer.
-std::string ask(const fs::path& socket, const std::string& line) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
-  timeval tv{30, 0};
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string req = line + "\n";
-  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
-    return "";
-  std::string out;
-  char c;
-  while (::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
-  return out;
 }
 
 // Number of sockets the process holds: 1 = only its listener (no client connection left, which
@@ -119,7 +102,7 @@ class DemoServer {
   Child& child() { return child_; }
 
  private:
-  std::string gpuckpt_ask(const std::string& line) { return ::ask(socket_, line); }
+  std::string gpuckpt_ask(const std::string& line) { return ask_unix_line(socket_, line); }
   fs::path socket_;
   Child child_;
 };
@@ -238,7 +221,7 @@ TEST_F(E2eProcess, DumpThenRestoreContinuesExactlyWhereItStopped) {
   ASSERT_TRUE(st.has_value()) << "the dumped process still runs";
   EXPECT_FALSE(st->exited);
   EXPECT_EQ(st->code, SIGKILL);
-  EXPECT_EQ(ask(s.socket(), "PING"), "");
+  EXPECT_EQ(ask_unix_line(s.socket(), "PING"), "");
 
   // The checkpoint records the process and carries the plugin's report.
   const ImageInfo info = inspect(ckpt);
@@ -264,10 +247,10 @@ TEST_F(E2eProcess, DumpThenRestoreContinuesExactlyWhereItStopped) {
     EXPECT_TRUE(has(rn, stn)) << "restore timeline lacks " << stn << ": " << r.out;
 
   // Exactly the state it had, and the next answer is what the uninterrupted server gave.
-  EXPECT_EQ(ask(s.socket(), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(s.socket(), "STATE"), state);
   wait_idle(pid);
-  EXPECT_EQ(ask(s.socket(), reqs[3]), expected[3]);
-  EXPECT_EQ(ask(s.socket(), "QUIT"), "BYE");
+  EXPECT_EQ(ask_unix_line(s.socket(), reqs[3]), expected[3]);
+  EXPECT_EQ(ask_unix_line(s.socket(), "QUIT"), "BYE");
   EXPECT_TRUE(process::wait_ended(pid, std::chrono::seconds(10)));
 }
 
@@ -310,7 +293,7 @@ TEST_F(E2eProcess, LeaveRunningSnapshotKeepsTheServerAndRestoresTheSnapshotState
   EXPECT_EQ(r.j["first_answer"], at_snapshot);
   EXPECT_TRUE(process::alive(s.pid()));
 
-  EXPECT_EQ(ask(s.socket(), "QUIT"), "BYE");  // the restored copy owns the path now
+  EXPECT_EQ(ask_unix_line(s.socket(), "QUIT"), "BYE");  // the restored copy owns the path now
   EXPECT_TRUE(process::wait_ended(restored, std::chrono::seconds(10)));
   s.child().kill(SIGKILL);
   s.child().wait();
@@ -361,9 +344,9 @@ TEST_F(E2eProcess, MigrateEndsTheOriginalOnlyAfterTheNewOneAnswers) {
   auto st = s.child().wait_for(std::chrono::seconds(10));
   ASSERT_TRUE(st.has_value()) << "the original still runs after the migration";
   EXPECT_TRUE(fs::is_empty(dir_.path() / "target")) << "the checkpoint was not removed";
-  EXPECT_EQ(ask(s.socket(), "STATE"), state);
-  EXPECT_EQ(ask(s.socket(), reqs[2]), expected[2]);
-  EXPECT_EQ(ask(s.socket(), "QUIT"), "BYE");
+  EXPECT_EQ(ask_unix_line(s.socket(), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(s.socket(), reqs[2]), expected[2]);
+  EXPECT_EQ(ask_unix_line(s.socket(), "QUIT"), "BYE");
   EXPECT_TRUE(process::wait_ended(new_pid, std::chrono::seconds(10)));
 }
 
@@ -464,7 +447,7 @@ TEST_F(E2eProcess, CorruptedCheckpointFailsBeforeAnyProcessStarts) {
 
   Cli r = run({"restore", ckpt.string()});
   EXPECT_EQ(r.code, 4) << r.err;  // kCorrupt
-  EXPECT_EQ(ask(s.socket(), "PING"), "");
+  EXPECT_EQ(ask_unix_line(s.socket(), "PING"), "");
   EXPECT_TRUE(pids_mentioning(s.socket().string()).empty()) << "a process was started";
   EXPECT_FALSE(process::alive(s.pid()));
 }

@@ -17,8 +17,10 @@
 #include <thread>
 
 #include "gpuckpt/process.h"
+#include "probe/probe.h"
 #include "process/proc_info.h"
 #include "test_support.h"
+#include "util/fs.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -28,49 +30,6 @@ namespace {
 
 constexpr std::uint64_t kProcessBytes = 2ull << 30;
 constexpr std::uint64_t kExtraBudget = 512ull << 20;
-
-std::string ask(const fs::path& socket, const std::string& line) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
-  timeval tv{60, 0};
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string req = line + "\n";
-  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
-    return "";
-  std::string out;
-  char c;
-  while (::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
-  return out;
-}
-
-// Peak RSS (VmHWM) of a live process in bytes, 0 if it is gone.
-std::uint64_t vm_hwm(pid_t pid) {
-  // libstdc++'s filebuf throws when read() fails, as it does (ESRCH) for a process that
-  // exits while its status is read.
-  try {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) << 10;
-  } catch (const std::exception&) {
-  }
-  return 0;
-}
-
-// Bytes allocated under `dir` (tmpfs pages), recursively.
-std::uint64_t allocated_bytes(const fs::path& dir) {
-  std::uint64_t n = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    struct stat st {};
-    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
-      n += static_cast<std::uint64_t>(st.st_blocks) * 512;
-  }
-  return n;
-}
 
 struct Peak {
   std::uint64_t rss = 0;      // sum over gpuckpt and its descendants of each one's peak RSS
@@ -116,7 +75,7 @@ Measured run_measured(const std::vector<std::string>& args, const fs::path& stag
       pids.push_back(root);
       for (pid_t p : pids) {
         if (p == exclude) continue;
-        const std::uint64_t hwm = vm_hwm(p);
+        const std::uint64_t hwm = process::peak_rss_bytes(p);
         auto& slot = m.peak.by_pid[p];
         if (slot.first.empty())
           if (auto info = process::read_proc(p)) slot.first = info->comm;
@@ -177,7 +136,7 @@ TEST_F(StreamDump, TwoGibProcessDumpsAndRestoresWithBoundedHostMemory) {
       },
       std::chrono::seconds(120)))
       << read_file(so.stderr_file);
-  const std::string weights_answer = ask(sock, "WEIGHTS");
+  const std::string weights_answer = ask_unix_line(sock, "WEIGHTS");
   ASSERT_EQ(weights_answer.rfind("OK ", 0), 0u) << weights_answer;
   ASSERT_GE(process::dumpable_memory_bytes(server.pid()), kProcessBytes);
   fs::remove(weights);  // the disk holds the checkpoint next, not two copies
@@ -208,8 +167,8 @@ TEST_F(StreamDump, TwoGibProcessDumpsAndRestoresWithBoundedHostMemory) {
               static_cast<unsigned long long>(r.peak.extra() >> 20), r.peak.describe().c_str());
   EXPECT_LE(r.peak.extra(), kExtraBudget) << r.peak.describe();
   // All 2 GiB came back: the weights hash the restored process computes is the original's.
-  EXPECT_EQ(ask(sock, "WEIGHTS"), weights_answer);
-  EXPECT_EQ(ask(sock, "QUIT"), "BYE");
+  EXPECT_EQ(ask_unix_line(sock, "WEIGHTS"), weights_answer);
+  EXPECT_EQ(ask_unix_line(sock, "QUIT"), "BYE");
   const pid_t pid = r.j.value("pid", 0);
   EXPECT_TRUE(test::wait_until([&] { return !process::alive(pid); }, std::chrono::seconds(30)));
   for (const auto& e : fs::directory_iterator(staging_.path()))
@@ -253,9 +212,9 @@ TEST_F(StreamDump, SignalWhileCriuStreamsLeavesTheServiceRunningAndNothingBehind
     Child s = spawn({(test::bin_dir() / "gpuckpt-demo-server").string(), "--socket", sock.string(),
                      "--weights", weights.string()},
                     so);
-    ASSERT_TRUE(test::wait_until([&] { return ask(sock, "PING") == "PONG"; }));
-    ask(sock, "GEN before");
-    const std::string state = ask(sock, "STATE");
+    ASSERT_TRUE(test::wait_until([&] { return ask_unix_line(sock, "PING") == "PONG"; }));
+    ask_unix_line(sock, "GEN before");
+    const std::string state = ask_unix_line(sock, "STATE");
 
     const fs::path mark = dir_.path() / "mark";
     fs::remove(mark);
@@ -274,7 +233,7 @@ TEST_F(StreamDump, SignalWhileCriuStreamsLeavesTheServiceRunningAndNothingBehind
       const char c = test::process_state(s.pid());
       return c != 'T' && c != 't';
     })) << "the service was left frozen";
-    EXPECT_TRUE(test::wait_until([&] { return ask(sock, "STATE") == state; }));
+    EXPECT_TRUE(test::wait_until([&] { return ask_unix_line(sock, "STATE") == state; }));
     EXPECT_TRUE(test::wait_until([&] { return leftovers(staging_.path()).empty(); }))
         << "staging left behind: " << leftovers(staging_.path()).front();
     EXPECT_TRUE(test::wait_until([&] { return leftovers(out).empty(); }))

@@ -455,7 +455,7 @@ TEST(ProbeHttp, ChunkedEmptyAndNonHttpAnswers) {
 
   HttpServer garbage({"PONG\n"}, /*repeat=*/true);
   auto g = parse_probe(garbage.url("/"));
-  g.timeout = 200ms;
+  g.timeout = 3s;  // long enough for one attempt even under the sanitizers
   try {
     wait_ready(g);
     FAIL() << "not HTTP";

@@ -97,8 +97,10 @@ class Engine {
     s.flags = flags;
     s.session_len = static_cast<std::uint32_t>(session.size());
     s.tokens = static_cast<std::uint32_t>(tokens.size());
-    std::memcpy(s.payload, session.data(), session.size());
-    std::memcpy(s.payload + session.size(), tokens.data(), tokens.size() * sizeof(Token));
+    // memcpy from an empty vector's null data() is undefined, even for 0 bytes.
+    if (!session.empty()) std::memcpy(s.payload, session.data(), session.size());
+    if (!tokens.empty())
+      std::memcpy(s.payload + session.size(), tokens.data(), tokens.size() * sizeof(Token));
     ring_->published.store(seq + 1, std::memory_order_release);
     for (std::size_t w = 0; w < o_.workers.size(); ++w)
       if (::sem_post(&ring_->wake[w]) != 0) throw_errno(Errc::kInternal, "sem_post");

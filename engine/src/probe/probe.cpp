@@ -447,4 +447,25 @@ std::string wait_for_line(int fd, const std::string& text, std::chrono::millisec
   }
 }
 
+std::string ask_unix_line(const std::filesystem::path& socket, const std::string& line,
+                          std::chrono::milliseconds timeout) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  if (!fd || socket.native().size() >= sizeof a.sun_path) return "";
+  std::memcpy(a.sun_path, socket.c_str(), socket.native().size());
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
+  const auto secs = std::chrono::duration_cast<std::chrono::seconds>(timeout);
+  timeval tv{static_cast<time_t>(secs.count()),
+             static_cast<suseconds_t>((timeout - secs).count() * 1000)};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  const std::string req = line + "\n";
+  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
+    return "";
+  std::string out;
+  char c;
+  while (out.size() < kMaxLine && ::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
+  return out;
+}
+
 }  // namespace gpuckpt

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <filesystem>
 #include <functional>
 #include <string>
 
@@ -15,6 +16,12 @@ namespace gpuckpt {
 // matches. Bytes read past the match are consumed and discarded. Throws Error(kTimeout) past
 // `timeout`, Error(kProcess) when the writer closes the pipe first.
 std::string wait_for_line(int fd, const std::string& text, std::chrono::milliseconds timeout);
+
+// One request line to a unix stream socket and its reply line (without the newline), within
+// `timeout`; "" if nothing listens or no reply comes. For line-protocol services (the demo
+// servers), in benchmarks and tests.
+std::string ask_unix_line(const std::filesystem::path& socket, const std::string& line,
+                          std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 // wait_ready() that calls `between_attempts` after each failed attempt; it may throw to give up
 // early (e.g. when the service being probed has exited, there is no point polling on).

@@ -20,6 +20,7 @@
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "probe/probe.h"
 #include "process/proc_info.h"
 #include "util/fs.h"
 #include "util/subprocess.h"
@@ -32,47 +33,6 @@ namespace gpuckpt {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::uint64_t vm_hwm(pid_t pid) {
-  // libstdc++'s filebuf throws when read() fails, as it does (ESRCH) for a process that
-  // exits while its status is read.
-  try {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) << 10;
-  } catch (const std::exception&) {
-  }
-  return 0;
-}
-
-std::uint64_t allocated_bytes(const fs::path& dir) {
-  std::uint64_t n = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    struct stat st {};
-    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
-      n += static_cast<std::uint64_t>(st.st_blocks) * 512;
-  }
-  return n;
-}
-
-std::string ask(const fs::path& socket, const std::string& line) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::strncpy(a.sun_path, socket.c_str(), sizeof a.sun_path - 1);
-  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return "";
-  timeval tv{30, 0};
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  const std::string req = line + "\n";
-  if (::send(fd.get(), req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size()))
-    return "";
-  std::string out;
-  char c;
-  while (::recv(fd.get(), &c, 1, 0) == 1 && c != '\n') out += c;
-  return out;
-}
 
 struct Sampled {
   double seconds = 0;
@@ -98,7 +58,7 @@ Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& stagin
   while (!(st = c.wait_for(std::chrono::milliseconds(2)))) {
     try {  // a process exiting while /proc is read: skip this sample
       for (pid_t p : process::process_tree(c.pid()))
-        if (p != exclude) peak[p] = std::max(peak[p], vm_hwm(p));
+        if (p != exclude) peak[p] = std::max(peak[p], process::peak_rss_bytes(p));
     } catch (const std::exception&) {
     }
     staged = std::max(staged, allocated_bytes(staging));
@@ -155,7 +115,7 @@ class Server {
                     "--weights", weights.string()},
                    so);
     const auto deadline = Clock::now() + std::chrono::seconds(300);
-    while (ask(sock_, "PING") != "PONG") {
+    while (ask_unix_line(sock_, "PING") != "PONG") {
       if (child_.wait_for(std::chrono::milliseconds(20)))
         throw Error(Errc::kProcess, "the demo server exited: " + read_file(log));
       if (Clock::now() > deadline) throw Error(Errc::kTimeout, "the demo server did not start");
@@ -194,7 +154,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   for (unsigned run = 0; run < o.runs; ++run) {
     for (auto& m : res.methods) {
       Server srv(o.dir, weights);
-      const std::string weights_answer = ask(srv.socket(), "WEIGHTS");
+      const std::string weights_answer = ask_unix_line(srv.socket(), "WEIGHTS");
       res.process_bytes = process::dumpable_memory_bytes(srv.pid());
       const fs::path ckpt = o.dir / ("bench-" + m.name + ".ckpt");
       fs::remove_all(ckpt);
@@ -237,15 +197,15 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
                     m.name + " restore failed (" + r.status.describe() + "): " + read_file(out));
       // Until it answers, like gpuckpt restore --probe (which the gpuckpt runs do not use, so
       // that all three are timed the same way).
-      while (ask(srv.socket(), "PING") != "PONG") {
+      while (ask_unix_line(srv.socket(), "PING") != "PONG") {
         if (Clock::now() - t0 > std::chrono::seconds(120))
           throw Error(Errc::kTimeout, "the restored server does not answer");
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
       }
       r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (ask(srv.socket(), "WEIGHTS") != weights_answer)
+      if (ask_unix_line(srv.socket(), "WEIGHTS") != weights_answer)
         throw Error(Errc::kCorrupt, m.name + ": the restored weights differ");
-      ask(srv.socket(), "QUIT");
+      ask_unix_line(srv.socket(), "QUIT");
       process::wait_ended(pid, std::chrono::seconds(30));
       m.dump_seconds.push_back(d.seconds);
       m.restore_seconds.push_back(r.seconds);

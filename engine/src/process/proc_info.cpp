@@ -76,6 +76,13 @@ std::optional<ProcInfo> read_proc(pid_t pid) {
   return p;
 }
 
+std::uint64_t peak_rss_bytes(pid_t pid) {
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/status"));
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) << 10;
+  return 0;
+}
+
 bool alive(pid_t pid) {
   auto p = read_proc(pid);
   return p && p->state != 'Z' && p->state != 'X';

@@ -26,6 +26,9 @@ struct ProcInfo {
 // nullopt: no such process.
 std::optional<ProcInfo> read_proc(pid_t pid);
 
+// Peak resident memory (VmHWM) of a live process in bytes; 0 if it is gone.
+std::uint64_t peak_rss_bytes(pid_t pid);
+
 // Alive = exists and is not a zombie.
 bool alive(pid_t pid);
 

@@ -120,6 +120,18 @@ fs::path TempDir::release() {
   return p;
 }
 
+std::uint64_t allocated_bytes(const fs::path& dir) {
+  std::uint64_t n = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
+       it.increment(ec)) {
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) == 0 && S_ISREG(st.st_mode))
+      n += static_cast<std::uint64_t>(st.st_blocks) * 512;
+  }
+  return n;
+}
+
 std::uint64_t tree_bytes(const fs::path& dir) {
   std::uint64_t total = 0;
   std::error_code ec;

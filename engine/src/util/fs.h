@@ -41,6 +41,9 @@ class TempDir {
   std::filesystem::path path_;
 };
 
+// Bytes allocated to regular files under `dir` (recursive; st_blocks, so tmpfs pages in use).
+std::uint64_t allocated_bytes(const std::filesystem::path& dir);
+
 // Sum of regular-file sizes under `dir` (recursive).
 std::uint64_t tree_bytes(const std::filesystem::path& dir);
 
