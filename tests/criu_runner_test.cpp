@@ -282,3 +282,35 @@ TEST(CriuArgs, ShellJobDetection) {
   Child member = spawn({"sleep", "600"}, o);
   EXPECT_TRUE(criu::needs_shell_job(member.pid()));
 }
+
+// D6: a failed run's log is copied into a private directory, never through a link someone
+// planted in a shared /tmp, and never over an existing file.
+TEST(CriuLogs, KeptLogGoesToAPrivateDirectoryNeverThroughAPlantedLink) {
+  auto dir = test::scratch_dir("gpuckpt-logs");
+  const fs::path log = dir.path() / "dump.log";
+  std::ofstream(log) << "(00.1) Error (criu/x.c:1): boom\n";
+  const fs::path tmp = dir.path() / "tmp";
+  const fs::path victim = dir.path() / "victim";
+  fs::create_directories(tmp);
+  fs::create_directories(victim);
+  ::setenv("TMPDIR", tmp.c_str(), 1);
+  const fs::path priv = tmp / ("gpuckpt-logs-" + std::to_string(::geteuid()));
+  // A planted symlink where the private directory would be: not followed.
+  fs::create_directory_symlink(victim, priv);
+  EXPECT_EQ(criu::preserve_log(log, "criu-dump"), log);
+  EXPECT_TRUE(fs::is_empty(victim)) << "the log was written through the planted link";
+  // A directory others can write: not used either.
+  fs::remove(priv);
+  fs::create_directory(priv);
+  fs::permissions(priv, fs::perms::all);
+  EXPECT_EQ(criu::preserve_log(log, "criu-dump"), log);
+  // The real thing: 0700, ours, a fresh name each time.
+  fs::remove(priv);
+  const fs::path a = criu::preserve_log(log, "criu-dump");
+  const fs::path b = criu::preserve_log(log, "criu-dump");
+  ::unsetenv("TMPDIR");
+  EXPECT_EQ(a.parent_path(), priv);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(fs::status(priv).permissions() & fs::perms::all, fs::perms::owner_all);
+  EXPECT_EQ(read_file(a), read_file(log));
+}
