@@ -18,36 +18,6 @@ struct DumpBenchArgs {
   CriuFlags criu;
 };
 
-std::uint64_t parse_bytes(const std::string& s) {
-  std::size_t pos = 0;
-  double v = 0;
-  try {
-    v = std::stod(s, &pos);
-  } catch (const std::exception&) {
-    throw Error(Errc::kUsage, "bad size: " + s);
-  }
-  std::uint64_t mult = 1;
-  if (pos < s.size()) {
-    switch (s[pos]) {
-      case 'k':
-      case 'K':
-        mult = 1ull << 10;
-        break;
-      case 'm':
-      case 'M':
-        mult = 1ull << 20;
-        break;
-      case 'g':
-      case 'G':
-        mult = 1ull << 30;
-        break;
-      default:
-        throw Error(Errc::kUsage, "bad size: " + s);
-    }
-  }
-  return static_cast<std::uint64_t>(v * static_cast<double>(mult));
-}
-
 void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
   DumpRestoreBenchOptions o;
   o.dir = a.dir;

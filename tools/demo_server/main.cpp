@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "model.h"
 #include "util/unique_fd.h"
 
@@ -28,31 +29,6 @@ using gpuckpt::UniqueFd;
 volatile sig_atomic_t g_stop = 0;
 void on_term(int) {
   g_stop = 1;
-}
-
-std::uint64_t parse_size(const std::string& s) {
-  std::size_t pos = 0;
-  const double v = std::stod(s, &pos);
-  std::uint64_t mult = 1;
-  if (pos < s.size()) {
-    switch (s[pos]) {
-      case 'k':
-      case 'K':
-        mult = 1ull << 10;
-        break;
-      case 'm':
-      case 'M':
-        mult = 1ull << 20;
-        break;
-      case 'g':
-      case 'G':
-        mult = 1ull << 30;
-        break;
-      default:
-        throw gpuckpt::Error(Errc::kUsage, "bad size: " + s);
-    }
-  }
-  return static_cast<std::uint64_t>(v * static_cast<double>(mult));
 }
 
 UniqueFd listen_unix(const std::string& path) {
@@ -153,7 +129,7 @@ int main(int argc, char** argv) {
 
   try {
     if (!generate.empty()) {
-      gpuckpt::demo::generate_weights(generate, parse_size(size),
+      gpuckpt::demo::generate_weights(generate, gpuckpt::parse_bytes(size),
                                       content == "mixed" ? gpuckpt::demo::WeightsContent::kMixed
                                                          : gpuckpt::demo::WeightsContent::kBf16);
       return 0;
@@ -164,7 +140,8 @@ int main(int argc, char** argv) {
     ::sigaction(SIGTERM, &sa, nullptr);
     ::sigaction(SIGINT, &sa, nullptr);
 
-    gpuckpt::demo::Model model(weights, parse_size(kv_per_request), parse_size(kv_max));
+    gpuckpt::demo::Model model(weights, gpuckpt::parse_bytes(kv_per_request),
+                               gpuckpt::parse_bytes(kv_max));
     std::this_thread::sleep_for(std::chrono::duration<double>(init_seconds));
     UniqueFd listener = listen_unix(socket_path);
     std::printf("READY %s\n", socket_path.c_str());

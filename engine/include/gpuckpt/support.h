@@ -11,6 +11,8 @@ namespace gpuckpt {
 std::string format_seconds(double s);         // "12.40 s", "85.3 ms", "420 us"
 std::string format_mode(std::uint32_t mode);  // permission bits as "0644"
 std::string format_hex64(std::uint64_t v);    // 16 lower-case hex digits
+// "64M", "1.5G", "4096", "256K" -> bytes; throws Error(kUsage) "bad size: ..." otherwise.
+std::uint64_t parse_bytes(const std::string& s);
 // Runs `command` with /bin/sh -c (stdin from /dev/null); its exit code, or -1 if it was killed
 // or could not run.
 int run_shell(const std::string& command);
