@@ -82,7 +82,7 @@ void run_coldstart(const ColdArgs& a, Context& ctx) {
   }
   if (ctx.json) {
     const nlohmann::json extra = {{"command", a.command}, {"probe", describe_probe(o.probe)}};
-    ctx.emit(nlohmann::json::parse(bench_json("coldstart", runs, extra.dump())));
+    ctx.emit(bench_json("coldstart", runs, extra));
     return;
   }
   print_runs("cold start (decision -> first answer)", runs);
@@ -125,7 +125,7 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
         {"checkpoint", a.checkpoint}, {"probe", describe_probe(o.probe)}, {"gpu", last.gpu}};
     if (a.keep) extra["pid"] = last.pid;
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = last.first_answer;
-    ctx.emit(nlohmann::json::parse(bench_json("restore", runs, extra.dump())));
+    ctx.emit(bench_json("restore", runs, extra));
     return;
   }
   print_runs("restore (interruption -> serving)", runs);
@@ -156,7 +156,7 @@ void run_migrate(const MigrateArgs& a, Context& ctx) {
     nlohmann::json extra = {
         {"old_pid", r.old_pid}, {"new_pid", r.new_pid}, {"probe", describe_probe(o.probe)}};
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = r.first_answer;
-    ctx.emit(nlohmann::json::parse(bench_json("migrate", {r.timeline}, extra.dump())));
+    ctx.emit(bench_json("migrate", {r.timeline}, extra));
     return;
   }
   print_runs("migration (decision -> answering elsewhere)", {r.timeline});

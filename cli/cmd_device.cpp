@@ -112,8 +112,8 @@ void add_device_commands(CLI::App& app, Context& ctx) {
       nlohmann::json j = {{"ok", true},
                           {"pid", r.pid},
                           {"action", std::string(to_string(opts.action))},
-                          {"state_before", r.state_before},
-                          {"state_after", r.state_after},
+                          {"state_before", to_string(r.state_before)},
+                          {"state_after", to_string(r.state_after)},
                           {"restore_tid", r.restore_tid},
                           {"gpu_memory_used_before", nullptr},
                           {"gpu_memory_used_after", nullptr},
@@ -124,7 +124,8 @@ void add_device_commands(CLI::App& app, Context& ctx) {
       ctx.emit(j);
       return;
     }
-    std::printf("process %d: %s -> %s\n", r.pid, r.state_before.c_str(), r.state_after.c_str());
+    std::printf("process %d: %s -> %s\n", r.pid, std::string(to_string(r.state_before)).c_str(),
+                std::string(to_string(r.state_after)).c_str());
     if (!r.timeline.stages().empty()) print_stages(r.timeline);
     std::printf("GPU memory used (all GPUs): %s -> %s\n",
                 optional_bytes(r.gpu_memory_used_before).c_str(),

@@ -206,13 +206,14 @@ void add_inspect(CLI::App& app, Context& ctx) {
     if (ctx.json) {
       nlohmann::json files = nlohmann::json::array();
       for (const auto& f : info.files) {
-        nlohmann::json e = {{"path", f.path}, {"type", f.type}, {"mode", format_mode(f.mode)}};
-        if (f.type == "file") {
+        nlohmann::json e = {
+            {"path", f.path}, {"type", entry_type_name(f.type)}, {"mode", format_mode(f.mode)}};
+        if (f.type == EntryType::kFile) {
           e["size"] = f.size;
           e["stored"] = f.compressed_size;
           e["chunks"] = f.chunks;
           e["xxh3"] = format_hex64(f.xxh3);
-        } else if (f.type == "symlink") {
+        } else if (f.type == EntryType::kSymlink) {
           e["target"] = f.target;
         }
         files.push_back(std::move(e));
@@ -237,8 +238,7 @@ void add_inspect(CLI::App& app, Context& ctx) {
                 {"sealed", info.sealed},
                 {"signature", signature_json(sig)},
                 {"files", std::move(files)},
-                {"extra", info.extra_json.empty() ? nlohmann::json(nullptr)
-                                                  : nlohmann::json::parse(info.extra_json)}});
+                {"extra", info.extra}});
       return;
     }
     std::printf("checkpoint   %s\n", checkpoint->c_str());
@@ -256,20 +256,20 @@ void add_inspect(CLI::App& app, Context& ctx) {
     std::printf("checksum     %s\n", info.sealed ? "whole manifest, in manifest.seal"
                                                  : "none for the manifest (format 1.0)");
     std::printf("signature    %s\n", signature_text(sig, trusted).c_str());
-    if (!info.extra_json.empty()) {
-      std::string extra = info.extra_json;
+    if (!info.extra.is_null()) {
+      std::string extra = info.extra.dump();
       if (extra.size() > 160) extra = extra.substr(0, 157) + "...";
       std::printf("extra        %s\n", extra.c_str());
     }
     std::printf("\n%-5s %-7s %12s %12s %7s  %s\n", "mode", "type", "size", "stored", "chunks",
                 "path");
     for (const auto& f : info.files) {
-      const bool file = f.type == "file";
+      const bool file = f.type == EntryType::kFile;
       std::string path = f.path;
-      if (f.type == "symlink") path += " -> " + f.target;
-      if (f.type == "dir") path += "/";
-      std::printf("%-5s %-7s %12s %12s %7s  %s\n", format_mode(f.mode).c_str(), f.type.c_str(),
-                  file ? human_bytes(f.size).c_str() : "-",
+      if (f.type == EntryType::kSymlink) path += " -> " + f.target;
+      if (f.type == EntryType::kDir) path += "/";
+      std::printf("%-5s %-7s %12s %12s %7s  %s\n", format_mode(f.mode).c_str(),
+                  entry_type_name(f.type), file ? human_bytes(f.size).c_str() : "-",
                   file ? human_bytes(f.compressed_size).c_str() : "-",
                   file ? std::to_string(f.chunks).c_str() : "-", path.c_str());
     }

@@ -78,7 +78,7 @@ void run_roofline(const RooflineArgs& a, Context& ctx) {
     placement = place_on_roofline(c, *a.intensity, a.achieved);
   }
   if (ctx.json)
-    ctx.emit(nlohmann::json::parse(roofline_json(c, placement, kernel)));
+    ctx.emit(roofline_json(c, placement, kernel));
   else
     print_human(c, placement, kernel);
 }

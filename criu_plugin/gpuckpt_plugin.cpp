@@ -47,10 +47,14 @@ extern "C" {
 // not supported; the report says interrupt_only: false).
 void set_compel_interrupt_only_mode(void) __attribute__((weak));
 }
+// criu's exports that the header declares: weak too, so that the plugin links with
+// --no-undefined (criu_plugin/CMakeLists.txt) and they are resolved by criu at load time.
+#pragma weak criu_get_image_dir
 
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
 #include "device/cuda_driver.h"
+#include "device/gpu_map.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "util/fs.h"
@@ -205,22 +209,8 @@ void with_restore_thread(pid_t pid, const std::function<void()>& fn) {
   t.stop();
 }
 
-gpuckpt::GpuMap parse_map(const char* spec) {
-  gpuckpt::GpuMap m;
-  if (!spec) return m;
-  std::string s = spec;
-  for (std::size_t start = 0; start < s.size();) {
-    auto end = s.find(',', start);
-    if (end == std::string::npos) end = s.size();
-    const auto item = s.substr(start, end - start);
-    const auto eq = item.find('=');
-    if (eq != std::string::npos) m.pairs.emplace_back(item.substr(0, eq), item.substr(eq + 1));
-    start = end + 1;
-  }
-  return m;
-}
-
 fs::path images_dir() {
+  if (!criu_get_image_dir) return {};
   const int fd = criu_get_image_dir();
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/fd/" + std::to_string(fd), ec);
@@ -241,8 +231,15 @@ int plugin_init(int stage) {
   if (const char* f = env(gpuckpt::criu::kEnvFinalState)) g.final_state = f;
   if (const char* t = env(gpuckpt::criu::kEnvLockTimeoutMs))
     g.lock_timeout = std::chrono::milliseconds(std::atoll(t));
-  g.gpu_map = parse_map(env(gpuckpt::criu::kEnvGpuMap));
-  g.report.gpu_map = env(gpuckpt::criu::kEnvGpuMap) ? env(gpuckpt::criu::kEnvGpuMap) : "";
+  if (const char* map = env(gpuckpt::criu::kEnvGpuMap)) g.report.gpu_map = map;
+  try {
+    // gpuckpt hands over a map of UUIDs (GpuMap::to_string); it is read by the same parser as
+    // --gpu-map, with no devices to resolve indices against.
+    g.gpu_map = dev::parse_gpu_map(g.report.gpu_map, [] { return gpuckpt::DeviceList{}; });
+  } catch (const gpuckpt::Error& e) {
+    std::fprintf(stderr, "gpuckpt plugin: bad %s: %s\n", gpuckpt::criu::kEnvGpuMap, e.what());
+    return -1;
+  }
   if (const char* pids = env(gpuckpt::criu::kEnvCudaPids))
     for (const char* q = pids; *q;) {
       char* end = nullptr;

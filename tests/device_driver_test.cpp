@@ -132,10 +132,10 @@ TEST(DeviceNoDriver, RemapNeedsTheDriverToo) {
 }
 
 TEST(CudaProcState, Names) {
-  EXPECT_EQ(device::to_string(device::CudaProcState::kRunning), "running");
-  EXPECT_EQ(device::to_string(device::CudaProcState::kLocked), "locked");
-  EXPECT_EQ(device::to_string(device::CudaProcState::kCheckpointed), "checkpointed");
-  EXPECT_EQ(device::to_string(device::CudaProcState::kFailed), "failed");
+  EXPECT_EQ(to_string(device::CudaProcState::kRunning), "running");
+  EXPECT_EQ(to_string(device::CudaProcState::kLocked), "locked");
+  EXPECT_EQ(to_string(device::CudaProcState::kCheckpointed), "checkpointed");
+  EXPECT_EQ(to_string(device::CudaProcState::kFailed), "failed");
 }
 
 TEST(CudaAction, ParsesEveryNameAndRejectsOthers) {
@@ -444,7 +444,7 @@ TEST(ProcessRecordGpus, RoundTripAndOldRecordsStayReadable) {
   r.cuda = true;
   r.gpu_uuids = {kUuidA};
   r.gpus = {recorded(kUuidA, "NVIDIA H200", 4096)};
-  const auto back = process::from_extra_json(process::to_extra_json(r));
+  const auto back = process::from_extra(process::to_extra(r));
   ASSERT_TRUE(back.has_value());
   ASSERT_EQ(back->gpus.size(), 1u);
   EXPECT_EQ(back->gpus[0].name, "NVIDIA H200");
@@ -453,9 +453,9 @@ TEST(ProcessRecordGpus, RoundTripAndOldRecordsStayReadable) {
   EXPECT_EQ(back->gpus[0].total_memory, 141ull << 30);
 
   // A record written before the GPU fields: its UUIDs become GPUs without a description.
-  const auto old = process::from_extra_json(
+  const auto old = process::from_extra(nlohmann::json::parse(
       R"({"process": {"version": 1, "pid": 7, "cuda": true, "gpu_uuids": [")" +
-      std::string(kUuidA) + R"("]}})");
+      std::string(kUuidA) + R"("]}})"));
   ASSERT_TRUE(old.has_value());
   ASSERT_EQ(old->gpus.size(), 1u);
   EXPECT_EQ(old->gpus[0].uuid, kUuidA);

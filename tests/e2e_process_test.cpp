@@ -225,7 +225,7 @@ TEST_F(E2eProcess, DumpThenRestoreContinuesExactlyWhereItStopped) {
 
   // The checkpoint records the process and carries the plugin's report.
   const ImageInfo info = inspect(ckpt);
-  const auto rec = process::from_extra_json(info.extra_json);
+  const auto rec = process::from_extra(info.extra);
   ASSERT_TRUE(rec.has_value());
   EXPECT_EQ(rec->pid, pid);
   EXPECT_EQ(rec->comm, "gpuckpt-demo-se");  // comm is truncated to 15 characters

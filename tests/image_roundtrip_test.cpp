@@ -213,7 +213,7 @@ TEST(Image, ManifestRecordsFilesChunksAndHashes) {
   EXPECT_EQ(info.raw_bytes, file_bytes(src));
   EXPECT_EQ(info.files.size(), m["entries"].size());
   EXPECT_EQ(info.blob_count, 1u);
-  EXPECT_TRUE(info.extra_json.empty());
+  EXPECT_TRUE(info.extra.is_null());
 }
 
 TEST(Image, SingleFileInputUnpacksIntoADirectory) {
@@ -280,14 +280,14 @@ TEST(Image, ExtraMetadataIsStoredAndReturned) {
   auto dir = test::scratch_dir();
   test::write_test_file(dir.path() / "f", 1000, 1);
   PackOptions po;
-  po.extra_json = R"({"process":{"pid":42,"cmd":"vllm"},"stages":[1,2]})";
+  po.extra = nlohmann::json::parse(R"({"process":{"pid":42,"cmd":"vllm"},"stages":[1,2]})");
   pack(dir.path() / "f", dir.path() / "ckpt", po);
   const ImageInfo info = inspect(dir.path() / "ckpt");
-  const auto extra = nlohmann::json::parse(info.extra_json);
+  const auto& extra = info.extra;
   EXPECT_EQ(extra["process"]["pid"], 42);
   EXPECT_EQ(read_manifest(dir.path() / "ckpt")["extra"]["process"]["cmd"], "vllm");
 
-  po.extra_json = "[1,2]";
+  po.extra = nlohmann::json::array({1, 2});
   try {
     pack(dir.path() / "f", dir.path() / "ckpt2", po);
     FAIL() << "a non-object extra must be rejected";

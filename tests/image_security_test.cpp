@@ -98,7 +98,7 @@ class Checkpoint : public ::testing::Test {
   void pack_into(const fs::path& out, const fs::path& key = {}) {
     PackOptions po;
     po.chunk_bytes = kChunk;
-    po.extra_json = R"({"process":{"pid":1234,"comm":"srv"}})";
+    po.extra = nlohmann::json::parse(R"({"process":{"pid":1234,"comm":"srv"}})");
     po.sign_key = key;
     pack(src_, out, po);
   }

@@ -149,7 +149,7 @@ TEST(ProcessRecord, RoundTripsThroughTheManifestJson) {
   r.cuda = true;
   r.gpu_uuids = {"GPU-1", "GPU-2"};
   r.timeline.add_measured("criu_dump", 1.5, 100);
-  const auto back = process::from_extra_json(process::to_extra_json(r));
+  const auto back = process::from_extra(process::to_extra(r));
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->pid, 1234);
   EXPECT_EQ(back->comm, "vllm");
@@ -159,10 +159,10 @@ TEST(ProcessRecord, RoundTripsThroughTheManifestJson) {
   EXPECT_EQ(back->criu_args, r.criu_args);
   EXPECT_TRUE(back->cuda);
   EXPECT_EQ(back->gpu_uuids, r.gpu_uuids);
-  EXPECT_FALSE(process::from_extra_json("").has_value());
-  EXPECT_FALSE(process::from_extra_json("{\"other\":1}").has_value());
+  EXPECT_FALSE(process::from_extra(nullptr).has_value());
+  EXPECT_FALSE(process::from_extra({{"other", 1}}).has_value());
   try {
-    process::from_extra_json("{\"process\":{\"pid\":\"x\"}}");
+    process::from_extra({{"process", {{"pid", "x"}}}});
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::kCorrupt);

@@ -202,7 +202,7 @@ TEST(ReportJson, BenchDocumentsRoundTripWithTheMedianRun) {
                                 make_timeline({{"spawn", 0, 0.5}, {"ready", 0.5, 2.5}}),
                                 make_timeline({{"spawn", 0, 0.5}, {"ready", 0.5, 1.5}})};
   EXPECT_NEAR(median_run(runs).total_seconds(), 2.0, 1e-9);
-  const auto doc = nlohmann::json::parse(bench_json("coldstart", runs, R"({"command":["srv"]})"));
+  const auto doc = bench_json("coldstart", runs, {{"command", {"srv"}}});
   EXPECT_EQ(doc.at("kind"), "coldstart");
   EXPECT_EQ(doc.at("command")[0], "srv");
   EXPECT_EQ(doc.at("runs").size(), 3u);
@@ -216,7 +216,7 @@ TEST(ReportJson, BenchDocumentsRoundTripWithTheMedianRun) {
   EXPECT_NEAR(r.cold_start->total_seconds(), 2.0, 1e-8);
   ASSERT_EQ(r.cold_start_runs.size(), 3u);
   EXPECT_NEAR(r.cold_start_runs[1], 3.0, 1e-8);
-  EXPECT_EQ(load_bench_json(bench_json("restore", {runs[0]}), r, "restore"), "restore");
+  EXPECT_EQ(load_bench_json(bench_json("restore", {runs[0]}).dump(), r, "restore"), "restore");
   EXPECT_NEAR(r.restore->total_seconds(), 1.0, 1e-8);
 }
 
@@ -235,8 +235,8 @@ TEST(ReportJson, BadDocumentsNameTheirSource) {
   EXPECT_NE(msg_of([&] { load_bench_json("{not json", r, "", "cs.json"); }).find("cs.json"),
             std::string::npos);
   EXPECT_NE(msg_of([&] {
-              load_bench_json(bench_json("restore", {make_timeline({{"a", 0, 1}})}), r, "coldstart",
-                              "x.json");
+              load_bench_json(bench_json("restore", {make_timeline({{"a", 0, 1}})}).dump(), r,
+                              "coldstart", "x.json");
             }).find("expected 'coldstart'"),
             std::string::npos);
   EXPECT_NE(msg_of([&] {
@@ -264,7 +264,7 @@ TEST(ReportJson, RooflineDocumentRoundTrips) {
   k.name = "matmul";
   k.intensity = 64;
   k.achieved_gflops = 30;
-  const std::string doc = roofline_json(s.ceilings, s.workload, k);
+  const std::string doc = roofline_json(s.ceilings, s.workload, k).dump();
   EXPECT_EQ(nlohmann::json::parse(doc).at("kernel").at("name"), "matmul");
   TransientReport r;
   load_roofline_json(doc, r);
@@ -273,7 +273,7 @@ TEST(ReportJson, RooflineDocumentRoundTrips) {
   ASSERT_TRUE(r.workload);
   EXPECT_EQ(*r.workload->achieved_gflops, 7000.0);
   TransientReport none;
-  load_roofline_json(roofline_json(s.ceilings, std::nullopt), none);
+  load_roofline_json(roofline_json(s.ceilings, std::nullopt).dump(), none);
   EXPECT_FALSE(none.workload);
 }
 

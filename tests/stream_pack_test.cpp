@@ -70,7 +70,7 @@ class StreamPack : public ::testing::Test {
     }
     for (auto id : ids) p.close(id);
     EXPECT_EQ(p.open_files(), 0u);
-    return p.finish(R"({"process":{"pid":1}})");
+    return p.finish(nlohmann::json::parse(R"({"process":{"pid":1}})"));
   }
   TempDir dir_ = test::scratch_dir("gpuckpt-streampack");
   std::vector<std::pair<std::string, std::string>> files_;
@@ -86,7 +86,7 @@ TEST_F(StreamPack, InterleavedFilesMakeACheckpointThatVerifiesAndUnpacksExactly)
   const ImageInfo info = inspect(ckpt);
   EXPECT_TRUE(info.sealed);
   EXPECT_GT(info.blob_count, 1u);
-  EXPECT_EQ(info.extra_json, R"({"process":{"pid":1}})");
+  EXPECT_EQ(info.extra, nlohmann::json::parse(R"({"process":{"pid":1}})"));
   ASSERT_EQ(info.files.size(), files_.size());
   for (std::size_t i = 1; i < info.files.size(); ++i)  // sorted, as pack writes them
     EXPECT_LT(info.files[i - 1].path, info.files[i].path);

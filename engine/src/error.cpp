@@ -1,7 +1,7 @@
 #include "gpuckpt/error.h"
 
-#include <cerrno>
 #include <cstring>
+#include <exception>
 
 namespace gpuckpt {
 
@@ -37,12 +37,33 @@ std::string_view errc_name(Errc c) noexcept {
   return "unknown";
 }
 
-void throw_errno(Errc code, const std::string& what, int err) {
-  throw Error(code, what + ": " + std::strerror(err));
+Error Error::with_context(std::string_view before, std::string_view after) const {
+  std::string msg;
+  msg.reserve(before.size() + std::strlen(what()) + after.size());
+  msg.append(before).append(what()).append(after);
+  Error e(code_, msg);
+  e.cause_ = cause_;
+  return e;
 }
 
-void throw_errno(Errc code, const std::string& what) {
-  throw_errno(code, what, errno);
+void rethrow_with_context(std::string_view before, std::string_view after) {
+  try {
+    throw;
+  } catch (const Error& e) {
+    throw e.with_context(before, after);
+  } catch (const std::exception& e) {
+    throw Error(Errc::kInternal, e.what()).with_context(before, after);
+  } catch (...) {
+    throw Error(Errc::kInternal, "unknown exception").with_context(before, after);
+  }
 }
+
+namespace detail {
+std::string with_strerror(std::string what, int err) {
+  what += ": ";
+  what += std::strerror(err);
+  return what;
+}
+}  // namespace detail
 
 }  // namespace gpuckpt

@@ -61,7 +61,7 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {
 void write_test_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,
                      double random_fraction) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) throw_errno(Errc::kIo, "create " + path.string());
+  if (!fd) throw_errno(Errc::kIo, "create ", path);
   std::mt19937_64 rng(seed);
   std::vector<std::uint64_t> buf(1 << 17);  // 1 MiB blocks
   const std::uint64_t random_bytes = static_cast<std::uint64_t>(size * random_fraction);
@@ -79,7 +79,7 @@ void write_test_file(const fs::path& path, std::uint64_t size, std::uint64_t see
     }
     const size_t n = static_cast<size_t>(std::min<std::uint64_t>(buf.size() * 8, size - written));
     if (::write(fd.get(), buf.data(), n) != static_cast<ssize_t>(n))
-      throw_errno(Errc::kIo, "write " + path.string());
+      throw_errno(Errc::kIo, "write ", path);
     written += n;
   }
 }
@@ -137,7 +137,7 @@ HttpResponse http_request(int port, const std::string& method, const std::string
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    if (err != 0) throw_errno(Errc::kProcess, what, err);
+    if (err != 0) throw_syserr(Errc::kProcess, err, what);
   }
   std::string msg = method + " " + path + " HTTP/1.1\r\nHost: " + host + ":" +
                     std::to_string(port) + "\r\nConnection: close\r\n";

@@ -41,8 +41,8 @@ UniqueFd listen_unix(const std::string& path) {
   if (!fd) gpuckpt::throw_errno(Errc::kIo, "socket");
   ::unlink(path.c_str());  // a stale socket file from an earlier run
   if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0)
-    gpuckpt::throw_errno(Errc::kIo, "bind " + path);
-  if (::listen(fd.get(), 16) != 0) gpuckpt::throw_errno(Errc::kIo, "listen " + path);
+    gpuckpt::throw_errno(Errc::kIo, "bind ", path);
+  if (::listen(fd.get(), 16) != 0) gpuckpt::throw_errno(Errc::kIo, "listen ", path);
   return fd;
 }
 

@@ -23,7 +23,7 @@ AnonMemory::AnonMemory(std::size_t bytes) : size_(bytes) {
               -1, 0);
   if (p_ == MAP_FAILED) {
     p_ = nullptr;
-    throw_errno(Errc::kIo, "mmap " + std::to_string(bytes) + " bytes");
+    throw_errno(Errc::kIo, "mmap ", bytes, " bytes");
   }
 }
 
@@ -48,7 +48,7 @@ void generate_weights(const std::filesystem::path& path, std::uint64_t size,
   const auto tmp = temp_sibling(path);
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!fd) throw_errno(Errc::kIo, "create " + tmp.string());
+    if (!fd) throw_errno(Errc::kIo, "create ", tmp);
     // Weights look like bf16 tensors: random sign/mantissa, clustered exponents, so they
     // compress a little, as real checkpoints do.
     std::mt19937_64 rng(0x5eed);
@@ -77,22 +77,22 @@ void generate_weights(const std::filesystem::path& path, std::uint64_t size,
       if (::write(fd.get(), buf.data(), n) != static_cast<ssize_t>(n)) {
         const int err = errno;
         ::unlink(tmp.c_str());
-        throw_errno(Errc::kIo, "write " + tmp.string(), err);
+        throw_syserr(Errc::kIo, err, "write ", tmp);
       }
       done += n;
     }
-    if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync " + tmp.string());
+    if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync ", tmp);
   }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno(Errc::kIo, "rename " + path.string());
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno(Errc::kIo, "rename ", path);
 }
 
 Model::Model(const std::filesystem::path& weights, std::size_t kv_per_request, std::size_t kv_max)
     : kv_(kv_max), kv_per_request_(kv_per_request) {
   if (!weights.empty()) {
     UniqueFd fd(::open(weights.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) throw_errno(Errc::kInvalidInput, "open weights " + weights.string());
+    if (!fd) throw_errno(Errc::kInvalidInput, "open weights ", weights);
     const off_t size = ::lseek(fd.get(), 0, SEEK_END);
-    if (size < 0) throw_errno(Errc::kIo, "size of " + weights.string());
+    if (size < 0) throw_errno(Errc::kIo, "size of ", weights);
     weights_size_ = static_cast<std::size_t>(size);
     // Copied into anonymous memory (not mmap()ed from the file): the weights are then process
     // state that a checkpoint must carry, as a serving runtime's host copies are.
@@ -102,7 +102,7 @@ Model::Model(const std::filesystem::path& weights, std::size_t kv_per_request, s
           ::pread(fd.get(), weights_.data() + off,
                   std::min<std::size_t>(weights_size_ - off, 64u << 20), static_cast<off_t>(off));
       if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw_errno(Errc::kIo, "read weights " + weights.string());
+      if (n <= 0) throw_errno(Errc::kIo, "read weights ", weights);
       off += static_cast<std::size_t>(n);
     }
   }

@@ -40,7 +40,7 @@ class Engine {
       ::shm_unlink(name_.data());
       fd = UniqueFd(::shm_open(name_.data(), flags, 0600));
     }
-    if (!fd) throw_errno(Errc::kIo, std::string("shm_open ") + name_.data());
+    if (!fd) throw_errno(Errc::kIo, "shm_open ", name_.data());
     std::snprintf(g_shm_path, sizeof g_shm_path, "/dev/shm%s", name_.data());
     linked_ = true;
     struct sigaction sa {};
@@ -48,9 +48,9 @@ class Engine {
     ::sigaction(SIGTERM, &sa, nullptr);
     ::sigaction(SIGINT, &sa, nullptr);
     if (::ftruncate(fd.get(), sizeof(Ring)) != 0)
-      throw_errno(Errc::kIo, std::string("ftruncate ") + name_.data());
+      throw_errno(Errc::kIo, "ftruncate ", name_.data());
     void* p = ::mmap(nullptr, sizeof(Ring), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (p == MAP_FAILED) throw_errno(Errc::kIo, std::string("mmap ") + name_.data());
+    if (p == MAP_FAILED) throw_errno(Errc::kIo, "mmap ", name_.data());
     ring_ = new (p) Ring{};
     ring_->magic = kRingMagic;
     ring_->workers = static_cast<std::uint32_t>(o.workers.size());

@@ -99,7 +99,7 @@ UniqueFd listen_tcp(const std::string& host, int port) {
   const int one = 1;
   ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
   if (::bind(fd.get(), res->ai_addr, res->ai_addrlen) != 0)
-    throw_errno(Errc::kIo, "bind " + host + ":" + std::to_string(port));
+    throw_errno(Errc::kIo, "bind ", host, ":", port);
   if (::listen(fd.get(), 128) != 0) throw_errno(Errc::kIo, "listen");
   return fd;
 }

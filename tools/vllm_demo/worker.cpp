@@ -28,8 +28,7 @@ class Weights {
     // runtime's host copy of its weights, and the kernel hands it out zeroed and lazily.
     void* p =
         ::mmap(nullptr, words_ * 8, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED)
-      throw_errno(Errc::kIo, "mmap " + std::to_string(bytes) + " bytes of weights");
+    if (p == MAP_FAILED) throw_errno(Errc::kIo, "mmap ", bytes, " bytes of weights");
     w_ = static_cast<std::uint64_t*>(p);
     for (std::uint64_t i = 0; i < words_; ++i) w_[i] = mix64(seed * kGolden + i);
   }
@@ -83,9 +82,9 @@ int run_worker(const WorkerOptions& o) {
     Ring* ring;
     {
       UniqueFd fd(::shm_open(name.data(), O_RDWR | O_CLOEXEC, 0));
-      if (!fd) throw_errno(Errc::kIo, "shm_open " + std::string(name.data()));
+      if (!fd) throw_errno(Errc::kIo, "shm_open ", std::string(name.data()));
       void* p = ::mmap(nullptr, sizeof(Ring), PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-      if (p == MAP_FAILED) throw_errno(Errc::kIo, "mmap " + std::string(name.data()));
+      if (p == MAP_FAILED) throw_errno(Errc::kIo, "mmap ", std::string(name.data()));
       ring = static_cast<Ring*>(p);
     }  // the mapping keeps the memory; the fd is not needed
     if (ring->magic != kRingMagic || o.rank >= static_cast<int>(ring->workers))

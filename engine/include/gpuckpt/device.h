@@ -120,11 +120,18 @@ struct CudaActionOptions {
   GpuMap gpu_map;                                 // for kRestore/kResume
 };
 
+// A process's state in the CUDA checkpoint API: running -lock-> locked -checkpoint->
+// checkpointed -restore-> locked -unlock-> running.
+enum class CudaProcState { kRunning, kLocked, kCheckpointed, kFailed };
+std::string_view to_string(CudaProcState s);  // "running", "locked", "checkpointed", "failed"
+// As above, and "none" for a process without a CUDA context.
+std::string_view to_string(const std::optional<CudaProcState>& s);
+
 struct CudaActionResult {
   pid_t pid = 0;
-  std::string state_before;  // "running", "locked", "checkpointed", "failed" or "none"
-  std::string state_after;   // "none": the process has no CUDA context
-  pid_t restore_tid = 0;     // cuCheckpointProcessGetRestoreThreadId, 0 if none
+  // nullopt: the process has no CUDA context.
+  std::optional<CudaProcState> state_before, state_after;
+  pid_t restore_tid = 0;  // cuCheckpointProcessGetRestoreThreadId, 0 if none
   // Stages cuda_lock, cuda_checkpoint, cuda_restore, cuda_unlock. Checkpoint/restore stages
   // carry the VRAM moved, as NVML's used-memory delta (0 when NVML is unavailable).
   Timeline timeline;

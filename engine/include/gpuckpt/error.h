@@ -2,6 +2,9 @@
 // its code to the exit status. Internal code never prints errors itself.
 #pragma once
 
+#include <cerrno>
+#include <concepts>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -27,17 +30,64 @@ enum class Errc : int {
 
 std::string_view errc_name(Errc c) noexcept;
 
+// An error with its exit code. Context added on the way up (with_context) keeps the code and
+// the message it was first thrown with (cause()), so callers never re-parse what() or guess
+// the code of a foreign exception.
 class Error : public std::runtime_error {
  public:
-  Error(Errc code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  Error(Errc code, const std::string& what) : std::runtime_error(what), code_(code), cause_(what) {}
   Errc code() const noexcept { return code_; }
+  // The message as first thrown, before any context was added.
+  const std::string& cause() const noexcept { return cause_; }
+  // The same error (code and cause) with `before` put in front of the message and `after`
+  // behind it, verbatim: "migration failed: " + what() + "\nrollback: ...".
+  Error with_context(std::string_view before, std::string_view after = {}) const;
 
  private:
   Errc code_;
+  std::string cause_;
 };
 
-// Throws Error(code, "<what>: <strerror(err)>"); for failed syscalls.
-[[noreturn]] void throw_errno(Errc code, const std::string& what, int err);
-[[noreturn]] void throw_errno(Errc code, const std::string& what);  // uses errno
+// Inside a catch block: rethrows the exception being handled as an Error with context. An
+// Error keeps its code; any other exception becomes Errc::kInternal with its what().
+[[noreturn]] void rethrow_with_context(std::string_view before, std::string_view after = {});
+
+namespace detail {
+inline void append_part(std::string& s, std::string_view v) {
+  s += v;
+}
+template <class T>
+requires std::same_as<T, std::filesystem::path>  // not a conversion target: no ambiguity
+void append_part(std::string& s, const T& p) {
+  s += p.native();
+}
+template <std::integral T>
+void append_part(std::string& s, T v) {
+  s += std::to_string(v);
+}
+template <class... Parts>
+std::string join_parts(const Parts&... parts) {
+  std::string s;
+  (append_part(s, parts), ...);
+  return s;
+}
+std::string with_strerror(std::string what, int err);
+}  // namespace detail
+
+// For failed syscalls: throws Error(code, "<parts...>: <strerror(errno)>"). errno is read on
+// entry, before the message is built from `parts` (strings, paths, integers), so that
+// building it (allocation, path formatting) cannot clobber it: pass the parts, not a
+// concatenated string.
+template <class... Parts>
+[[noreturn]] void throw_errno(Errc code, const Parts&... parts) {
+  const int err = errno;
+  throw Error(code, detail::with_strerror(detail::join_parts(parts...), err));
+}
+
+// As throw_errno, for an error number the call returned (io_uring's -res, a child's errno).
+template <class... Parts>
+[[noreturn]] void throw_syserr(Errc code, int err, const Parts&... parts) {
+  throw Error(code, detail::with_strerror(detail::join_parts(parts...), err));
+}
 
 }  // namespace gpuckpt

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "gpuckpt/progress.h"
 #include "gpuckpt/timing.h"
 
@@ -36,8 +38,8 @@ struct PackOptions {
   // there: a caller that may be killed (dump's guard) removes it if the pack never finishes.
   std::function<void(const std::filesystem::path&)> on_temp_path;
   // Free-form metadata stored in the manifest (e.g. the process record and stage timings of
-  // a dump). Must be a JSON object serialised as text; empty = none.
-  std::string extra_json;
+  // a dump): a JSON object, or null for none.
+  nlohmann::json extra;
   // ed25519 secret key file (`gpuckpt keygen`) that signs the manifest; empty = unsigned.
   std::filesystem::path sign_key;
 };
@@ -51,9 +53,12 @@ struct UnpackOptions {
   ProgressFn progress;
 };
 
+enum class EntryType : std::uint8_t { kFile, kDir, kSymlink };
+const char* entry_type_name(EntryType t);  // "file", "dir", "symlink": as in the manifest
+
 struct FileEntry {
   std::string path;  // relative to the packed root, '/'-separated
-  std::string type;  // "file", "dir" or "symlink"
+  EntryType type = EntryType::kFile;
   std::uint64_t size = 0;
   std::uint32_t mode = 0;             // permission bits (07777)
   std::uint64_t compressed_size = 0;  // stored bytes of its chunks
@@ -96,7 +101,7 @@ struct ImageInfo {
   std::uint64_t chunk_count = 0;
   std::uint64_t blob_count = 0;
   std::vector<FileEntry> files;  // every entry: files, directories, symlinks
-  std::string extra_json;        // as given in PackOptions::extra_json ("" if none)
+  nlohmann::json extra;          // as given in PackOptions::extra (null if none)
   bool sealed = false;           // manifest.seal checksums the whole manifest (format >= 1.1)
   SignatureInfo signature;       // trusted_by is not filled in (see signature_status)
 };

@@ -49,17 +49,17 @@ void write_report_output(const std::filesystem::path& path, const std::string& c
 
 // `gpuckpt roofline --json`: {"kind":"roofline","ceilings":{...},"placement":{...}|null,
 // "kernel":{...}|null}.
-std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
-                          const std::optional<KernelMeasurement>& kernel = {});
+nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
+                             const std::optional<KernelMeasurement>& kernel = {});
 // Reads a roofline document into r.ceilings and r.workload.
 void load_roofline_json(const std::string& text, TransientReport& r,
                         const std::string& source = "roofline");
 
 // `gpuckpt bench coldstart|restore|migrate --json`: {"kind":KIND,"timeline":<median run>,
 // "runs":[...],"summary":{"runs","min_seconds","median_seconds","max_seconds"}, ...extra}.
-// `extra_json` is a JSON object whose members are merged in (command, pid, ...).
-std::string bench_json(const std::string& kind, const std::vector<Timeline>& runs,
-                       const std::string& extra_json = "{}");
+// `extra` is a JSON object whose members are merged in (command, pid, ...).
+nlohmann::json bench_json(const std::string& kind, const std::vector<Timeline>& runs,
+                          const nlohmann::json& extra = nlohmann::json::object());
 // The run with the median total (the lower one for an even count); `runs` must not be empty.
 const Timeline& median_run(const std::vector<Timeline>& runs);
 // Reads a bench document into the matching member of `r` (by its "kind": coldstart, restore,

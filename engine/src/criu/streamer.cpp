@@ -40,10 +40,10 @@ UniqueFd listen_on(const fs::path& path) {
   if (!fd) throw_errno(Errc::kInternal, "socket");
   ::unlink(path.c_str());  // a stale socket from a crashed run in a reused directory
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0)
-    throw_errno(Errc::kIo, "bind " + path.string());
+    throw_errno(Errc::kIo, "bind ", path);
   // Only CRIU (root, like us) may hand us images or ask for them.
-  if (::chmod(path.c_str(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + path.string());
-  if (::listen(fd.get(), 1) != 0) throw_errno(Errc::kIo, "listen " + path.string());
+  if (::chmod(path.c_str(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", path);
+  if (::listen(fd.get(), 1) != 0) throw_errno(Errc::kIo, "listen ", path);
   return fd;
 }
 

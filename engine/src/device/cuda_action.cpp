@@ -23,11 +23,6 @@ std::optional<std::uint64_t> vram_used(const DeviceList& devices) {
   return sum;
 }
 
-std::string state_name(pid_t pid) {
-  const auto s = device::process_state(pid);
-  return s ? std::string(device::to_string(*s)) : "none";
-}
-
 std::uint64_t delta(std::optional<std::uint64_t> a, std::optional<std::uint64_t> b) {
   if (!a || !b) return 0;
   return *a > *b ? *a - *b : *b - *a;
@@ -74,12 +69,12 @@ CudaActionResult run_cuda_action(const CudaActionOptions& o) {
     r.timeline.add("cuda_init", d.load_start(), d.load_end());
   d.require_checkpoint_api();
   r.pid = o.pid;
-  r.state_before = state_name(o.pid);
-  if (r.state_before == "none" && o.action != CudaAction::kState)
+  r.state_before = device::process_state(o.pid);
+  if (!r.state_before && o.action != CudaAction::kState)
     throw Error(Errc::kProcess, "process " + std::to_string(o.pid) +
                                     " has no CUDA context (not a CUDA process, or it has not "
                                     "initialised CUDA yet)");
-  if (r.state_before != "none") r.restore_tid = device::restore_thread_id(o.pid);
+  if (r.state_before) r.restore_tid = device::restore_thread_id(o.pid);
 
   const DeviceList devices = list_devices();
   r.gpu_memory_used_before = vram_used(devices);
@@ -124,7 +119,7 @@ CudaActionResult run_cuda_action(const CudaActionOptions& o) {
     device::unlock(o.pid);
   }
   r.gpu_memory_used_after = vram_used(devices);
-  r.state_after = state_name(o.pid);
+  r.state_after = device::process_state(o.pid);
   return r;
 }
 

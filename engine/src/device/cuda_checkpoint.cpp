@@ -130,20 +130,6 @@ class CallTimer {
 
 }  // namespace
 
-std::string_view to_string(CudaProcState s) {
-  switch (s) {
-    case CudaProcState::kRunning:
-      return "running";
-    case CudaProcState::kLocked:
-      return "locked";
-    case CudaProcState::kCheckpointed:
-      return "checkpointed";
-    case CudaProcState::kFailed:
-      return "failed";
-  }
-  return "unknown";
-}
-
 bool checkpoint_api_available(std::string* why) {
   const CudaDriver& d = CudaDriver::instance();
   if (d.checkpoint_api()) return true;
@@ -415,3 +401,25 @@ ProcessLock::~ProcessLock() {
 }
 
 }  // namespace gpuckpt::device
+
+namespace gpuckpt {
+
+std::string_view to_string(CudaProcState s) {
+  switch (s) {
+    case CudaProcState::kRunning:
+      return "running";
+    case CudaProcState::kLocked:
+      return "locked";
+    case CudaProcState::kCheckpointed:
+      return "checkpointed";
+    case CudaProcState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(const std::optional<CudaProcState>& s) {
+  return s ? to_string(*s) : "none";
+}
+
+}  // namespace gpuckpt

@@ -14,9 +14,7 @@
 
 namespace gpuckpt::device {
 
-enum class CudaProcState { kRunning, kLocked, kCheckpointed, kFailed };
-// "running", "locked", "checkpointed", "failed".
-std::string_view to_string(CudaProcState);
+using gpuckpt::CudaProcState;  // public (gpuckpt/device.h): cuda-checkpoint reports it
 
 // Whether the driver with the checkpoint API is usable here; if not, *why says why (no driver,
 // no GPU, too old).

@@ -55,7 +55,7 @@ AsyncIo::AsyncIo(const Config& cfg) : ops_(cfg.depth ? cfg.depth : 1) {
     rc = ::io_uring_register_eventfd(&ring_, cfg.notify->fd());
     if (rc < 0) {
       ::io_uring_queue_exit(&ring_);
-      throw_errno(Errc::kInternal, "io_uring_register_eventfd", -rc);
+      throw_syserr(Errc::kInternal, -rc, "io_uring_register_eventfd");
     }
   }
 }
@@ -151,7 +151,7 @@ void AsyncIo::flush() {
     const int rc = ::io_uring_submit(&ring_);
     if (rc >= 0) break;
     if (rc == -EINTR || rc == -EAGAIN || rc == -EBUSY) continue;
-    throw_errno(Errc::kIo, "io_uring_submit", -rc);
+    throw_syserr(Errc::kIo, -rc, "io_uring_submit");
   }
   unsubmitted_ = 0;
 }
@@ -210,7 +210,7 @@ void AsyncIo::reap(bool wait, std::vector<IoResult>& out) {
     for (;;) {
       const int rc = ::io_uring_wait_cqe(&ring_, &cqe);
       if (rc == 0) break;
-      if (rc != -EINTR) throw_errno(Errc::kIo, "io_uring_wait_cqe", -rc);
+      if (rc != -EINTR) throw_syserr(Errc::kIo, -rc, "io_uring_wait_cqe");
     }
   }
   while (::io_uring_peek_cqe(&ring_, &cqe) == 0) handle_cqe(cqe, out);

@@ -18,13 +18,13 @@ namespace {
 
 std::vector<std::string> list_dir(const fs::path& dir) {
   std::unique_ptr<DIR, int (*)(DIR*)> d(::opendir(dir.c_str()), ::closedir);
-  if (!d) throw_errno(Errc::kInvalidInput, "open directory " + dir.string());
+  if (!d) throw_errno(Errc::kInvalidInput, "open directory ", dir);
   std::vector<std::string> names;
   for (;;) {
     errno = 0;
     const dirent* de = ::readdir(d.get());
     if (!de) {
-      if (errno) throw_errno(Errc::kIo, "read directory " + dir.string());
+      if (errno) throw_errno(Errc::kIo, "read directory ", dir);
       break;
     }
     const std::string_view n = de->d_name;
@@ -37,7 +37,7 @@ std::vector<std::string> list_dir(const fs::path& dir) {
 InputEntry make_entry(const fs::path& abs, std::string rel, bool follow) {
   struct stat st {};
   if ((follow ? ::stat(abs.c_str(), &st) : ::lstat(abs.c_str(), &st)) != 0)
-    throw_errno(Errc::kInvalidInput, "stat " + abs.string());
+    throw_errno(Errc::kInvalidInput, "stat ", abs);
   InputEntry e;
   e.rel = std::move(rel);
   e.abs = abs;
@@ -51,7 +51,7 @@ InputEntry make_entry(const fs::path& abs, std::string rel, bool follow) {
     e.type = EntryType::kSymlink;
     std::string target(static_cast<size_t>(st.st_size > 0 ? st.st_size : 4096) + 1, '\0');
     const ssize_t n = ::readlink(abs.c_str(), target.data(), target.size());
-    if (n < 0) throw_errno(Errc::kInvalidInput, "readlink " + abs.string());
+    if (n < 0) throw_errno(Errc::kInvalidInput, "readlink ", abs);
     target.resize(static_cast<size_t>(n));
     e.target = std::move(target);
   } else {
@@ -78,7 +78,7 @@ InputTree scan_input(const fs::path& input) {
   if (::stat(input.c_str(), &st) != 0) {
     if (errno == ENOENT)
       throw Error(Errc::kInvalidInput, "input " + input.string() + " does not exist");
-    throw_errno(Errc::kInvalidInput, "stat input " + input.string());
+    throw_errno(Errc::kInvalidInput, "stat input ", input);
   }
   InputTree t;
   t.root = input;

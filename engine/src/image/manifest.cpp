@@ -18,6 +18,22 @@
 namespace fs = std::filesystem;
 using nlohmann::json;
 
+namespace gpuckpt {
+
+const char* entry_type_name(EntryType t) {
+  switch (t) {
+    case EntryType::kFile:
+      return "file";
+    case EntryType::kDir:
+      return "dir";
+    case EntryType::kSymlink:
+      return "symlink";
+  }
+  return "?";
+}
+
+}  // namespace gpuckpt
+
 namespace gpuckpt::image {
 
 namespace {
@@ -357,6 +373,195 @@ void check_no_overlap(const Manifest& m, const std::string& origin) {
   }
 }
 
+// The document as a tree, its entries' chunk records left in `sax`. Only a gpuckpt manifest
+// gets past this point: another JSON file is reported as such, not by its first missing field.
+const json& parse_document(std::string_view text, const std::string& origin, ManifestSax& sax) {
+  if (!json::sax_parse(text.begin(), text.end(), &sax))
+    corrupt(origin, "is not valid JSON (" + sax.error + ")");
+  const json& doc = sax.root;
+  if (!doc.is_object()) corrupt(origin, "is not a JSON object");
+  auto fmt = doc.find("format");
+  if (fmt == doc.end() || !fmt->is_string() || fmt->get<std::string>() != kFormatName)
+    corrupt(origin, std::string("is not a ") + kFormatName + " manifest (\"format\" field)");
+  return doc;
+}
+
+// An unknown major is a newer writer, not damage: kVersion lets callers say so.
+std::uint32_t parse_major(const json& doc, const std::string& origin) {
+  const std::uint32_t major = get_u32(doc, "format_version", "", origin);
+  if (major != kImageFormatMajor) {
+    throw Error(Errc::kVersion, "checkpoint " + origin + ": format version " +
+                                    std::to_string(major) + " is not supported (this gpuckpt " +
+                                    "reads version " + std::to_string(kImageFormatMajor) + ")");
+  }
+  return major;
+}
+
+int parse_zstd_level(const json& doc, const std::string& origin) {
+  const json& comp = field(doc, "compression", "", origin);
+  if (!comp.is_object()) corrupt(origin, "field 'compression' is not an object");
+  if (get_str(comp, "codec", "compression.", origin) != "zstd")
+    corrupt(origin, "field 'compression.codec' names an unknown codec");
+  const json& lvl = field(comp, "level", "compression.", origin);
+  if (!lvl.is_number_integer()) corrupt(origin, "field 'compression.level' is not an integer");
+  return lvl.get<int>();
+}
+
+// The fields before the blobs: version, provenance, chunking and codecs.
+void parse_header(const json& doc, const std::string& origin, Manifest& m) {
+  m.major = parse_major(doc, origin);
+  // Minor versions only add fields; unknown ones are ignored.
+  m.minor = doc.contains("format_minor") ? get_u32(doc, "format_minor", "", origin) : 0;
+  m.created_by = get_str(doc, "created_by", "", origin);
+  m.created_at = get_str(doc, "created_at", "", origin);
+  if (doc.contains("host")) m.host = get_str(doc, "host", "", origin);
+  if (doc.contains("source")) m.source = get_str(doc, "source", "", origin);
+  m.input_kind = get_str(doc, "input_kind", "", origin);
+  if (m.input_kind != "directory" && m.input_kind != "file")
+    corrupt(origin, "field 'input_kind' must be \"directory\" or \"file\"");
+  m.chunk_bytes = get_u32(doc, "chunk_bytes", "", origin);
+  if (m.chunk_bytes < kMinChunkBytes || m.chunk_bytes > kMaxChunkBytes)
+    corrupt(origin, "field 'chunk_bytes' is out of range");
+  m.zstd_level = parse_zstd_level(doc, origin);
+  if (get_str(doc, "checksum", "", origin) != "xxh3-64")
+    corrupt(origin, "field 'checksum' names an unknown checksum");
+}
+
+std::vector<BlobRecord> parse_blobs(const json& doc, const std::string& origin) {
+  const json& blobs = field(doc, "blobs", "", origin);
+  if (!blobs.is_array()) corrupt(origin, "field 'blobs' is not an array");
+  std::vector<BlobRecord> out;
+  std::set<std::string> names;
+  for (size_t i = 0; i < blobs.size(); ++i) {
+    const std::string where = "blobs[" + std::to_string(i) + "].";
+    if (!blobs[i].is_object()) corrupt(origin, "field '" + where + "' is not an object");
+    BlobRecord b{get_str(blobs[i], "name", where, origin),
+                 get_u64(blobs[i], "size", where, origin)};
+    if (!safe_blob_name(b.name) || !names.insert(b.name).second)
+      corrupt(origin, "field '" + where + "name' is not a unique plain file name");
+    out.push_back(std::move(b));
+  }
+  return out;
+}
+
+// Records `path` in `seen`; `dirs` holds the directories listed before it.
+void check_entry_path(const std::string& path, std::set<std::string>& seen,
+                      const std::set<std::string>& dirs, const std::string& origin) {
+  if (!safe_relative_path(path))
+    corrupt(origin, "entry path '" + path + "' is not a safe relative path");
+  if (!seen.insert(path).second) corrupt(origin, "lists '" + path + "' twice");
+  // A parent must be a directory listed earlier: nothing can be created through a symlink.
+  const auto slash = path.rfind('/');
+  if (slash != std::string::npos && !dirs.count(path.substr(0, slash)))
+    corrupt(origin, "entry '" + path + "' comes before (or without) its parent directory");
+}
+
+// The chunk's sizes and place in its blob; `cw` names it in messages ("entries[i].chunks[k].").
+void check_chunk_layout(const ChunkRecord& c, const std::string& cw, bool last, const Manifest& m,
+                        const std::string& origin) {
+  const std::string cname = cw.substr(0, cw.size() - 1);
+  if (c.blob >= m.blobs.size()) corrupt(origin, "field '" + cw + "blob' is out of range");
+  if (c.raw == 0 || c.raw > m.chunk_bytes || c.stored == 0 || c.stored > c.raw ||
+      (c.codec == Codec::kRaw && c.stored != c.raw))
+    corrupt(origin, "chunk '" + cname + "' has inconsistent sizes");
+  if (!last && c.raw != m.chunk_bytes)
+    corrupt(origin, "chunk '" + cname + "' is short but not the last of its file");
+  if (c.offset > m.blobs[c.blob].size || m.blobs[c.blob].size - c.offset < c.stored)
+    corrupt(origin, "chunk '" + cname + "' lies outside its blob");
+}
+
+std::vector<ChunkRecord> parse_chunks(const std::vector<RawChunk>& raw, const std::string& where,
+                                      const Manifest& m, const std::string& origin) {
+  std::vector<ChunkRecord> out;
+  out.reserve(raw.size());
+  for (size_t k = 0; k < raw.size(); ++k) {
+    const std::string cw = where + "chunks[" + std::to_string(k) + "].";
+    const ChunkRecord c = check_chunk(raw[k], cw, origin);
+    check_chunk_layout(c, cw, k + 1 == raw.size(), m, origin);
+    out.push_back(c);
+  }
+  return out;
+}
+
+// `collected`: the chunk records the reader took out of this entry's "chunks" array.
+void parse_file(const json& j, const std::string& where, std::vector<RawChunk>& collected,
+                const Manifest& m, const std::string& origin, ManifestEntry& e) {
+  e.size = get_u64(j, "size", where, origin);
+  e.xxh3 = get_hash(j, "xxh3", where, origin);
+  const json& chunks = field(j, "chunks", where, origin);
+  if (!chunks.is_array()) corrupt(origin, "field '" + where + "chunks' is not an array");
+  // The tree holds an empty array where the reader collected the records.
+  std::vector<RawChunk> raw;
+  if (chunks.empty()) raw.swap(collected);
+  e.chunks = parse_chunks(raw, where, m, origin);
+  std::uint64_t total = 0;
+  for (const ChunkRecord& c : e.chunks) total += c.raw;
+  if (total != e.size)
+    corrupt(origin, "file '" + e.path + "': chunk sizes do not add up to its size");
+}
+
+// The fields after the path: type, mode and what that type carries.
+void parse_entry_body(const json& j, const std::string& where, std::vector<RawChunk>& collected,
+                      const Manifest& m, const std::string& origin, ManifestEntry& e) {
+  const std::string type = get_str(j, "type", where, origin);
+  e.mode = parse_mode(get_str(j, "mode", where, origin), where, origin);
+  if (type == "dir") {
+    e.type = EntryType::kDir;
+  } else if (type == "symlink") {
+    e.type = EntryType::kSymlink;
+    e.target = get_str(j, "target", where, origin);
+    if (e.target.empty() || e.target.find('\0') != std::string::npos)
+      corrupt(origin, "symlink '" + e.path + "' has an invalid target");
+  } else if (type == "file") {
+    e.type = EntryType::kFile;
+    parse_file(j, where, collected, m, origin, e);
+  } else {
+    corrupt(origin, "entry '" + e.path + "' has unknown type '" + type + "'");
+  }
+}
+
+// Fills m.entries; the blobs and chunk size must already be in `m`. `collected` holds the
+// chunk records of each element of "entries", as the reader found them.
+void parse_entries(const json& doc, std::vector<std::vector<RawChunk>>& collected,
+                   const std::string& origin, Manifest& m) {
+  const json& entries = field(doc, "entries", "", origin);
+  if (!entries.is_array()) corrupt(origin, "field 'entries' is not an array");
+  std::set<std::string> seen, dirs;
+  std::vector<RawChunk> none;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::string where = "entries[" + std::to_string(i) + "].";
+    const json& j = entries[i];
+    if (!j.is_object()) corrupt(origin, "field '" + where + "' is not an object");
+    ManifestEntry e;
+    e.path = get_str(j, "path", where, origin);
+    check_entry_path(e.path, seen, dirs, origin);
+    parse_entry_body(j, where, i < collected.size() ? collected[i] : none, m, origin, e);
+    if (e.type == EntryType::kDir) dirs.insert(e.path);
+    m.entries.push_back(std::move(e));
+  }
+}
+
+void check_single_file(const Manifest& m, const std::string& origin) {
+  if (m.input_kind == "file" && (m.entries.size() != 1 || m.entries[0].type != EntryType::kFile ||
+                                 m.entries[0].path.find('/') != std::string::npos))
+    corrupt(origin, "of a single-file checkpoint must list exactly one file");
+}
+
+void check_totals(const json& doc, const Manifest& m, const std::string& origin) {
+  if (get_u64(doc, "raw_bytes", "", origin) != m.raw_bytes() ||
+      get_u64(doc, "stored_bytes", "", origin) != m.stored_bytes() ||
+      get_u64(doc, "chunk_count", "", origin) != m.chunk_count())
+    corrupt(origin, "totals do not match its entries");
+}
+
+// Null when the manifest has no "extra".
+json parse_extra(const json& doc, const std::string& origin) {
+  const auto it = doc.find("extra");
+  if (it == doc.end()) return json();
+  if (!it->is_object()) corrupt(origin, "field 'extra' is not an object");
+  return *it;
+}
+
 }  // namespace
 
 std::uint64_t ManifestEntry::stored_bytes() const {
@@ -385,18 +590,6 @@ std::string blob_name(std::uint32_t index) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "blob-%06u.bin", index);
   return buf;
-}
-
-const char* entry_type_name(EntryType t) {
-  switch (t) {
-    case EntryType::kFile:
-      return "file";
-    case EntryType::kDir:
-      return "dir";
-    case EntryType::kSymlink:
-      return "symlink";
-  }
-  return "?";
 }
 
 std::string serialize(const Manifest& m) {
@@ -448,126 +641,14 @@ std::string serialize(const Manifest& m) {
 
 Manifest parse_manifest(std::string_view text, const std::string& origin) {
   ManifestSax sax;
-  if (!json::sax_parse(text.begin(), text.end(), &sax))
-    corrupt(origin, "is not valid JSON (" + sax.error + ")");
-  const json& doc = sax.root;
-  if (!doc.is_object()) corrupt(origin, "is not a JSON object");
-  auto fmt = doc.find("format");
-  if (fmt == doc.end() || !fmt->is_string() || fmt->get<std::string>() != kFormatName)
-    corrupt(origin, std::string("is not a ") + kFormatName + " manifest (\"format\" field)");
-
+  const json& doc = parse_document(text, origin, sax);
   Manifest m;
-  m.major = get_u32(doc, "format_version", "", origin);
-  if (m.major != kImageFormatMajor) {
-    throw Error(Errc::kVersion, "checkpoint " + origin + ": format version " +
-                                    std::to_string(m.major) + " is not supported (this gpuckpt " +
-                                    "reads version " + std::to_string(kImageFormatMajor) + ")");
-  }
-  // Minor versions only add fields; unknown ones are ignored.
-  m.minor = doc.contains("format_minor") ? get_u32(doc, "format_minor", "", origin) : 0;
-  m.created_by = get_str(doc, "created_by", "", origin);
-  m.created_at = get_str(doc, "created_at", "", origin);
-  if (doc.contains("host")) m.host = get_str(doc, "host", "", origin);
-  if (doc.contains("source")) m.source = get_str(doc, "source", "", origin);
-  m.input_kind = get_str(doc, "input_kind", "", origin);
-  if (m.input_kind != "directory" && m.input_kind != "file")
-    corrupt(origin, "field 'input_kind' must be \"directory\" or \"file\"");
-  m.chunk_bytes = get_u32(doc, "chunk_bytes", "", origin);
-  if (m.chunk_bytes < kMinChunkBytes || m.chunk_bytes > kMaxChunkBytes)
-    corrupt(origin, "field 'chunk_bytes' is out of range");
-  const json& comp = field(doc, "compression", "", origin);
-  if (!comp.is_object()) corrupt(origin, "field 'compression' is not an object");
-  if (get_str(comp, "codec", "compression.", origin) != "zstd")
-    corrupt(origin, "field 'compression.codec' names an unknown codec");
-  const json& lvl = field(comp, "level", "compression.", origin);
-  if (!lvl.is_number_integer()) corrupt(origin, "field 'compression.level' is not an integer");
-  m.zstd_level = lvl.get<int>();
-  if (get_str(doc, "checksum", "", origin) != "xxh3-64")
-    corrupt(origin, "field 'checksum' names an unknown checksum");
-
-  const json& blobs = field(doc, "blobs", "", origin);
-  if (!blobs.is_array()) corrupt(origin, "field 'blobs' is not an array");
-  std::set<std::string> blob_names;
-  for (size_t i = 0; i < blobs.size(); ++i) {
-    const std::string where = "blobs[" + std::to_string(i) + "].";
-    if (!blobs[i].is_object()) corrupt(origin, "field '" + where + "' is not an object");
-    BlobRecord b{get_str(blobs[i], "name", where, origin),
-                 get_u64(blobs[i], "size", where, origin)};
-    if (!safe_blob_name(b.name) || !blob_names.insert(b.name).second)
-      corrupt(origin, "field '" + where + "name' is not a unique plain file name");
-    m.blobs.push_back(std::move(b));
-  }
-
-  const json& entries = field(doc, "entries", "", origin);
-  if (!entries.is_array()) corrupt(origin, "field 'entries' is not an array");
-  std::set<std::string> seen, dirs;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const std::string where = "entries[" + std::to_string(i) + "].";
-    const json& j = entries[i];
-    if (!j.is_object()) corrupt(origin, "field '" + where + "' is not an object");
-    ManifestEntry e;
-    e.path = get_str(j, "path", where, origin);
-    if (!safe_relative_path(e.path))
-      corrupt(origin, "entry path '" + e.path + "' is not a safe relative path");
-    if (!seen.insert(e.path).second) corrupt(origin, "lists '" + e.path + "' twice");
-    // A parent must be a directory listed earlier: nothing can be created through a symlink.
-    const auto slash = e.path.rfind('/');
-    if (slash != std::string::npos && !dirs.count(e.path.substr(0, slash)))
-      corrupt(origin, "entry '" + e.path + "' comes before (or without) its parent directory");
-    const std::string type = get_str(j, "type", where, origin);
-    e.mode = parse_mode(get_str(j, "mode", where, origin), where, origin);
-    if (type == "dir") {
-      e.type = EntryType::kDir;
-      dirs.insert(e.path);
-    } else if (type == "symlink") {
-      e.type = EntryType::kSymlink;
-      e.target = get_str(j, "target", where, origin);
-      if (e.target.empty() || e.target.find('\0') != std::string::npos)
-        corrupt(origin, "symlink '" + e.path + "' has an invalid target");
-    } else if (type == "file") {
-      e.type = EntryType::kFile;
-      e.size = get_u64(j, "size", where, origin);
-      e.xxh3 = get_hash(j, "xxh3", where, origin);
-      const json& chunks = field(j, "chunks", where, origin);
-      if (!chunks.is_array()) corrupt(origin, "field '" + where + "chunks' is not an array");
-      std::uint64_t total = 0;
-      // The tree holds an empty array where the reader collected the records.
-      std::vector<RawChunk> raw;
-      if (chunks.empty() && i < sax.chunks.size()) raw.swap(sax.chunks[i]);
-      e.chunks.reserve(raw.size());
-      for (size_t k = 0; k < raw.size(); ++k) {
-        const std::string cw = where + "chunks[" + std::to_string(k) + "].";
-        const std::string cname = cw.substr(0, cw.size() - 1);
-        const ChunkRecord c = check_chunk(raw[k], cw, origin);
-        if (c.blob >= m.blobs.size()) corrupt(origin, "field '" + cw + "blob' is out of range");
-        if (c.raw == 0 || c.raw > m.chunk_bytes || c.stored == 0 || c.stored > c.raw ||
-            (c.codec == Codec::kRaw && c.stored != c.raw))
-          corrupt(origin, "chunk '" + cname + "' has inconsistent sizes");
-        if (k + 1 < raw.size() && c.raw != m.chunk_bytes)
-          corrupt(origin, "chunk '" + cname + "' is short but not the last of its file");
-        if (c.offset > m.blobs[c.blob].size || m.blobs[c.blob].size - c.offset < c.stored)
-          corrupt(origin, "chunk '" + cname + "' lies outside its blob");
-        total += c.raw;
-        e.chunks.push_back(c);
-      }
-      if (total != e.size)
-        corrupt(origin, "file '" + e.path + "': chunk sizes do not add up to its size");
-    } else {
-      corrupt(origin, "entry '" + e.path + "' has unknown type '" + type + "'");
-    }
-    m.entries.push_back(std::move(e));
-  }
-  if (m.input_kind == "file" && (m.entries.size() != 1 || m.entries[0].type != EntryType::kFile ||
-                                 m.entries[0].path.find('/') != std::string::npos))
-    corrupt(origin, "of a single-file checkpoint must list exactly one file");
-  if (get_u64(doc, "raw_bytes", "", origin) != m.raw_bytes() ||
-      get_u64(doc, "stored_bytes", "", origin) != m.stored_bytes() ||
-      get_u64(doc, "chunk_count", "", origin) != m.chunk_count())
-    corrupt(origin, "totals do not match its entries");
-  if (auto it = doc.find("extra"); it != doc.end()) {
-    if (!it->is_object()) corrupt(origin, "field 'extra' is not an object");
-    m.extra = *it;
-  }
+  parse_header(doc, origin, m);
+  m.blobs = parse_blobs(doc, origin);
+  parse_entries(doc, sax.chunks, origin, m);
+  check_single_file(m, origin);
+  check_totals(doc, m, origin);
+  m.extra = parse_extra(doc, origin);
   check_no_overlap(m, origin);
   return m;
 }

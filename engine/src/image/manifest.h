@@ -27,7 +27,6 @@ inline constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;
 inline constexpr std::uint64_t kMaxSealBytes = 64u << 10;
 
 enum class Codec : std::uint8_t { kRaw, kZstd };
-enum class EntryType : std::uint8_t { kFile, kDir, kSymlink };
 
 struct ChunkRecord {
   std::uint32_t blob = 0;
@@ -79,7 +78,6 @@ struct Manifest {
 };
 
 std::string blob_name(std::uint32_t index);  // "blob-000000.bin"
-const char* entry_type_name(EntryType t);
 
 std::string serialize(const Manifest& m);
 // The text of manifest.seal for manifest text `manifest`: its size and XXH3-64, and an ed25519

@@ -117,11 +117,11 @@ class BlobWriter : public ChunkSink {
     Blob& b = blobs_[index];
     const fs::path p = dir_ / blob_name(index);
     if (r.req.kind == IoRequest::Kind::kFsync) {
-      if (r.res < 0) throw_errno(Errc::kIo, "fsync " + p.string(), static_cast<int>(-r.res));
+      if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "fsync ", p);
       b.fd.reset();
       return;
     }
-    if (r.res < 0) throw_errno(Errc::kIo, "write " + p.string(), static_cast<int>(-r.res));
+    if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "write ", p);
     if (--b.pending == 0 && b.closed) finalize(index, io);
   }
 
@@ -134,6 +134,7 @@ class BlobWriter : public ChunkSink {
 
   std::uint64_t stored() const { return stored_; }
   bool direct_used() const { return direct_used_; }
+  bool digests() const { return digest_; }
   // The wait for durability after the last chunk was handed to the kernel.
   Timeline::Clock::time_point sync_start, sync_end;
 
@@ -154,8 +155,8 @@ class BlobWriter : public ChunkSink {
     bool direct = false;
     Blob b;
     b.fd.reset(open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, direct_, &direct));
-    if (!b.fd) throw_errno(Errc::kIo, "create " + p.string());
-    if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+    if (!b.fd) throw_errno(Errc::kIo, "create ", p);
+    if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", p);
     direct_used_ = direct_used_ || direct;
     blobs_.push_back(std::move(b));
   }
@@ -174,7 +175,7 @@ class BlobWriter : public ChunkSink {
     Blob& b = blobs_[index];
     // The last chunk was written padded to the alignment; cut the file to its real end.
     if (::ftruncate(b.fd.get(), static_cast<off_t>(b.end)) != 0)
-      throw_errno(Errc::kIo, "truncate " + (dir_ / blob_name(index)).string());
+      throw_errno(Errc::kIo, "truncate ", (dir_ / blob_name(index)));
     IoRequest sync;
     sync.kind = IoRequest::Kind::kFsync;
     sync.fd = b.fd.get();
@@ -194,13 +195,11 @@ class BlobWriter : public ChunkSink {
   std::uint64_t stored_ = 0;
 };
 
-}  // namespace
-
-TransferResult pack(const fs::path& input, const fs::path& output, const PackOptions& opts) {
+// Everything a request can be refused for before any work is done.
+void validate_request(const fs::path& input, const fs::path& output, const PackOptions& opts) {
   validate_pack_options(opts);
   if (output.empty()) throw Error(Errc::kUsage, "no output path given");
-  Manifest m;
-  m.extra = parse_extra_json(opts.extra_json);
+  checked_extra(opts.extra);
   std::error_code ec;
   if (!fs::exists(input, ec))
     throw Error(Errc::kInvalidInput, "input " + input.string() + " does not exist");
@@ -208,73 +207,97 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
     throw Error(Errc::kInvalidInput,
                 "output " + output.string() + " lies inside the input " + input.string());
   check_pack_output(output, opts.force);
-  // Before any work: a key we cannot use should not cost a whole dump.
+}
+
+std::optional<trust::SigningKey> load_signing_key(const fs::path& path) {
   std::optional<trust::SigningKey> key;
-  if (!opts.sign_key.empty()) key.emplace(trust::SigningKey::load(opts.sign_key));
+  if (!path.empty()) key.emplace(trust::SigningKey::load(path));
+  return key;
+}
 
-  TransferResult res;
-  Timeline& tl = res.timeline;
-  InputTree tree;
-  {
-    auto s = tl.scope("scan");
-    tree = scan_input(input);
-  }
-
+// A manifest with its header filled in and no entries yet.
+Manifest new_manifest(const fs::path& input, bool single_file, const PackOptions& opts) {
+  Manifest m;
+  m.extra = opts.extra;
   m.major = kImageFormatMajor;
   m.minor = kImageFormatMinor;
   m.created_by = std::string("gpuckpt ") + version();
   m.created_at = utc_now_iso8601();
   m.host = host_name();
   m.source = fs::absolute(input).lexically_normal().string();
-  m.input_kind = tree.single_file ? "file" : "directory";
+  m.input_kind = single_file ? "file" : "directory";
   m.chunk_bytes = opts.chunk_bytes;
   m.zstd_level = opts.zstd_level;
+  return m;
+}
 
+// What the pipeline reads (input files, in chunk-sized ranges) and where each chunk belongs.
+struct PackPlan {
   std::vector<ReadSource> sources;
   std::vector<ReadRange> ranges;
   std::vector<PackChunk> chunks;
   std::uint64_t raw_total = 0;
+};
+
+ManifestEntry to_manifest_entry(const InputEntry& ie) {
+  ManifestEntry e;
+  e.path = ie.rel;
+  e.type = ie.type;
+  e.mode = ie.mode;
+  e.target = ie.target;
+  e.size = ie.size;
+  return e;
+}
+
+// Adds the reads of non-empty file `ie`, manifest entry `entry`, to `p`.
+void plan_file(const InputEntry& ie, std::uint32_t entry, std::uint32_t chunk_bytes, bool direct_io,
+               PackPlan& p) {
+  const auto src = static_cast<std::uint32_t>(p.sources.size());
+  const bool direct = direct_io && ie.size >= kDirectReadMinBytes && !looks_cached(ie.abs, ie.size);
+  p.sources.push_back({ie.abs, "input file " + ie.abs.string(), direct});
+  for (std::uint64_t off = 0; off < ie.size; off += chunk_bytes) {
+    const auto len =
+        static_cast<std::uint32_t>(std::min<std::uint64_t>(chunk_bytes, ie.size - off));
+    p.ranges.push_back({src, off, len});
+    p.chunks.push_back({entry, off == 0, off + len == ie.size});
+  }
+}
+
+// Lists the tree's entries in `m` and plans the reads of their data.
+PackPlan plan_entries(const InputTree& tree, const PackOptions& opts, Manifest& m) {
+  PackPlan p;
   for (const auto& ie : tree.entries) {
-    ManifestEntry e;
-    e.path = ie.rel;
-    e.type = ie.type;
-    e.mode = ie.mode;
-    e.target = ie.target;
-    e.size = ie.size;
-    const auto idx = static_cast<std::uint32_t>(m.entries.size());
+    ManifestEntry e = to_manifest_entry(ie);
     if (ie.type == EntryType::kFile) {
       e.xxh3 = xxh3(nullptr, 0);  // replaced by the sink for non-empty files
       if (ie.size > 0) {
-        const auto src = static_cast<std::uint32_t>(sources.size());
-        const bool direct =
-            opts.direct_io && ie.size >= kDirectReadMinBytes && !looks_cached(ie.abs, ie.size);
-        sources.push_back({ie.abs, "input file " + ie.abs.string(), direct});
-        for (std::uint64_t off = 0; off < ie.size; off += opts.chunk_bytes) {
-          const auto len =
-              static_cast<std::uint32_t>(std::min<std::uint64_t>(opts.chunk_bytes, ie.size - off));
-          ranges.push_back({src, off, len});
-          chunks.push_back({idx, off == 0, off + len == ie.size});
-        }
+        const auto idx = static_cast<std::uint32_t>(m.entries.size());
+        plan_file(ie, idx, opts.chunk_bytes, opts.direct_io, p);
       }
-      raw_total += ie.size;
+      p.raw_total += ie.size;
     }
     m.entries.push_back(std::move(e));
   }
+  return p;
+}
 
-  const unsigned threads = resolve_threads(opts.threads);
+std::uint32_t largest_range(const std::vector<ReadRange>& ranges) {
   std::uint32_t largest = 0;
   for (const auto& r : ranges) largest = std::max(largest, r.length);
-  const std::size_t buf_bytes = slot_buffer_bytes(largest);
-  const unsigned slots = resolve_slots(opts.inflight_chunks, threads, buf_bytes, ranges.size());
+  return largest;
+}
 
+// The checkpoint is built in a temporary sibling of `output`, private to us until published.
+TempDir make_temp_checkpoint(const fs::path& output, const PackOptions& opts) {
   const fs::path tmp_path = temp_sibling(output);
   if (opts.on_temp_path) opts.on_temp_path(tmp_path);
   TempDir tmp = TempDir::at(tmp_path);
-  if (::chmod(tmp.path().c_str(), 0700) != 0)
-    throw_errno(Errc::kIo, "chmod " + tmp.path().string());
-  // A signature covers the data only through digests it can rely on: BLAKE2b per chunk.
-  const bool digest = key.has_value();
-  BlobWriter sink(tmp.path(), chunks, m, opts.direct_io, opts.max_blob_bytes, digest);
+  if (::chmod(tmp.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", tmp.path());
+  return tmp;
+}
+
+PipelineConfig make_config(const PackOptions& opts, unsigned threads, unsigned slots,
+                           std::size_t buf_bytes, std::uint64_t raw_total) {
   PipelineConfig cfg;
   cfg.phase = "pack";
   cfg.workers = threads;
@@ -284,34 +307,80 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
   cfg.total_bytes = raw_total;
   cfg.progress = opts.progress;
   cfg.short_read_errc = Errc::kIo;  // an input file shrank while we read it
-  const int level = opts.zstd_level;
-  const PipelineStats ps = run_pipeline(
-      cfg, sources, ranges, [level, digest] { return std::make_unique<PackWorker>(level, digest); },
-      sink);
+  return cfg;
+}
 
-  add_pipeline_stages(tl, ps, "compress_write", "compress", raw_total, sink.stored(), true);
+// Compresses the planned chunks into `sink`'s blobs, with digests when the sink records them.
+PipelineStats compress_into(const PackPlan& plan, const PipelineConfig& cfg, int level,
+                            BlobWriter& sink) {
+  const bool digest = sink.digests();
+  return run_pipeline(
+      cfg, plan.sources, plan.ranges,
+      [level, digest] { return std::make_unique<PackWorker>(level, digest); }, sink);
+}
+
+// Readers refuse larger manifests, so one is never written.
+std::string serialize_checked(const Manifest& m) {
+  std::string text = serialize(m);
+  if (text.size() > kMaxManifestBytes)
+    throw Error(Errc::kUsage, "the manifest would be " + std::to_string(text.size() >> 20) +
+                                  " MiB, more than readers accept (" +
+                                  std::to_string(kMaxManifestBytes >> 20) +
+                                  " MiB): use a larger chunk size");
+  return text;
+}
+
+// Writes the seal and the manifest next to the blobs in `tmp` and publishes it as `output`.
+void commit(const Manifest& m, const trust::SigningKey* key, TempDir& tmp, const fs::path& output,
+            bool force) {
+  const std::string text = serialize_checked(m);
+  write_private_file(tmp.path(), kSealName, make_seal(text, key));
+  write_private_file(tmp.path(), kManifestName, text);
+  fsync_dir(tmp.path());
+  publish(tmp, output, force);
+}
+
+}  // namespace
+
+TransferResult pack(const fs::path& input, const fs::path& output, const PackOptions& opts) {
+  validate_request(input, output, opts);
+  // Before any work: a key we cannot use should not cost a whole dump.
+  const std::optional<trust::SigningKey> key = load_signing_key(opts.sign_key);
+
+  TransferResult res;
+  Timeline& tl = res.timeline;
+  InputTree tree;
+  {
+    auto s = tl.scope("scan");
+    tree = scan_input(input);
+  }
+  Manifest m = new_manifest(input, tree.single_file, opts);
+  const PackPlan plan = plan_entries(tree, opts, m);
+  const unsigned threads = resolve_threads(opts.threads);
+  const std::size_t buf_bytes = slot_buffer_bytes(largest_range(plan.ranges));
+  const unsigned slots =
+      resolve_slots(opts.inflight_chunks, threads, buf_bytes, plan.ranges.size());
+
+  TempDir tmp = make_temp_checkpoint(output, opts);
+  // A signature covers the data only through digests it can rely on: BLAKE2b per chunk.
+  const bool digest = key.has_value();
+  BlobWriter sink(tmp.path(), plan.chunks, m, opts.direct_io, opts.max_blob_bytes, digest);
+  const PipelineStats ps = compress_into(
+      plan, make_config(opts, threads, slots, buf_bytes, plan.raw_total), opts.zstd_level, sink);
+  add_pipeline_stages(tl, ps, "compress_write", "compress", plan.raw_total, sink.stored(), true);
   tl.add("sync", sink.sync_start, sink.sync_end);
   {
     auto s = tl.scope("commit");
-    const std::string text = serialize(m);
-    if (text.size() > kMaxManifestBytes)
-      throw Error(Errc::kUsage, "the manifest would be " + std::to_string(text.size() >> 20) +
-                                    " MiB, more than readers accept (" +
-                                    std::to_string(kMaxManifestBytes >> 20) +
-                                    " MiB): use a larger chunk size");
-    write_private_file(tmp.path(), kSealName, make_seal(text, key ? &*key : nullptr));
-    write_private_file(tmp.path(), kManifestName, text);
-    fsync_dir(tmp.path());
-    publish(tmp, output, opts.force);
+    commit(m, key ? &*key : nullptr, tmp, output, opts.force);
   }
-  res.raw_bytes = raw_total;
+  res.raw_bytes = plan.raw_total;
   res.compressed_bytes = sink.stored();
-  res.chunks = chunks.size();
+  res.chunks = plan.chunks.size();
   res.files = m.entries.size();
   res.direct_io = sink.direct_used();
   fill_result(res, ps, threads, slots, buf_bytes);
   spdlog::debug("pack: {} chunks, {} slots, io_uring={}, fixed buffers={}, direct reads={}",
-                chunks.size(), slots, ps.uring, ps.fixed_buffers, ps.direct_reads);
+                plan.chunks.size(), slots, ps.uring, ps.fixed_buffers, ps.direct_reads);
   return res;
 }
 

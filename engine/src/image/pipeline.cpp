@@ -168,7 +168,7 @@ class PipelineRun {
     if (!ss.fd) {
       bool direct = false;
       ss.fd.reset(open_maybe_direct(src.path, O_RDONLY, 0, src.direct, &direct));
-      if (!ss.fd) throw_errno(Errc::kIo, "open " + src.what);
+      if (!ss.fd) throw_errno(Errc::kIo, "open ", src.what);
       ss.direct = direct;
       if (direct) stats_.direct_reads = true;
     }
@@ -202,7 +202,7 @@ class PipelineRun {
   void read_done(const IoResult& r, std::vector<SourceState>& st) {
     const ReadRange& rg = ranges_[r.req.tag];
     const ReadSource& src = sources_[rg.source];
-    if (r.res < 0) throw_errno(Errc::kIo, "read " + src.what, static_cast<int>(-r.res));
+    if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "read ", src.what);
     if (r.res < r.req.min_len) {
       throw Error(cfg_.short_read_errc,
                   src.what + " ends early: bytes up to offset " +

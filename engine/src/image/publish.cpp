@@ -45,10 +45,10 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
       // No RENAME_NOREPLACE on this filesystem: plain rename (it cannot replace a non-empty
       // directory; an empty one that appeared meanwhile is an acceptable loss).
       if (::rename(tmp.path().c_str(), final_path.c_str()) != 0)
-        throw_errno(Errc::kIo, "rename " + tmp.path().string() + " to " + final_path.string());
+        throw_errno(Errc::kIo, "rename ", tmp.path(), " to ", final_path);
       tmp.release();
     } else {
-      throw_errno(Errc::kIo, "rename " + tmp.path().string() + " to " + final_path.string());
+      throw_errno(Errc::kIo, "rename ", tmp.path(), " to ", final_path);
     }
     fsync_dir(parent);
     return;
@@ -63,21 +63,20 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
     fsync_dir(parent);
     return;  // tmp's destructor removes the old content
   }
-  if (errno != EINVAL)
-    throw_errno(Errc::kIo, "replace " + final_path.string() + " with " + tmp.path().string());
+  if (errno != EINVAL) throw_errno(Errc::kIo, "replace ", final_path, " with ", tmp.path());
   // No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
   // leaves the old content under a hidden name beside the output, never a partial output.
   TempDir old = TempDir::at(temp_sibling(final_path));
   ::rmdir(old.path().c_str());
   if (::rename(final_path.c_str(), old.path().c_str()) != 0) {
     old.release();
-    throw_errno(Errc::kIo, "move " + final_path.string() + " aside");
+    throw_errno(Errc::kIo, "move ", final_path, " aside");
   }
   if (::rename(tmp.path().c_str(), final_path.c_str()) != 0) {
     const int err = errno;
     ::rename(old.path().c_str(), final_path.c_str());  // best effort: put the old one back
     old.release();
-    throw_errno(Errc::kIo, "rename " + tmp.path().string() + " to " + final_path.string(), err);
+    throw_syserr(Errc::kIo, err, "rename ", tmp.path(), " to ", final_path);
   }
   tmp.release();
   fsync_dir(parent);

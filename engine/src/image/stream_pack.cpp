@@ -118,7 +118,7 @@ StreamPacker::StreamPacker(const fs::path& output, const PackOptions& opts, cons
   if (!opts_.sign_key.empty())
     key_ = std::make_unique<trust::SigningKey>(trust::SigningKey::load(opts_.sign_key));
   digest_ = key_ != nullptr;
-  parse_extra_json(opts_.extra_json);  // refused now rather than after the whole stream
+  checked_extra(opts_.extra);  // refused now rather than after the whole stream
 
   m_.major = kImageFormatMajor;
   m_.minor = kImageFormatMinor;
@@ -140,8 +140,7 @@ StreamPacker::StreamPacker(const fs::path& output, const PackOptions& opts, cons
   const fs::path tmp_path = temp_sibling(output);
   if (opts_.on_temp_path) opts_.on_temp_path(tmp_path);
   tmp_ = TempDir::at(tmp_path);
-  if (::chmod(tmp_.path().c_str(), 0700) != 0)
-    throw_errno(Errc::kIo, "chmod " + tmp_.path().string());
+  if (::chmod(tmp_.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", tmp_.path());
 
   threads_ = threads;
   try {
@@ -274,15 +273,15 @@ void StreamPacker::close(FileId id) {
 
 void StreamPacker::add_file(const std::string& name, const fs::path& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) throw_errno(Errc::kIo, "open " + path.string());
+  if (!fd) throw_errno(Errc::kIo, "open ", path);
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw_errno(Errc::kIo, "stat " + path.string());
+  if (::fstat(fd.get(), &st) != 0) throw_errno(Errc::kIo, "stat ", path);
   const FileId id = open(name, st.st_mode & 07777);
   for (;;) {
     const auto room = space(id);
     const ssize_t n = ::read(fd.get(), room.data(), room.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(Errc::kIo, "read " + path.string());
+    if (n < 0) throw_errno(Errc::kIo, "read ", path);
     if (n == 0) break;
     commit(id, static_cast<std::size_t>(n));
   }
@@ -353,8 +352,7 @@ void StreamPacker::writer_loop() {
       for (const auto& r : done) {
         auto& job = pending[r.req.tag];
         if (r.res < 0)
-          throw_errno(Errc::kIo, "write " + (tmp_.path() / blob_name(job->rec.blob)).string(),
-                      static_cast<int>(-r.res));
+          throw_syserr(Errc::kIo, -r.res, "write ", (tmp_.path() / blob_name(job->rec.blob)));
         pool_->put(std::move(job->raw));
         pool_->put(std::move(job->out));
         {
@@ -398,8 +396,8 @@ void StreamPacker::writer_loop() {
         Blob b;
         b.fd.reset(
             open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, opts_.direct_io, &direct));
-        if (!b.fd) throw_errno(Errc::kIo, "create " + p.string());
-        if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+        if (!b.fd) throw_errno(Errc::kIo, "create ", p);
+        if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", p);
         if (direct) direct_used_ = true;
         blobs.push_back(std::move(b));
       }
@@ -441,8 +439,8 @@ void StreamPacker::writer_loop() {
     for (std::uint32_t i = 0; i < blobs.size(); ++i) {
       const fs::path p = tmp_.path() / blob_name(i);
       if (::ftruncate(blobs[i].fd.get(), static_cast<off_t>(blobs[i].end)) != 0)
-        throw_errno(Errc::kIo, "truncate " + p.string());
-      if (::fsync(blobs[i].fd.get()) != 0) throw_errno(Errc::kIo, "fsync " + p.string());
+        throw_errno(Errc::kIo, "truncate ", p);
+      if (::fsync(blobs[i].fd.get()) != 0) throw_errno(Errc::kIo, "fsync ", p);
       m_blobs_.push_back({blob_name(i), blobs[i].end});
     }
     last_write = Timeline::Clock::now();
@@ -451,7 +449,7 @@ void StreamPacker::writer_loop() {
   }
 }
 
-TransferResult StreamPacker::finish(const std::string& extra_json) {
+TransferResult StreamPacker::finish(const nlohmann::json& extra) {
   check_failed();
   for (const auto& f : files_)
     if (f.open)
@@ -490,7 +488,7 @@ TransferResult StreamPacker::finish(const std::string& extra_json) {
   // Manifest order is byte-wise sorted (docs/FORMAT.md); arrival order stays in the blobs.
   std::sort(m_.entries.begin(), m_.entries.end(),
             [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; });
-  m_.extra = parse_extra_json(extra_json);
+  m_.extra = checked_extra(extra);
   {
     auto s = res.timeline.scope("commit");
     const std::string text = serialize(m_);
@@ -526,7 +524,7 @@ CheckpointSource::CheckpointSource(const fs::path& checkpoint)
   for (const auto& b : m_.blobs) {
     const fs::path p = checkpoint / b.name;
     UniqueFd fd(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!fd) throw_errno(Errc::kIo, "open " + p.string());
+    if (!fd) throw_errno(Errc::kIo, "open ", p);
     blobs_.push_back(std::move(fd));
   }
 }
@@ -552,7 +550,7 @@ const std::byte* CheckpointSource::decode(const ManifestEntry& e, std::size_t k,
     const ssize_t n = ::pread(blobs_[c.blob].get(), in.data() + got, c.stored - got,
                               static_cast<off_t>(c.offset + got));
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(Errc::kIo, "read " + (ckpt_ / m_.blobs[c.blob].name).string());
+    if (n < 0) throw_errno(Errc::kIo, "read ", (ckpt_ / m_.blobs[c.blob].name));
     if (n == 0) throw corrupt("the blob ends inside the chunk");
     got += static_cast<std::uint32_t>(n);
   }
@@ -580,7 +578,7 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
       const ssize_t w = ::write(fd, data + off, len - off);
       if (w < 0 && errno == EINTR) continue;
       if (w < 0 && errno == EPIPE) return false;
-      if (w < 0) throw_errno(Errc::kIo, "write '" + e.path + "'");
+      if (w < 0) throw_errno(Errc::kIo, "write '", e.path, "'");
       off += static_cast<std::uint32_t>(w);
       raw_written_ += static_cast<std::uint64_t>(w);
     }

@@ -68,9 +68,9 @@ class StreamPacker {
   std::uint64_t raw_bytes() const { return raw_.load(std::memory_order_relaxed); }
 
   // Every file closed: waits for the last chunks, writes manifest.json and manifest.seal with
-  // `extra_json` (as PackOptions::extra_json) and publishes the checkpoint. Rethrows the first
+  // `extra` (as PackOptions::extra) and publishes the checkpoint. Rethrows the first
   // error of any thread.
-  TransferResult finish(const std::string& extra_json);
+  TransferResult finish(const nlohmann::json& extra);
 
   // When the first chunk arrived and when the last write completed (the compress_write
   // window), valid after finish().

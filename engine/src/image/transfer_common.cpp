@@ -110,16 +110,10 @@ void validate_pack_options(const PackOptions& o) {
   validate_io_options(o.threads, o.queue_depth, o.inflight_chunks);
 }
 
-nlohmann::json parse_extra_json(const std::string& text) {
-  if (text.empty()) return nullptr;
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(Errc::kUsage, std::string("extra metadata is not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) throw Error(Errc::kUsage, "extra metadata must be a JSON object");
-  return j;
+const nlohmann::json& checked_extra(const nlohmann::json& extra) {
+  if (!extra.is_null() && !extra.is_object())
+    throw Error(Errc::kUsage, "extra metadata must be a JSON object");
+  return extra;
 }
 
 bool is_within(const fs::path& inner, const fs::path& outer) {
@@ -133,18 +127,17 @@ bool is_within(const fs::path& inner, const fs::path& outer) {
 void write_private_file(const fs::path& dir, const char* name, const std::string& data) {
   const fs::path path = dir / name, tmp = dir / (std::string(".") + name + ".tmp");
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (!fd) throw_errno(Errc::kIo, "create " + tmp.string());
-  if (::fchmod(fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod " + tmp.string());
+  if (!fd) throw_errno(Errc::kIo, "create ", tmp);
+  if (::fchmod(fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", tmp);
   std::size_t off = 0;
   while (off < data.size()) {
     const ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(Errc::kIo, "write " + tmp.string());
+    if (n < 0) throw_errno(Errc::kIo, "write ", tmp);
     off += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync " + tmp.string());
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw_errno(Errc::kIo, "rename to " + path.string());
+  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync ", tmp);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno(Errc::kIo, "rename to ", path);
 }
 
 // --force may replace a previous checkpoint or an empty directory, never arbitrary data.
@@ -175,7 +168,7 @@ void check_blobs(const Manifest& m, const fs::path& ckpt) {
       if (errno == ENOENT)
         throw Error(Errc::kCorrupt,
                     "checkpoint " + ckpt.string() + " is damaged: blob " + b.name + " is missing");
-      throw_errno(Errc::kIo, "stat " + p.string());
+      throw_errno(Errc::kIo, "stat ", p);
     }
     if (!S_ISREG(st.st_mode))
       throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is damaged: blob " + b.name +

@@ -44,8 +44,8 @@ std::string host_name();
 // Shared by pack and the streaming writer (stream_pack.h).
 // Throws Error(kUsage) for a chunk size, level, blob size or I/O setting out of range.
 void validate_pack_options(const PackOptions& o);
-// PackOptions::extra_json as a JSON object (null when empty); Error(kUsage) if it is not one.
-nlohmann::json parse_extra_json(const std::string& text);
+// PackOptions::extra itself when it is a JSON object or null; Error(kUsage) otherwise.
+const nlohmann::json& checked_extra(const nlohmann::json& extra);
 // Whether `inner` lies inside `outer` (after resolving links).
 bool is_within(const std::filesystem::path& inner, const std::filesystem::path& outer);
 // --force may replace a previous checkpoint or an empty directory, never arbitrary data;

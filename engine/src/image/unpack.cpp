@@ -186,15 +186,15 @@ class TreeSink : public HashingSink {
     FileState& f = files_[r.req.tag];
     const fs::path p = root_ / m_.entries[r.req.tag].path;
     if (r.req.kind == IoRequest::Kind::kFsync) {
-      if (r.res < 0) throw_errno(Errc::kIo, "fsync " + p.string(), static_cast<int>(-r.res));
+      if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "fsync ", p);
       f.fd.reset();
       return;
     }
-    if (r.res < 0) throw_errno(Errc::kIo, "write " + p.string(), static_cast<int>(-r.res));
+    if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "write ", p);
     if (--f.pending == 0 && f.all_submitted) {
       const auto& e = m_.entries[r.req.tag];
       if (f.direct && ::ftruncate(f.fd.get(), static_cast<off_t>(e.size)) != 0)
-        throw_errno(Errc::kIo, "truncate " + p.string());
+        throw_errno(Errc::kIo, "truncate ", p);
       IoRequest sync;
       sync.kind = IoRequest::Kind::kFsync;
       sync.fd = f.fd.get();
@@ -217,10 +217,10 @@ class TreeSink : public HashingSink {
     const fs::path p = root_ / e.path;
     bool direct = false;
     f.fd.reset(open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, direct_, &direct));
-    if (!f.fd) throw_errno(Errc::kIo, "create " + p.string());
+    if (!f.fd) throw_errno(Errc::kIo, "create ", p);
     f.direct = direct;
     direct_used_ = direct_used_ || direct;
-    if (::fchmod(f.fd.get(), e.mode) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+    if (::fchmod(f.fd.get(), e.mode) != 0) throw_errno(Errc::kIo, "chmod ", p);
   }
 
   fs::path root_;
@@ -261,43 +261,104 @@ void check_output(const fs::path& output, bool force) {
     throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
 }
 
-PipelineConfig make_config(const std::string& phase, const UnpackOptions& o, const Manifest& m,
-                           unsigned threads, unsigned slots, std::size_t buf_bytes) {
+// A checkpoint ready to be streamed: manifest, seal and blobs checked, reads planned. The plan
+// points into the manifest, so the two live and move together.
+struct OpenCheckpoint {
+  fs::path path;
+  Manifest m;
+  Plan plan;
+  unsigned threads = 0;
+  std::size_t buf_bytes = 0;
+  unsigned slots = 0;
+};
+
+// The opening shared by unpack and verify; the "manifest" stage covers the checks.
+OpenCheckpoint open_checkpoint(const fs::path& checkpoint, const UnpackOptions& opts,
+                               Timeline& tl) {
+  OpenCheckpoint ck;
+  ck.path = checkpoint;
+  {
+    auto s = tl.scope("manifest");
+    ck.m = load_manifest(checkpoint);
+    check_signature_intact(ck.m, checkpoint);
+    check_blobs(ck.m, checkpoint);
+  }
+  ck.plan = make_plan(ck.m, checkpoint, opts.direct_io);
+  ck.threads = resolve_threads(opts.threads);
+  ck.buf_bytes = slot_buffer_bytes(largest_chunk(ck.m));
+  ck.slots = resolve_slots(opts.inflight_chunks, ck.threads, ck.buf_bytes, ck.plan.ranges.size());
+  return ck;
+}
+
+PipelineConfig make_config(const std::string& phase, const UnpackOptions& o,
+                           const OpenCheckpoint& ck) {
   PipelineConfig cfg;
   cfg.phase = phase;
-  cfg.workers = threads;
-  cfg.slots = slots;
-  cfg.buffer_bytes = buf_bytes;
+  cfg.workers = ck.threads;
+  cfg.slots = ck.slots;
+  cfg.buffer_bytes = ck.buf_bytes;
   cfg.queue_depth = o.queue_depth;
-  cfg.total_bytes = m.raw_bytes();
+  cfg.total_bytes = ck.m.raw_bytes();
   cfg.progress = o.progress;
   cfg.short_read_errc = Errc::kCorrupt;  // a blob shorter than the manifest says
   return cfg;
 }
 
+// Reads, checks and decompresses every chunk of `ck` into `sink`.
+PipelineStats stream_chunks(const OpenCheckpoint& ck, const std::string& phase,
+                            const UnpackOptions& opts, ChunkSink& sink) {
+  return run_pipeline(
+      make_config(phase, opts, ck), ck.plan.sources, ck.plan.ranges,
+      [&] { return std::make_unique<UnpackWorker>(ck.plan, ck.m, ck.path); }, sink);
+}
+
+void fill_totals(TransferResult& res, const OpenCheckpoint& ck, const PipelineStats& ps) {
+  res.raw_bytes = ck.m.raw_bytes();
+  res.compressed_bytes = ck.m.stored_bytes();
+  res.chunks = ck.m.chunk_count();
+  res.files = ck.m.entries.size();
+  res.direct_io = ps.direct_reads;
+  fill_result(res, ps, ck.threads, ck.slots, ck.buf_bytes);
+}
+
+// The tree is built in a temporary sibling of `output` and published by rename.
+TempDir make_temp_tree(const fs::path& output) {
+  TempDir tmp = TempDir::at(temp_sibling(output));
+  // The tree's root is ours alone whatever the umask: entries keep their recorded modes, but
+  // nobody else reaches them through it.
+  if (::chmod(tmp.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", tmp.path());
+  return tmp;
+}
+
+// An empty file has no chunk whose checks would catch a wrong hash.
+void check_empty_file(const ManifestEntry& e, const fs::path& ckpt) {
+  if (e.xxh3 != xxh3(nullptr, 0))
+    throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() + " is corrupt: empty file '" +
+                                    e.path + "' has the xxh3 of non-empty content");
+}
+
+void create_empty_file(const ManifestEntry& e, const fs::path& p) {
+  UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+  if (!fd) throw_errno(Errc::kIo, "create ", p);
+  if (::fchmod(fd.get(), e.mode) != 0) throw_errno(Errc::kIo, "chmod ", p);
+}
+
 // Directories, symlinks and empty files; files with data are created by the sink.
 void create_skeleton(const Manifest& m, const fs::path& root, const fs::path& ckpt) {
-  const std::uint64_t empty_hash = xxh3(nullptr, 0);
   for (const auto& e : m.entries) {
     const fs::path p = root / e.path;
     switch (e.type) {
       case EntryType::kDir:
         // Owner-writable until the end so that a read-only directory can still be filled.
-        if (::mkdir(p.c_str(), 0700) != 0) throw_errno(Errc::kIo, "mkdir " + p.string());
+        if (::mkdir(p.c_str(), 0700) != 0) throw_errno(Errc::kIo, "mkdir ", p);
         break;
       case EntryType::kSymlink:
-        if (::symlink(e.target.c_str(), p.c_str()) != 0)
-          throw_errno(Errc::kIo, "symlink " + p.string());
+        if (::symlink(e.target.c_str(), p.c_str()) != 0) throw_errno(Errc::kIo, "symlink ", p);
         break;
       case EntryType::kFile:
         if (e.chunks.empty()) {
-          if (e.xxh3 != empty_hash)
-            throw Error(Errc::kCorrupt, "checkpoint " + ckpt.string() +
-                                            " is corrupt: empty file '" + e.path +
-                                            "' has the xxh3 of non-empty content");
-          UniqueFd fd(::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
-          if (!fd) throw_errno(Errc::kIo, "create " + p.string());
-          if (::fchmod(fd.get(), e.mode) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+          check_empty_file(e, ckpt);
+          create_empty_file(e, p);
         }
         break;
     }
@@ -310,7 +371,7 @@ void finish_dirs(const Manifest& m, const fs::path& root) {
     if (it->type != EntryType::kDir) continue;
     const fs::path p = root / it->path;
     fsync_dir(p);
-    if (::chmod(p.c_str(), it->mode) != 0) throw_errno(Errc::kIo, "chmod " + p.string());
+    if (::chmod(p.c_str(), it->mode) != 0) throw_errno(Errc::kIo, "chmod ", p);
   }
   fsync_dir(root);
 }
@@ -323,82 +384,36 @@ TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
   if (output.empty()) throw Error(Errc::kUsage, "no output path given");
   TransferResult res;
   Timeline& tl = res.timeline;
-  Manifest m;
-  {
-    auto s = tl.scope("manifest");
-    m = load_manifest(checkpoint);
-    check_signature_intact(m, checkpoint);
-    check_blobs(m, checkpoint);
-  }
+  const OpenCheckpoint ck = open_checkpoint(checkpoint, opts, tl);
   check_output(output, opts.force);
-
-  const Plan plan = make_plan(m, checkpoint, opts.direct_io);
-  const unsigned threads = resolve_threads(opts.threads);
-  const std::size_t buf_bytes = slot_buffer_bytes(largest_chunk(m));
-  const unsigned slots =
-      resolve_slots(opts.inflight_chunks, threads, buf_bytes, plan.ranges.size());
-
-  TempDir tmp = TempDir::at(temp_sibling(output));
-  // The tree's root is ours alone whatever the umask: entries keep their recorded modes, but
-  // nobody else reaches them through it.
-  if (::chmod(tmp.path().c_str(), 0700) != 0)
-    throw_errno(Errc::kIo, "chmod " + tmp.path().string());
+  TempDir tmp = make_temp_tree(output);
   {
     auto s = tl.scope("create_tree");
-    create_skeleton(m, tmp.path(), checkpoint);
+    create_skeleton(ck.m, tmp.path(), checkpoint);
   }
-  TreeSink sink(plan, m, checkpoint, tmp.path(), opts.direct_io);
-  const PipelineStats ps = run_pipeline(
-      make_config("unpack", opts, m, threads, slots, buf_bytes), plan.sources, plan.ranges,
-      [&] { return std::make_unique<UnpackWorker>(plan, m, checkpoint); }, sink);
-  add_pipeline_stages(tl, ps, "read_decompress", "decompress", m.raw_bytes(), m.raw_bytes(), true);
+  TreeSink sink(ck.plan, ck.m, checkpoint, tmp.path(), opts.direct_io);
+  const PipelineStats ps = stream_chunks(ck, "unpack", opts, sink);
+  const std::uint64_t raw = ck.m.raw_bytes();
+  add_pipeline_stages(tl, ps, "read_decompress", "decompress", raw, raw, true);
   {
     auto s = tl.scope("commit");
-    finish_dirs(m, tmp.path());
+    finish_dirs(ck.m, tmp.path());
     publish(tmp, output, true);
   }
-  res.raw_bytes = m.raw_bytes();
-  res.compressed_bytes = m.stored_bytes();
-  res.chunks = m.chunk_count();
-  res.files = m.entries.size();
-  res.direct_io = ps.direct_reads;
-  fill_result(res, ps, threads, slots, buf_bytes);
+  fill_totals(res, ck, ps);
   return res;
 }
 
 TransferResult verify(const fs::path& checkpoint, const UnpackOptions& opts) {
   validate(opts);
   TransferResult res;
-  Timeline& tl = res.timeline;
-  Manifest m;
-  {
-    auto s = tl.scope("manifest");
-    m = load_manifest(checkpoint);
-    check_signature_intact(m, checkpoint);
-    check_blobs(m, checkpoint);
-  }
-  const Plan plan = make_plan(m, checkpoint, opts.direct_io);
-  const unsigned threads = resolve_threads(opts.threads);
-  const std::size_t buf_bytes = slot_buffer_bytes(largest_chunk(m));
-  const unsigned slots =
-      resolve_slots(opts.inflight_chunks, threads, buf_bytes, plan.ranges.size());
-  for (const auto& e : m.entries) {
-    if (e.type == EntryType::kFile && e.chunks.empty() && e.xxh3 != xxh3(nullptr, 0))
-      throw Error(Errc::kCorrupt, "checkpoint " + checkpoint.string() +
-                                      " is corrupt: empty file '" + e.path +
-                                      "' has the xxh3 of non-empty content");
-  }
-  VerifySink sink(plan, m, checkpoint);
-  const PipelineStats ps = run_pipeline(
-      make_config("verify", opts, m, threads, slots, buf_bytes), plan.sources, plan.ranges,
-      [&] { return std::make_unique<UnpackWorker>(plan, m, checkpoint); }, sink);
-  add_pipeline_stages(tl, ps, "verify", "decompress", m.raw_bytes(), 0, false);
-  res.raw_bytes = m.raw_bytes();
-  res.compressed_bytes = m.stored_bytes();
-  res.chunks = m.chunk_count();
-  res.files = m.entries.size();
-  res.direct_io = ps.direct_reads;
-  fill_result(res, ps, threads, slots, buf_bytes);
+  const OpenCheckpoint ck = open_checkpoint(checkpoint, opts, res.timeline);
+  for (const auto& e : ck.m.entries)
+    if (e.type == EntryType::kFile && e.chunks.empty()) check_empty_file(e, checkpoint);
+  VerifySink sink(ck.plan, ck.m, checkpoint);
+  const PipelineStats ps = stream_chunks(ck, "verify", opts, sink);
+  add_pipeline_stages(res.timeline, ps, "verify", "decompress", ck.m.raw_bytes(), 0, false);
+  fill_totals(res, ck, ps);
   return res;
 }
 
@@ -421,7 +436,7 @@ ImageInfo inspect(const fs::path& checkpoint) {
   for (const auto& e : m.entries) {
     FileEntry f;
     f.path = e.path;
-    f.type = entry_type_name(e.type);
+    f.type = e.type;
     f.size = e.size;
     f.mode = e.mode;
     f.compressed_size = e.stored_bytes();
@@ -430,7 +445,7 @@ ImageInfo inspect(const fs::path& checkpoint) {
     f.target = e.target;
     info.files.push_back(std::move(f));
   }
-  if (!m.extra.is_null()) info.extra_json = m.extra.dump();
+  info.extra = m.extra;
   info.sealed = m.sealed;
   info.signature = m.signature;
   return info;

@@ -113,50 +113,67 @@ std::vector<pid_t> cuda_pids_of(const std::optional<criu::PluginReport>& plugin)
   return plugin->cuda_pids;
 }
 
-}  // namespace
-
-DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
-  const Target target = preflight_target(o.pid);
-  preflight_output(o);
-
+// What the steps of one dump share. Members are destroyed in reverse order: the streamer before
+// the packer it feeds, both before the staging directory.
+struct DumpState {
+  const DumpOptions& o;
+  Guard& guard;
+  const Target& target;
   DumpOutcome out;
-  Timeline& tl = out.result.timeline;
-  ProcessRecord& rec = out.record;
-  std::optional<Timeline::Scope> preflight;
-  preflight.emplace(tl, "preflight");
-  const criu::Installation inst = criu::locate(o.criu.binary);
-  rec.criu_version = criu::version(inst);
-  if (o.criu.check) criu::check(inst);
-  if (inst.plugin_dir.empty())
+  criu::Installation inst;
+  std::uint64_t need = 0;
+  bool stream = false;
+  TempDir staging;
+  fs::path images;
+  criu::DumpArgs args;
+  fs::path report_path;
+  std::optional<image::StreamPacker> packer;
+  std::optional<criu::DumpStreamer> streamer;
+  criu::Run run;
+};
+
+void prepare_criu(DumpState& d) {
+  d.inst = criu::locate(d.o.criu.binary);
+  d.out.record.criu_version = criu::version(d.inst);
+  if (d.o.criu.check) criu::check(d.inst);
+  if (d.inst.plugin_dir.empty())
     spdlog::warn(
         "gpuckpt's CRIU plugin ({}) was not found: no device stages are recorded and "
         "CUDA processes cannot be dumped (set GPUCKPT_CRIU_PLUGIN_DIR)",
         criu::kPluginFile);
+}
 
+void choose_staging(DumpState& d) {
+  const DumpOptions& o = d.o;
   // CRIU would find out after freezing the tree for as long as it took to fill the tmpfs.
   // The checkpoint moves the tree's VRAM into its host memory first: stage that too.
-  const std::uint64_t need = target.memory_bytes + gpu_memory_of(target.tree);
-  bool stream = o.staging_mode == StagingMode::kStream;
-  if (stream) {
+  d.need = d.target.memory_bytes + gpu_memory_of(d.target.tree);
+  d.stream = o.staging_mode == StagingMode::kStream;
+  if (d.stream) {
     // The longest images path make_staging() creates: gpuckpt-dump-<guard pid>-XXXXXX.
     const std::string why = criu::stream_unsupported_reason(
         o.staging_root / "gpuckpt-dump-4194304-XXXXXX" / "images", o.criu.extra_args);
     if (!why.empty()) {
-      out.result.staging_note = why;
+      d.out.result.staging_note = why;
       spdlog::warn("cannot stream CRIU's images ({}): staging them in {} instead", why,
                    o.staging_root.string());
-      stream = false;
+      d.stream = false;
     }
   }
-  out.result.staging_mode = stream ? StagingMode::kStream : StagingMode::kStaged;
+  d.out.result.staging_mode = d.stream ? StagingMode::kStream : StagingMode::kStaged;
   // Streaming stages nothing but CRIU's log and stats.
   const std::uint64_t free_bytes = fs::space(o.staging_root).available;
-  if (!stream && need > free_bytes)
+  if (!d.stream && d.need > free_bytes)
     throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
                                std::to_string(free_bytes >> 20) + " MiB free, but the tree of " +
-                               std::to_string(o.pid) + " has " + std::to_string(need >> 20) +
+                               std::to_string(o.pid) + " has " + std::to_string(d.need >> 20) +
                                " MiB of memory to dump: use --staging DIR on a larger filesystem");
+}
 
+void fill_record(DumpState& d) {
+  const DumpOptions& o = d.o;
+  const Target& target = d.target;
+  ProcessRecord& rec = d.out.record;
   rec.pid = o.pid;
   rec.comm = target.root.comm;
   rec.cmdline = target.root.cmdline;
@@ -172,166 +189,201 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
   rec.tcp_listener = target.tcp_listener;
   rec.unix_listeners = target.unix_listeners;
   rec.tcp_established = o.tcp_established ? "established" : "closed";
+}
 
-  TempDir staging = make_staging(o.staging_root, "gpuckpt-dump", guard.pid());
-  guard.remove_on_recovery(staging.path());
-  const fs::path images = staging.path() / "images";
-  fs::create_directory(images);
+void make_images_dir(DumpState& d) {
+  d.staging = make_staging(d.o.staging_root, "gpuckpt-dump", d.guard.pid());
+  d.guard.remove_on_recovery(d.staging.path());
+  d.images = d.staging.path() / "images";
+  fs::create_directory(d.images);
+}
 
-  criu::DumpArgs a;
+void build_criu_args(DumpState& d) {
+  const DumpOptions& o = d.o;
+  criu::DumpArgs& a = d.args;
   a.pid = o.pid;
-  a.images_dir = images;
+  a.images_dir = d.images;
   a.final_state = o.leave_running ? criu::FinalState::kRunning : criu::FinalState::kStopped;
-  a.shell_job = rec.shell_job;
-  a.stream = stream;
+  a.shell_job = d.out.record.shell_job;
+  a.stream = d.stream;
   a.extra_args = criu::tcp_args(o.tcp_established);
   // A /dev/shm segment unlinked once mapped (vLLM's and SGLang's shared rings) is a ghost file
   // to CRIU, refused above 1 MiB: raise the limit to what this tree holds.
-  if (target.largest_ghost > (1u << 20))
-    a.extra_args.push_back("--ghost-limit=" + std::to_string(target.largest_ghost + (1u << 20)));
+  if (d.target.largest_ghost > (1u << 20))
+    a.extra_args.push_back("--ghost-limit=" + std::to_string(d.target.largest_ghost + (1u << 20)));
   a.extra_args.insert(a.extra_args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   a.timeout = o.criu.timeout;
   // CRIU's --timeout bounds the freezing stage, which includes the plugin's CUDA lock.
   a.freeze_timeout =
       std::chrono::duration_cast<std::chrono::seconds>(o.lock_timeout) + std::chrono::seconds(10);
-  a.on_start = [&guard](pid_t criu_pid) {
+  a.on_start = [&guard = d.guard](pid_t criu_pid) {
     guard.criu_started(criu_pid);
     fault_point("criu_dump");
   };
-  const fs::path report_path = images / criu::kDumpReportName;
-  a.env = {std::string(criu::kEnvReport) + "=" + report_path.string(),
+  d.report_path = d.images / criu::kDumpReportName;
+  a.env = {std::string(criu::kEnvReport) + "=" + d.report_path.string(),
            std::string(criu::kEnvFinalState) + "=" + (o.leave_running ? "running" : "stopped"),
            std::string(criu::kEnvLockTimeoutMs) + "=" + std::to_string(o.lock_timeout.count())};
   for (auto& e : plugin_device_env({})) a.env.push_back(std::move(e));
-  const auto argv = criu::dump_argv(inst, a, images / "dump.log");
-  rec.criu_args.assign(argv.begin() + 1, argv.end());
-  guard.protect(o.pid, target.tree);
-  preflight.reset();
+  const auto argv = criu::dump_argv(d.inst, a, d.images / "dump.log");
+  d.out.record.criu_args.assign(argv.begin() + 1, argv.end());
+}
 
-  // Streaming: the checkpoint is built while CRIU dumps. Its temporary directory is the
-  // guard's to remove, exactly as the staged pack's is.
-  std::optional<image::StreamPacker> packer;
-  std::optional<criu::DumpStreamer> streamer;
-  if (stream) {
-    try {
-      PackOptions po = o.pack;
-      po.on_temp_path = [&guard](const fs::path& p) {
-        guard.remove_on_recovery(p);
-        fault_point("compress_write");
-      };
-      packer.emplace(o.output, po, images);
-      streamer.emplace(images, *packer);
-    } catch (const std::exception& e) {
-      const auto* ge = dynamic_cast<const Error*>(&e);
-      packer.reset();
-      const std::string undone = guard.abort();
-      throw Error(ge ? ge->code() : Errc::kInternal,
-                  std::string(e.what()) + "\nno checkpoint was written; " + undone);
-    }
+// Streaming: the checkpoint is built while CRIU dumps. Its temporary directory is the guard's to
+// remove, exactly as the staged pack's is.
+void start_streaming(DumpState& d) {
+  if (!d.stream) return;
+  try {
+    PackOptions po = d.o.pack;
+    po.on_temp_path = [&guard = d.guard](const fs::path& p) {
+      guard.remove_on_recovery(p);
+      fault_point("compress_write");
+    };
+    d.packer.emplace(d.o.output, po, d.images);
+    d.streamer.emplace(d.images, *d.packer);
+  } catch (...) {
+    d.packer.reset();
+    const std::string undone = d.guard.abort();
+    rethrow_with_context("", "\nno checkpoint was written; " + undone);
   }
+}
 
-  criu::Run run;
+// criu resumes the tree itself after a failed dump; the guard makes sure of it (a timed-out criu
+// was killed with the tree possibly stopped).
+[[noreturn]] void fail_criu_dump(DumpState& d, const Error& e) {
+  std::optional<criu::PluginReport> rep;
+  try {
+    rep = criu::read_plugin_report(d.report_path);
+  } catch (const Error&) {
+  }
+  const bool device = rep && !rep->all_ok();
+  // A streamer that could not store an image closed CRIU's pipes: that is the cause.
+  std::string cause;
+  Errc code = e.code();
+  if (d.streamer) {
+    try {
+      d.streamer->finish();
+    } catch (const Error& se) {
+      cause = std::string("storing CRIU's images failed: ") + se.what() + "\n";
+      code = se.code();
+    } catch (const std::exception& se) {
+      cause = std::string("storing CRIU's images failed: ") + se.what() + "\n";
+    }
+    d.streamer.reset();
+    d.packer.reset();
+  }
+  d.guard.criu_finished();
+  const std::string undone = d.guard.abort();
+  throw Error(device ? Errc::kDevice : code,
+              (device ? "CUDA checkpoint failed: " + rep->first_error() + "\n" : "") + cause +
+                  e.what() + "\nno checkpoint was written; " + undone);
+}
+
+void run_criu_dump(DumpState& d) {
+  std::optional<DirProgress> progress;
+  if (!d.stream) progress.emplace(d.o.pack.progress, "criu_dump", d.images, d.need);
+  try {
+    d.run = criu::dump(d.inst, d.args);
+    d.guard.criu_finished();
+  } catch (const Error& e) {
+    fail_criu_dump(d, e);
+  }
+}
+
+// The frozen tree, its images and what CRIU and the plugin reported, into the record and result.
+void collect_dump(DumpState& d) {
+  const DumpOptions& o = d.o;
+  ProcessRecord& rec = d.out.record;
+  DumpResult& result = d.out.result;
+  // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
+  rec.tree = o.leave_running ? d.target.tree : process_tree(o.pid);
+  d.guard.protect(o.pid, rec.tree);
+  if (d.streamer) {
+    d.streamer->finish();  // everything CRIU sent is in the packer now
+    spdlog::debug("criu streamed {} image files", d.streamer->files().size());
+    d.streamer.reset();
+    // What CRIU (and the plugin) left as files: its log, stats-dump, the plugin's report.
+    // They belong to the checkpoint as in a staged dump.
+    for (const auto& f : fs::directory_iterator(d.images))
+      if (f.is_regular_file() && !f.is_symlink())
+        d.packer->add_file(f.path().filename().string(), f.path());
+    result.image_bytes = d.packer->raw_bytes();
+  } else {
+    result.image_bytes = tree_bytes(d.images);
+  }
+  const auto stats = criu::read_dump_stats(d.images);
+  const auto plugin = criu::read_plugin_report(d.report_path);
+  if (!plugin && !d.inst.plugin_dir.empty())
+    spdlog::warn("the CRIU plugin wrote no report ({}): device stages are missing",
+                 d.report_path.string());
+  rec.cuda_pids = cuda_pids_of(plugin);
+  if (!o.leave_running) d.guard.cuda(rec.cuda_pids);
+  add_dump_stages(result.timeline, d.run, result.image_bytes, stats, plugin);
+  rec.cuda = plugin && plugin->cuda;
+  result.gpu = rec.cuda;
+  result.gpu_uuids = rec.gpu_uuids;
+  result.criu_version = rec.criu_version;
+  result.comm = rec.comm;
+  result.tree = rec.tree;
+}
+
+void publish_checkpoint(DumpState& d) {
+  Timeline& tl = d.out.result.timeline;
+  ProcessRecord& rec = d.out.record;
+  rec.timeline = tl;
+  if (d.packer) {
+    d.packer->finish(to_extra(rec));
+    // compress_write overlaps criu_dump: from CRIU's first image byte to the published
+    // manifest.
+    tl.add("compress_write", d.packer->first_byte, Timeline::Clock::now(), d.packer->raw_bytes());
+    d.packer.reset();
+  } else {
+    PackOptions po = d.o.pack;
+    po.extra = to_extra(rec);
+    po.on_temp_path = [&guard = d.guard](const fs::path& p) {
+      guard.remove_on_recovery(p);
+      fault_point("compress_write");
+    };
+    auto scope = tl.scope("compress_write");
+    const TransferResult tr = pack(d.images, d.o.output, po);
+    scope.set_bytes(tr.raw_bytes);
+  }
+}
+
+}  // namespace
+
+DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
+  const Target target = preflight_target(o.pid);
+  preflight_output(o);
+
+  DumpState d{o, guard, target};
   {
-    std::optional<DirProgress> progress;
-    if (!stream) progress.emplace(o.pack.progress, "criu_dump", images, need);
-    try {
-      run = criu::dump(inst, a);
-      guard.criu_finished();
-    } catch (const Error& e) {
-      // criu resumes the tree itself after a failed dump; the guard makes sure of it (a
-      // timed-out criu was killed with the tree possibly stopped).
-      std::optional<criu::PluginReport> rep;
-      try {
-        rep = criu::read_plugin_report(report_path);
-      } catch (const Error&) {
-      }
-      const bool device = rep && !rep->all_ok();
-      // A streamer that could not store an image closed CRIU's pipes: that is the cause.
-      std::string cause;
-      Errc code = e.code();
-      if (streamer) {
-        try {
-          streamer->finish();
-        } catch (const Error& se) {
-          cause = std::string("storing CRIU's images failed: ") + se.what() + "\n";
-          code = se.code();
-        } catch (const std::exception& se) {
-          cause = std::string("storing CRIU's images failed: ") + se.what() + "\n";
-        }
-        streamer.reset();
-        packer.reset();
-      }
-      guard.criu_finished();
-      const std::string undone = guard.abort();
-      throw Error(device ? Errc::kDevice : code,
-                  (device ? "CUDA checkpoint failed: " + rep->first_error() + "\n" : "") + cause +
-                      e.what() + "\nno checkpoint was written; " + undone);
-    }
+    Timeline::Scope preflight(d.out.result.timeline, "preflight");
+    prepare_criu(d);
+    choose_staging(d);
+    fill_record(d);
+    make_images_dir(d);
+    build_criu_args(d);
+    guard.protect(o.pid, target.tree);
   }
+
+  start_streaming(d);
+  run_criu_dump(d);
   // From here on a stopped tree must not be lost: if anything fails before the checkpoint is
   // durable, the guard resumes it, exactly as if the dump had not happened.
   try {
-    // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
-    rec.tree = o.leave_running ? target.tree : process_tree(o.pid);
-    guard.protect(o.pid, rec.tree);
-    if (streamer) {
-      streamer->finish();  // everything CRIU sent is in the packer now
-      spdlog::debug("criu streamed {} image files", streamer->files().size());
-      streamer.reset();
-      // What CRIU (and the plugin) left as files: its log, stats-dump, the plugin's report.
-      // They belong to the checkpoint as in a staged dump.
-      for (const auto& f : fs::directory_iterator(images))
-        if (f.is_regular_file() && !f.is_symlink())
-          packer->add_file(f.path().filename().string(), f.path());
-      out.result.image_bytes = packer->raw_bytes();
-    } else {
-      out.result.image_bytes = tree_bytes(images);
-    }
-    const auto stats = criu::read_dump_stats(images);
-    const auto plugin = criu::read_plugin_report(report_path);
-    if (!plugin && !inst.plugin_dir.empty())
-      spdlog::warn("the CRIU plugin wrote no report ({}): device stages are missing",
-                   report_path.string());
-    rec.cuda_pids = cuda_pids_of(plugin);
-    if (!o.leave_running) guard.cuda(rec.cuda_pids);
-    add_dump_stages(tl, run, out.result.image_bytes, stats, plugin);
-    rec.cuda = plugin && plugin->cuda;
-    out.result.gpu = rec.cuda;
-    out.result.gpu_uuids = rec.gpu_uuids;
-    out.result.criu_version = rec.criu_version;
-    out.result.comm = rec.comm;
-    out.result.tree = rec.tree;
-
-    rec.timeline = tl;
-    if (packer) {
-      packer->finish(to_extra_json(rec));
-      // compress_write overlaps criu_dump: from CRIU's first image byte to the published
-      // manifest.
-      tl.add("compress_write", packer->first_byte, Timeline::Clock::now(), packer->raw_bytes());
-      packer.reset();
-    } else {
-      PackOptions po = o.pack;
-      po.extra_json = to_extra_json(rec);
-      po.on_temp_path = [&guard](const fs::path& p) {
-        guard.remove_on_recovery(p);
-        fault_point("compress_write");
-      };
-      auto scope = tl.scope("compress_write");
-      const TransferResult tr = pack(images, o.output, po);
-      scope.set_bytes(tr.raw_bytes);
-    }
-  } catch (const std::exception& e) {
-    const auto* ge = dynamic_cast<const Error*>(&e);
-    streamer.reset();
-    packer.reset();
+    collect_dump(d);
+    publish_checkpoint(d);
+  } catch (...) {
+    d.streamer.reset();
+    d.packer.reset();
     const std::string undone = guard.abort();
-    throw Error(ge ? ge->code() : Errc::kInternal,
-                std::string(e.what()) + "\nno checkpoint was written; " + undone);
+    rethrow_with_context("", "\nno checkpoint was written; " + undone);
   }
   std::error_code ec;
-  out.result.checkpoint_bytes =
+  d.out.result.checkpoint_bytes =
       fs::is_directory(o.output, ec) ? tree_bytes(o.output) : fs::file_size(o.output, ec);
-  return out;
+  return std::move(d.out);
 }
 
 }  // namespace process

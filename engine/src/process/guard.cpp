@@ -118,8 +118,7 @@ void Guard::send(const json& msg) {
   while (off < line.size()) {
     const ssize_t n = ::write(to_guard_.get(), line.data() + off, line.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0)
-      throw_errno(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) + ") is gone");
+    if (n <= 0) throw_errno(Errc::kInternal, "the guard (pid ", child_.pid(), ") is gone");
     off += static_cast<std::size_t>(n);
   }
 }

@@ -165,12 +165,11 @@ MigrateResult migrate(const MigrateOptions& o) {
   RestoreResult restored;
   try {
     restore_into(r, restored, &guard, /*provisional=*/true);
-  } catch (const std::exception& e) {
-    const auto* ge = dynamic_cast<const Error*>(&e);
+  } catch (...) {
     const std::string undone = guard.abort();
-    throw Error(ge ? ge->code() : Errc::kInternal,
-                "migration failed: " + std::string(e.what()) + "\nrollback: " + undone +
-                    "; the checkpoint is kept at " + res.checkpoint.string());
+    rethrow_with_context(
+        "migration failed: ",
+        "\nrollback: " + undone + "; the checkpoint is kept at " + res.checkpoint.string());
   }
   res.timeline.append(restored.timeline);
   res.new_pid = restored.pid;

@@ -45,7 +45,7 @@ std::vector<RecordedGpu> gpus_from(const json& p, const std::vector<std::string>
 
 }  // namespace
 
-std::string to_extra_json(const ProcessRecord& r) {
+json to_extra(const ProcessRecord& r) {
   json p{{"version", r.version},
          {"pid", r.pid},
          {"comm", r.comm},
@@ -63,13 +63,11 @@ std::string to_extra_json(const ProcessRecord& r) {
          {"tcp", {{"listener", r.tcp_listener}, {"established", r.tcp_established}}},
          {"unix_listeners", r.unix_listeners},
          {"dump_timeline", timeline_json(r.timeline)}};
-  return json{{"process", p}}.dump();
+  return json{{"process", p}};
 }
 
-std::optional<ProcessRecord> from_extra_json(const std::string& extra_json) {
-  if (extra_json.empty()) return std::nullopt;
+std::optional<ProcessRecord> from_extra(const json& j) {
   try {
-    const json j = json::parse(extra_json);
     if (!j.is_object() || !j.contains("process")) return std::nullopt;
     const json& p = j.at("process");
     ProcessRecord r;

@@ -1,4 +1,4 @@
-// The process record a dump stores in the checkpoint manifest (ImageInfo::extra_json, under
+// The process record a dump stores in the checkpoint manifest (ImageInfo::extra, under
 // "process"): who was dumped, with which CRIU and options, its GPUs and the dump timeline.
 // restore() reads it back to know the pid, the CRIU options to repeat and whether CUDA state
 // must be restored.
@@ -44,9 +44,9 @@ struct ProcessRecord {
   Timeline timeline;  // the dump's stages up to (not including) the write
 };
 
-// {"process": {...}} as a JSON object text, for PackOptions::extra_json.
-std::string to_extra_json(const ProcessRecord& r);
-// nullopt if `extra_json` has no process record; throws Error(kCorrupt) if it is malformed.
-std::optional<ProcessRecord> from_extra_json(const std::string& extra_json);
+// {"process": {...}}, for PackOptions::extra.
+nlohmann::json to_extra(const ProcessRecord& r);
+// nullopt if `extra` has no process record; throws Error(kCorrupt) if it is malformed.
+std::optional<ProcessRecord> from_extra(const nlohmann::json& extra);
 
 }  // namespace gpuckpt::process

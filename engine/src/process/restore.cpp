@@ -113,180 +113,225 @@ std::string endpoint_in_use(const ProcessRecord& rec) {
   return {};
 }
 
-}  // namespace
+// What the steps of one restore share. Members are destroyed in reverse order: the streamer
+// before the checkpoint it reads, both before the staging directory.
+struct RestoreState {
+  const RestoreOptions& o;
+  RestoreResult& out;
+  Guard* guard;
+  bool provisional;
+  ImageInfo info;
+  ProcessRecord rec;
+  criu::Installation inst;
+  bool stream = false;
+  TempDir staging;
+  fs::path images;
+  std::optional<image::CheckpointSource> source;
+  std::optional<criu::RestoreStreamer> streamer;
+  criu::RestoreArgs args;
+  fs::path report_path;
+  criu::Run run;
+};
 
-void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, bool provisional) {
-  Timeline& tl = out.timeline;
-  std::optional<Timeline::Scope> preflight;
-  preflight.emplace(tl, "preflight");
-  const ImageInfo info = inspect(o.checkpoint);
+void read_record(RestoreState& r) {
+  const RestoreOptions& o = r.o;
+  r.info = inspect(o.checkpoint);
   check_trust(o.checkpoint, o.trust);  // before anything in the checkpoint is acted on
-  const auto rec = from_extra_json(info.extra_json);
+  const auto rec = from_extra(r.info.extra);
   if (!rec)
     throw Error(Errc::kInvalidInput, o.checkpoint.string() +
                                          " is not a process checkpoint (its manifest has no "
                                          "process record; was it made by gpuckpt pack?)");
+  r.rec = *rec;
+}
+
+// Returns true if it had to wait for a zombie to be reaped.
+bool check_pids_free(const RestoreState& r) {
   bool waited = false;
-  if (!o.new_pid_ns)
-    for (pid_t q : rec->tree) waited |= check_pid_free(*rec, q);
-  if (waited) {
-    // That wait was the previous process's teardown, not this restore: restart the clock.
-    preflight.reset();
-    tl = Timeline();
-    preflight.emplace(tl, "preflight");
-  }
-  if (o.new_pid_ns && !o.take_endpoints) {
-    if (const std::string busy = endpoint_in_use(*rec); !busy.empty())
+  if (!r.o.new_pid_ns)
+    for (pid_t q : r.rec.tree) waited |= check_pid_free(r.rec, q);
+  return waited;
+}
+
+void check_endpoints(const RestoreState& r) {
+  if (r.o.new_pid_ns && !r.o.take_endpoints) {
+    if (const std::string busy = endpoint_in_use(r.rec); !busy.empty())
       throw Error(Errc::kProcess,
                   "a live process serves " + busy +
                       ", which the checkpointed process listened on: a restore beside it would "
                       "take that socket path over from it. End that process first, or pass "
                       "--take-endpoints to hand the path to the restored copy");
   }
-  if (!o.gpu_map.empty() && !rec->cuda)
+}
+
+void check_gpu_targets(const RestoreState& r) {
+  const RestoreOptions& o = r.o;
+  if (!o.gpu_map.empty() && !r.rec.cuda)
     spdlog::warn("{} holds no CUDA state: the GPU map has nothing to remap", o.checkpoint.string());
-  if (rec->cuda) {
+  if (r.rec.cuda) {
     std::string why;
     // Judged without cuInit here: the CUDA work, and its one cuInit, happen in criu's plugin.
     if (!device::probe_checkpoint_api(&why))
       throw Error(Errc::kNoDevice,
                   "the checkpoint holds CUDA state but it cannot be restored here: " + why);
     // Before any process exists: every checkpointed GPU mapped, same chip types, free VRAM.
-    check_restore_targets(rec->gpus, o.gpu_map);
+    check_restore_targets(r.rec.gpus, o.gpu_map);
   }
-  const criu::Installation inst = criu::locate(o.criu.binary);
-  if (o.criu.check) criu::check(inst);
-  if (inst.plugin_dir.empty() && rec->cuda)
+}
+
+void prepare_criu(RestoreState& r) {
+  r.inst = criu::locate(r.o.criu.binary);
+  if (r.o.criu.check) criu::check(r.inst);
+  if (r.inst.plugin_dir.empty() && r.rec.cuda)
     throw Error(Errc::kCriu,
                 "the checkpoint holds CUDA state but gpuckpt's CRIU plugin was not found (set "
                 "GPUCKPT_CRIU_PLUGIN_DIR)");
+}
 
-  bool stream = o.staging_mode == StagingMode::kStream;
-  if (stream) {
+void choose_staging(RestoreState& r) {
+  const RestoreOptions& o = r.o;
+  r.stream = o.staging_mode == StagingMode::kStream;
+  if (r.stream) {
     const std::string why = criu::stream_unsupported_reason(
         o.staging_root / "gpuckpt-restore-4194304-XXXXXX" / "images", o.criu.extra_args);
     if (!why.empty()) {
       spdlog::warn("cannot stream the checkpoint into CRIU ({}): unpacking it to {} first", why,
                    o.staging_root.string());
-      stream = false;
+      r.stream = false;
     }
   }
-  out.staging_mode = stream ? StagingMode::kStream : StagingMode::kStaged;
+  r.out.staging_mode = r.stream ? StagingMode::kStream : StagingMode::kStaged;
   std::error_code ec;
   const auto space = fs::space(o.staging_root, ec);
   if (ec || !fs::is_directory(o.staging_root, ec))
     throw Error(Errc::kInvalidInput,
                 "staging directory " + o.staging_root.string() + " does not exist");
   // Streaming stages nothing but CRIU's log and stats.
-  if (!stream && info.raw_bytes > space.available)
+  if (!r.stream && r.info.raw_bytes > space.available)
     throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
                                std::to_string(space.available >> 20) +
                                " MiB free, but the checkpoint unpacks to " +
-                               std::to_string(info.raw_bytes >> 20) +
+                               std::to_string(r.info.raw_bytes >> 20) +
                                " MiB: use --staging DIR on a larger filesystem");
-  preflight.reset();
+}
 
-  TempDir staging = guard ? make_staging(o.staging_root, "gpuckpt-restore", guard->pid())
-                          : TempDir(o.staging_root, "gpuckpt-restore");
-  if (guard) guard->remove_on_recovery(staging.path());
-  const fs::path images = staging.path() / "images";
+void stage_images(RestoreState& r) {
+  const RestoreOptions& o = r.o;
+  r.staging = r.guard ? make_staging(o.staging_root, "gpuckpt-restore", r.guard->pid())
+                      : TempDir(o.staging_root, "gpuckpt-restore");
+  if (r.guard) r.guard->remove_on_recovery(r.staging.path());
+  r.images = r.staging.path() / "images";
   // Streaming: CRIU asks for each image as it needs it, and gets it from the checkpoint
   // (verified chunk by chunk) through a pipe; a damaged checkpoint is still found from the seal
   // and the blobs' sizes before criu starts.
-  std::optional<image::CheckpointSource> source;
-  std::optional<criu::RestoreStreamer> streamer;
-  if (stream) {
-    fs::create_directory(images);
-    source.emplace(o.checkpoint);
-    streamer.emplace(images, *source);
+  if (r.stream) {
+    fs::create_directory(r.images);
+    r.source.emplace(o.checkpoint);
+    r.streamer.emplace(r.images, *r.source);
   } else {
-    auto scope = tl.scope("read_decompress");
-    const TransferResult tr = unpack(o.checkpoint, images, o.unpack);
+    auto scope = r.out.timeline.scope("read_decompress");
+    const TransferResult tr = unpack(o.checkpoint, r.images, o.unpack);
     scope.set_bytes(tr.raw_bytes);
   }
+}
 
-  criu::RestoreArgs a;
-  a.images_dir = images;
-  a.pidfile = staging.path() / "restore.pid";
-  a.shell_job = rec->shell_job;
-  a.stream = stream;
-  a.extra_args = criu::tcp_args(rec->tcp_established == "established");
+void build_criu_args(RestoreState& r) {
+  const RestoreOptions& o = r.o;
+  criu::RestoreArgs& a = r.args;
+  a.images_dir = r.images;
+  a.pidfile = r.staging.path() / "restore.pid";
+  a.shell_job = r.rec.shell_job;
+  a.stream = r.stream;
+  a.extra_args = criu::tcp_args(r.rec.tcp_established == "established");
   a.extra_args.insert(a.extra_args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   a.timeout = o.criu.timeout;
-  a.on_start = [guard](pid_t criu_pid) {
+  a.on_start = [guard = r.guard](pid_t criu_pid) {
     if (guard) guard->criu_started(criu_pid);
     fault_point("criu_restore");
   };
-  const fs::path report_path = staging.path() / criu::kRestoreReportName;
-  a.env = {std::string(criu::kEnvReport) + "=" + report_path.string(),
-           std::string(criu::kEnvGpuMap) + "=" + gpu_map_env(o.gpu_map)};
-  for (auto& e : plugin_device_env(rec->cuda_pids)) a.env.push_back(std::move(e));
+  r.report_path = r.staging.path() / criu::kRestoreReportName;
+  a.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
+           std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string()};
+  for (auto& e : plugin_device_env(r.rec.cuda_pids)) a.env.push_back(std::move(e));
+}
 
-  if (o.unpack.progress) o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
-  criu::Run run;
+void criu_restore_in_new_pidns(RestoreState& r) {
+  const criu::RestoreArgs& a = r.args;
+  criu::Run& run = r.run;
+  const fs::path log = r.staging.path() / "restore.log";
+  run.argv = criu::restore_argv(r.inst, a, log);
+  run.log = log;
+  run.start = std::chrono::steady_clock::now();
+  const PidnsRun pr = run_in_new_pidns(run.argv, a.env, r.staging.path() / "criu-restore.out",
+                                       a.timeout, [&r](pid_t init) {
+                                         // The whole namespace goes with its init: the copy
+                                         // cannot outlive a rollback, even one that starts
+                                         // while criu still restores it.
+                                         if (r.guard && r.provisional)
+                                           r.guard->kill_on_recovery(0, init);
+                                         fault_point("criu_restore");
+                                       });
+  run.end = std::chrono::steady_clock::now();
+  r.out.pidns_init = pr.init_pid;
+  if (!pr.criu.ok()) {
+    ::kill(pr.init_pid, SIGKILL);
+    criu::check_exit("criu restore (in a new pid namespace)", pr.criu,
+                     criu::preserve_log(log, "criu-restore"));
+  }
   try {
-    if (o.new_pid_ns) {
-      const fs::path log = staging.path() / "restore.log";
-      run.argv = criu::restore_argv(inst, a, log);
-      run.log = log;
-      run.start = std::chrono::steady_clock::now();
-      const PidnsRun pr = run_in_new_pidns(run.argv, a.env, staging.path() / "criu-restore.out",
-                                           a.timeout, [&](pid_t init) {
-                                             // The whole namespace goes with its init: the copy
-                                             // cannot outlive a rollback, even one that starts
-                                             // while criu still restores it.
-                                             if (guard && provisional)
-                                               guard->kill_on_recovery(0, init);
-                                             fault_point("criu_restore");
-                                           });
-      run.end = std::chrono::steady_clock::now();
-      out.pidns_init = pr.init_pid;
-      if (!pr.criu.ok()) {
-        ::kill(pr.init_pid, SIGKILL);
-        criu::check_exit("criu restore (in a new pid namespace)", pr.criu,
-                         criu::preserve_log(log, "criu-restore"));
-      }
-      try {
-        out.ns_pid = read_pidfile(a.pidfile);
-        out.pid = host_pid_in_ns(pr.init_pid, out.ns_pid);
-      } catch (...) {
-        ::kill(pr.init_pid, SIGKILL);
-        throw;
-      }
+    r.out.ns_pid = read_pidfile(a.pidfile);
+    r.out.pid = host_pid_in_ns(pr.init_pid, r.out.ns_pid);
+  } catch (...) {
+    ::kill(pr.init_pid, SIGKILL);
+    throw;
+  }
+}
+
+void run_criu_restore(RestoreState& r) {
+  if (r.o.unpack.progress) r.o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
+  try {
+    if (r.o.new_pid_ns) {
+      criu_restore_in_new_pidns(r);
     } else {
-      run = criu::restore(inst, a);
-      out.pid = out.ns_pid = read_pidfile(a.pidfile);
+      r.run = criu::restore(r.inst, r.args);
+      r.out.pid = r.out.ns_pid = read_pidfile(r.args.pidfile);
     }
   } catch (const Error& e) {
     // A damaged chunk was never written to CRIU: its pipe was closed, CRIU failed on a
     // truncated image and removed what it had restored. The checkpoint is the cause.
-    if (streamer) {
+    if (r.streamer) {
       try {
-        streamer->finish();
+        r.streamer->finish();
       } catch (const Error& se) {
-        throw Error(se.code(), std::string(se.what()) +
-                                   "\nno process was left running: criu restore stopped on it (" +
-                                   e.what() + ")");
+        throw se.with_context("", "\nno process was left running: criu restore stopped on it (" +
+                                      std::string(e.what()) + ")");
       }
     }
     throw;
   }
-  if (streamer) {
-    try {
-      streamer->finish();
-    } catch (...) {
-      kill_restored(out);
-      throw;
-    }
-    // read_decompress overlaps criu_restore: CRIU reads its images while it restores.
-    tl.add("read_decompress", run.start, Timeline::Clock::now(), source->raw_written());
-    streamer.reset();
+}
+
+void finish_streaming(RestoreState& r) {
+  if (!r.streamer) return;
+  try {
+    r.streamer->finish();
+  } catch (...) {
+    kill_restored(r.out);
+    throw;
   }
-  if (guard) guard->criu_finished();
-  if (guard && provisional) guard->kill_on_recovery(out.pid, out.pidns_init);
+  // read_decompress overlaps criu_restore: CRIU reads its images while it restores.
+  r.out.timeline.add("read_decompress", r.run.start, Timeline::Clock::now(),
+                     r.source->raw_written());
+  r.streamer.reset();
+}
+
+void check_restored(RestoreState& r) {
+  RestoreResult& out = r.out;
+  if (r.guard) r.guard->criu_finished();
+  if (r.guard && r.provisional) r.guard->kill_on_recovery(out.pid, out.pidns_init);
   out.tree = process_tree(out.pid);
-  const auto plugin = criu::read_plugin_report(report_path);
-  add_restore_stages(tl, run, criu::read_restore_stats(images), plugin);
+  const auto plugin = criu::read_plugin_report(r.report_path);
+  add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin);
   out.gpu = plugin && plugin->cuda;
   // CRIU ignores errors of the late device hook (it only logs them), so a failed CUDA restore
   // would leave a process that hangs on its first CUDA call: end it and say why.
@@ -296,23 +341,52 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
     throw Error(Errc::kDevice,
                 "restoring the CUDA state failed (" + why + "); the restored process was killed");
   }
-  if (rec->cuda && !(plugin && plugin->cuda)) {
+  if (r.rec.cuda && !(plugin && plugin->cuda)) {
     kill_restored(out);
     throw Error(Errc::kDevice,
                 "the checkpoint holds CUDA state but the CRIU plugin restored none; the restored "
                 "process was killed");
   }
+}
 
-  if (o.probe.kind != ReadinessProbe::Kind::kNone) {
-    fault_point("first_answer");
-    auto scope = tl.scope("first_answer");
-    const pid_t pid = out.pid;
-    out.first_answer = wait_ready(o.probe, [pid] {
-      if (!alive(pid))
-        throw Error(Errc::kProcess,
-                    "the restored process " + std::to_string(pid) + " exited before answering");
-    });
+void wait_first_answer(RestoreState& r) {
+  if (r.o.probe.kind == ReadinessProbe::Kind::kNone) return;
+  fault_point("first_answer");
+  auto scope = r.out.timeline.scope("first_answer");
+  const pid_t pid = r.out.pid;
+  r.out.first_answer = wait_ready(r.o.probe, [pid] {
+    if (!alive(pid))
+      throw Error(Errc::kProcess,
+                  "the restored process " + std::to_string(pid) + " exited before answering");
+  });
+}
+
+}  // namespace
+
+void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, bool provisional) {
+  Timeline& tl = out.timeline;
+  std::optional<Timeline::Scope> preflight;
+  preflight.emplace(tl, "preflight");
+  RestoreState r{o, out, guard, provisional};
+  read_record(r);
+  if (check_pids_free(r)) {
+    // That wait was the previous process's teardown, not this restore: restart the clock.
+    preflight.reset();
+    tl = Timeline();
+    preflight.emplace(tl, "preflight");
   }
+  check_endpoints(r);
+  check_gpu_targets(r);
+  prepare_criu(r);
+  choose_staging(r);
+  preflight.reset();
+
+  stage_images(r);
+  build_criu_args(r);
+  run_criu_restore(r);
+  finish_streaming(r);
+  check_restored(r);
+  wait_first_answer(r);
 }
 
 }  // namespace process
@@ -328,8 +402,8 @@ RestoreResult restore(const RestoreOptions& opts) {
   } catch (const Error& e) {
     guard.disarm();
     if (r.pid > 0 && process::alive(r.pid) && e.code() == Errc::kTimeout)
-      throw Error(e.code(), std::string(e.what()) + "\nthe restored process " +
-                                std::to_string(r.pid) + " is left running");
+      throw e.with_context("",
+                           "\nthe restored process " + std::to_string(r.pid) + " is left running");
     throw;
   }
   return r;

@@ -121,15 +121,6 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
   return left;
 }
 
-std::string gpu_map_env(const GpuMap& map) {
-  std::string s;
-  for (const auto& [from, to] : map.pairs) {
-    if (!s.empty()) s += ',';
-    s += from + "=" + to;
-  }
-  return s;
-}
-
 std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids) {
   std::vector<std::string> env;
   if (const std::string lib = device::driver_library_path(); !lib.empty())

@@ -50,8 +50,7 @@ TempDir make_staging(const std::filesystem::path& root, const std::string& prefi
 // lock_before_kill: best effort, bounded).
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 30000);
 
-// Environment handed to criu for the plugin.
-std::string gpu_map_env(const GpuMap& map);
+// Environment handed to criu for the plugin (its GPU map is GpuMap::to_string()).
 // The device part of it (criu/plugin_report.h): the libcuda path this process found and, for a
 // restore, the pids recorded with CUDA state. Costs no cuInit.
 std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids);

@@ -154,8 +154,8 @@ void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
 
 }  // namespace
 
-std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
-                          const std::optional<KernelMeasurement>& kernel) {
+nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
+                             const std::optional<KernelMeasurement>& kernel) {
   Json j = {{"ok", true},
             {"kind", "roofline"},
             {"ceilings", ceilings_to_json(c)},
@@ -166,7 +166,7 @@ std::string roofline_json(const Ceilings& c, const std::optional<RooflinePlaceme
                    {"intensity", kernel->intensity}, {"achieved_gflops", kernel->achieved_gflops},
                    {"seconds", kernel->seconds},     {"flops", kernel->flops},
                    {"bytes", kernel->bytes}};
-  return j.dump(2);
+  return nlohmann::json(j);
 }
 
 void load_roofline_json(const std::string& text, TransientReport& r, const std::string& source) {
@@ -190,8 +190,8 @@ const Timeline& median_run(const std::vector<Timeline>& runs) {
   return *sorted[(sorted.size() - 1) / 2];
 }
 
-std::string bench_json(const std::string& kind, const std::vector<Timeline>& runs,
-                       const std::string& extra_json) {
+nlohmann::json bench_json(const std::string& kind, const std::vector<Timeline>& runs,
+                          const nlohmann::json& extra) {
   if (runs.empty()) throw Error(Errc::kInternal, "bench_json: no runs");
   std::vector<double> totals;
   Json all = Json::array();
@@ -212,9 +212,10 @@ std::string bench_json(const std::string& kind, const std::vector<Timeline>& run
               {"min_seconds", sorted.front()},
               {"median_seconds", median},
               {"max_seconds", sorted.back()}}}};
-  const Json extra = Json::parse(extra_json);
-  for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = it.value();
-  return j.dump(2);
+  if (!extra.is_null() && !extra.is_object())
+    throw Error(Errc::kInternal, "bench_json: extra must be a JSON object");
+  for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = Json(it.value());
+  return nlohmann::json(j);
 }
 
 std::string load_bench_json(const std::string& text, TransientReport& r,

@@ -27,8 +27,7 @@ class Buffer {
   explicit Buffer(std::size_t bytes) : bytes_(bytes) {
     p_ = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p_ == MAP_FAILED)
-      throw_errno(Errc::kInternal,
-                  "cannot allocate " + std::to_string(bytes / kMiB) + " MiB for the roofline");
+      throw_errno(Errc::kInternal, "cannot allocate ", bytes / kMiB, " MiB for the roofline");
     ::madvise(p_, bytes, MADV_HUGEPAGE);  // advisory
   }
   ~Buffer() { ::munmap(p_, bytes_); }

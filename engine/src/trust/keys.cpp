@@ -56,12 +56,12 @@ void write_key_file(const fs::path& path, const std::string& text, mode_t mode, 
   if (!fd) {
     if (errno == EEXIST)
       throw Error(Errc::kExists, path.string() + " already exists (use --force to replace it)");
-    throw_errno(Errc::kIo, "create " + target.string());
+    throw_errno(Errc::kIo, "create ", target);
   }
   auto fail = [&](const std::string& what) {
     const int err = errno;
     ::unlink(target.c_str());
-    throw_errno(Errc::kIo, what + " " + target.string(), err);
+    throw_syserr(Errc::kIo, err, what, " ", target);
   };
   if (::fchmod(fd.get(), mode) != 0) fail("chmod");
   std::size_t off = 0;

@@ -25,11 +25,11 @@ std::optional<std::string> read_regular_file(const fs::path& path, const std::st
     if (err == ELOOP && !limits.follow_symlink)
       throw Error(limits.errc, what + " is a symbolic link; it must be a regular file");
     // Not ours to read is bad input; anything else is the system failing us.
-    throw_errno(err == EACCES || err == EPERM ? Errc::kInvalidInput : Errc::kIo, "open " + what,
-                err);
+    throw_syserr(err == EACCES || err == EPERM ? Errc::kInvalidInput : Errc::kIo, err, "open ",
+                 what);
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw_errno(Errc::kIo, "stat " + what);
+  if (::fstat(fd.get(), &st) != 0) throw_errno(Errc::kIo, "stat ", what);
   if (!S_ISREG(st.st_mode)) throw Error(limits.errc, what + " is not a regular file");
   if (static_cast<std::uint64_t>(st.st_size) > limits.max_bytes)
     throw Error(limits.errc, what + " is larger than the " +
@@ -45,14 +45,14 @@ std::optional<std::string> read_regular_file(const fs::path& path, const std::st
       char probe = 0;
       const ssize_t n = ::read(fd.get(), &probe, 1);
       if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw_errno(Errc::kIo, "read " + what);
+      if (n < 0) throw_errno(Errc::kIo, "read ", what);
       if (n == 0) break;
       throw Error(limits.errc, what + " changed while it was read");
     }
     const ssize_t n = ::read(fd.get(), out.data() + off, out.size() - off);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_errno(Errc::kIo, "read " + what);
+      throw_errno(Errc::kIo, "read ", what);
     }
     if (n == 0) throw Error(limits.errc, what + " changed while it was read");
     off += static_cast<std::size_t>(n);
@@ -77,7 +77,7 @@ std::optional<Untrusted> check_dirs_above(fs::path p) {
   while (p.has_relative_path()) {
     p = p.parent_path();
     struct stat st {};
-    if (::stat(p.c_str(), &st) != 0) throw_errno(Errc::kInvalidInput, "stat " + p.string());
+    if (::stat(p.c_str(), &st) != 0) throw_errno(Errc::kInvalidInput, "stat ", p);
     if (auto why = untrusted_because(st, true); !why.empty()) return Untrusted{p, why};
   }
   return std::nullopt;
@@ -90,7 +90,7 @@ std::optional<Untrusted> untrusted_path(const fs::path& path) {
   const fs::path real = fs::canonical(path, ec);
   if (ec) throw Error(Errc::kInvalidInput, "cannot resolve " + path.string() + ": " + ec.message());
   struct stat st {};
-  if (::stat(real.c_str(), &st) != 0) throw_errno(Errc::kInvalidInput, "stat " + real.string());
+  if (::stat(real.c_str(), &st) != 0) throw_errno(Errc::kInvalidInput, "stat ", real);
   if (auto why = untrusted_because(st); !why.empty()) return Untrusted{real, why};
   if (auto u = check_dirs_above(real)) return u;
   const fs::path given = fs::absolute(path).lexically_normal();

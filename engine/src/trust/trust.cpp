@@ -38,7 +38,7 @@ void check_owner_and_modes(const fs::path& ckpt) {
   for (const auto& name : files) {
     const fs::path p = ckpt / name;
     struct stat st {};
-    if (::lstat(p.c_str(), &st) != 0) throw_errno(Errc::kCorrupt, "stat " + p.string());
+    if (::lstat(p.c_str(), &st) != 0) throw_errno(Errc::kCorrupt, "stat ", p);
     if (!S_ISREG(st.st_mode)) untrusted(ckpt, p, "is not a regular file");
     if (auto why = trust::untrusted_because(st); !why.empty()) untrusted(ckpt, p, why);
   }

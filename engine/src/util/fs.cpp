@@ -17,8 +17,8 @@ namespace gpuckpt {
 
 void fsync_dir(const fs::path& dir) {
   UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (!fd) throw_errno(Errc::kIo, "open directory " + dir.string());
-  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync directory " + dir.string());
+  if (!fd) throw_errno(Errc::kIo, "open directory ", dir);
+  if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync directory ", dir);
 }
 
 fs::path temp_sibling(const fs::path& final_path) {
@@ -39,7 +39,7 @@ void write_file_atomic(const fs::path& path, std::string_view data) {
   const fs::path tmp = temp_sibling(path);
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!fd) throw_errno(Errc::kIo, "create " + tmp.string());
+    if (!fd) throw_errno(Errc::kIo, "create ", tmp);
     size_t off = 0;
     while (off < data.size()) {
       ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
@@ -47,34 +47,34 @@ void write_file_atomic(const fs::path& path, std::string_view data) {
         if (errno == EINTR) continue;
         int err = errno;
         ::unlink(tmp.c_str());
-        throw_errno(Errc::kIo, "write " + tmp.string(), err);
+        throw_syserr(Errc::kIo, err, "write ", tmp);
       }
       off += static_cast<size_t>(n);
     }
     if (::fsync(fd.get()) != 0) {
       int err = errno;
       ::unlink(tmp.c_str());
-      throw_errno(Errc::kIo, "fsync " + tmp.string(), err);
+      throw_syserr(Errc::kIo, err, "fsync ", tmp);
     }
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw_errno(Errc::kIo, "rename to " + path.string(), err);
+    throw_syserr(Errc::kIo, err, "rename to ", path);
   }
   fsync_dir(path.parent_path().empty() ? fs::path(".") : path.parent_path());
 }
 
 std::string read_file(const fs::path& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) throw_errno(Errc::kInvalidInput, "open " + path.string());
+  if (!fd) throw_errno(Errc::kInvalidInput, "open ", path);
   std::string out;
   char buf[65536];
   for (;;) {
     ssize_t n = ::read(fd.get(), buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_errno(Errc::kIo, "read " + path.string());
+      throw_errno(Errc::kIo, "read ", path);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));
@@ -84,12 +84,12 @@ std::string read_file(const fs::path& path) {
 
 TempDir::TempDir(const fs::path& parent, std::string_view prefix) {
   std::string tmpl = (parent / (std::string(prefix) + "-XXXXXX")).string();
-  if (::mkdtemp(tmpl.data()) == nullptr) throw_errno(Errc::kIo, "mkdtemp in " + parent.string());
+  if (::mkdtemp(tmpl.data()) == nullptr) throw_errno(Errc::kIo, "mkdtemp in ", parent);
   path_ = tmpl;
 }
 
 TempDir TempDir::at(const fs::path& path) {
-  if (::mkdir(path.c_str(), 0755) != 0) throw_errno(Errc::kIo, "mkdir " + path.string());
+  if (::mkdir(path.c_str(), 0755) != 0) throw_errno(Errc::kIo, "mkdir ", path);
   TempDir t;
   t.path_ = path;
   return t;

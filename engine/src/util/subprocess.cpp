@@ -158,7 +158,7 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
   if (n == sizeof child_err) {
     ::waitpid(pid, nullptr, 0);
     if (opts.capture_stdout) ::close(outpipe[0]);
-    throw_errno(Errc::kInvalidInput, "cannot run " + argv[0], child_err);
+    throw_syserr(Errc::kInvalidInput, child_err, "cannot run ", argv[0]);
   }
   Child c;
   c.pid_ = pid;
