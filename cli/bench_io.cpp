@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -60,7 +59,7 @@ class Rng {
 void generate_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,
                    double random_fraction) {
   const UniqueFd owned(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!owned) throw Error(Errc::kIo, "create " + path.string() + ": " + std::strerror(errno));
+  if (!owned) throw_errno(Errc::kIo, "create ", path);
   const int fd = owned.get();
   Rng rng(seed);
   std::vector<std::uint64_t> buf(1 << 19);  // 4 MiB
@@ -85,14 +84,13 @@ void generate_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,
       const ssize_t w = ::write(fd, reinterpret_cast<const char*>(buf.data()) + off, n - off);
       if (w < 0) {
         if (errno == EINTR) continue;
-        throw Error(Errc::kIo, "write " + path.string() + ": " + std::strerror(errno));
+        throw_errno(Errc::kIo, "write ", path);
       }
       off += static_cast<std::size_t>(w);
     }
     written += n;
   }
-  if (::fsync(fd) != 0)
-    throw Error(Errc::kIo, "fsync " + path.string() + ": " + std::strerror(errno));
+  if (::fsync(fd) != 0) throw_errno(Errc::kIo, "fsync ", path);
 }
 
 // A CRIU-like image directory: one big pages file and a few dozen small images.
@@ -114,7 +112,7 @@ std::string quote(const fs::path& p) {
   return s + "'";
 }
 
-// Runs `cmd` with /bin/sh; returns its exit status (-1 if it could not run or was killed).
+// Whether `tool` is on PATH.
 bool have(const std::string& tool) {
   return run_shell("command -v " + tool + " >/dev/null 2>&1") == 0;
 }
@@ -170,7 +168,8 @@ struct BenchArgs {
   bool keep = false;
 };
 
-void run_bench_io(const Context& ctx, const BenchArgs& a) {
+// Checks --size and --dir, then makes the working directory under it.
+fs::path make_work_dir(const BenchArgs& a) {
   if (a.size < (1u << 20)) throw Error(Errc::kUsage, "--size must be at least 1M");
   fs::path base = a.dir;
   if (base.empty()) base = std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/var/tmp";
@@ -186,180 +185,206 @@ void run_bench_io(const Context& ctx, const BenchArgs& a) {
       throw Error(Errc::kInvalidInput, "--dir " + base.string() + " has " + human_bytes(avail) +
                                            " free; the benchmark needs about " + human_bytes(need));
   }
-  WorkDir work;
-  {
-    std::string tmpl = (base / "gpuckpt-bench-io-XXXXXX").string();
-    if (!::mkdtemp(tmpl.data()))
-      throw Error(Errc::kIo, "mkdtemp in " + base.string() + ": " + std::strerror(errno));
-    work.path = tmpl;
-    work.keep = a.keep;
+  std::string tmpl = (base / "gpuckpt-bench-io-XXXXXX").string();
+  if (!::mkdtemp(tmpl.data())) throw_errno(Errc::kIo, "mkdtemp in ", base);
+  return tmpl;
+}
+
+// One run of the benchmark: the generated source, then each tool's pack and unpack, timed
+// from a cold page cache, in `rows`.
+class IoBench {
+ public:
+  IoBench(const BenchArgs& a, const fs::path& work)
+      : a_(a),
+        work_(work),
+        src_(work / "src"),
+        tarzst_(work / "src.tar.zst"),
+        lvl_(std::to_string(a.level)) {
+    spdlog::info("bench io: generating {} of test data in {}", human_bytes(a.size), src_.string());
+    generate_tree(src_, a.size);
+    raw = dir_bytes(src_);
+    threads = a.threads ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+    have_zstd_ = have("zstd") && have("tar");
   }
-  const fs::path src = work.path / "src";
-  spdlog::info("bench io: generating {} of test data in {}", human_bytes(a.size), src.string());
-  generate_tree(src, a.size);
-  const std::uint64_t raw = dir_bytes(src);
-  const unsigned threads =
-      a.threads ? a.threads : std::max(1u, std::thread::hardware_concurrency());
-  const bool have_zstd = have("zstd") && have("tar");
-  bool dropped = true;
-  auto cold = [&] { dropped = drop_caches() && dropped; };
-  auto sh = [&](const std::string& cmd, const char* what) {
+
+  void pack_all() {
+    PackOptions po;
+    po.zstd_level = a_.level;
+    po.threads = threads;
+    po.chunk_bytes = static_cast<std::uint32_t>(a_.chunk);
+    spdlog::info("bench io: pack with gpuckpt");
+    cold();
+    const double t = timed([&] { packed = pack(src_, ckpt(), po); });
+    rows.push_back({"pack", "gpuckpt", t, packed.compressed_bytes, ""});
+
+    const std::string tool = "tar | zstd -T0 -" + lvl_;
+    if (have_zstd_) {
+      spdlog::info("bench io: pack with tar | zstd");
+      cold();
+      const double tz = timed([&] {
+        sh("tar -cf - -C " + quote(work_) + " src | zstd -q -T0 -" + lvl_ + " -o " +
+               quote(tarzst_) + " && sync " + quote(tarzst_),
+           "tar | zstd");
+      });
+      rows.push_back({"pack", tool, tz, fs::file_size(tarzst_), ""});
+    } else {
+      rows.push_back({"pack", tool, std::nullopt, 0, "zstd or tar not installed"});
+    }
+    cp_run("pack");
+  }
+
+  void unpack_all() {
+    const fs::path out = work_ / "unpacked";
+    UnpackOptions uo;
+    uo.threads = threads;
+    spdlog::info("bench io: unpack with gpuckpt");
+    cold();
+    const double t = timed([&] { unpacked = unpack(ckpt(), out, uo); });
+    rows.push_back({"unpack", "gpuckpt", t, 0, ""});
+    if (run_shell("cmp -s " + quote(src_ / "pages-1.img") + " " + quote(out / "pages-1.img")) != 0)
+      throw Error(Errc::kInternal, "bench io: gpuckpt unpack produced different bytes");
+    fs::remove_all(out);
+
+    if (have_zstd_) {
+      const fs::path untar = work_ / "untar";
+      fs::create_directories(untar);
+      spdlog::info("bench io: unpack with zstd -d | tar -x");
+      cold();
+      const double tz = timed([&] {
+        sh("zstd -q -d -c " + quote(tarzst_) + " | tar -xf - -C " + quote(untar) + " && sync " +
+               quote(untar / "src") + "/*",
+           "zstd -d | tar -x");
+      });
+      fs::remove_all(untar);
+      rows.push_back({"unpack", "zstd -d | tar -x", tz, 0, ""});
+    } else {
+      rows.push_back({"unpack", "zstd -d | tar -x", std::nullopt, 0, "zstd or tar not installed"});
+    }
+    cp_run("unpack");
+  }
+
+  // gpuckpt's time over the first tool whose name starts with `other`, for `op`.
+  std::optional<double> ratio(const char* op, const std::string& other) const {
+    const auto ours = secs(op, "gpuckpt"), theirs = secs(op, other);
+    if (!ours || !theirs || *theirs <= 0) return std::nullopt;
+    return *ours / *theirs;
+  }
+
+  std::vector<Row> rows;
+  std::uint64_t raw = 0;
+  unsigned threads = 0;
+  bool dropped = true;  // the page cache was dropped before every measurement
+  TransferResult packed, unpacked;
+
+ private:
+  fs::path ckpt() const { return work_ / "ckpt"; }
+  void cold() { dropped = drop_caches() && dropped; }
+  static void sh(const std::string& cmd, const char* what) {
     if (run_shell(cmd) != 0)
       throw Error(Errc::kIo, std::string("bench io: ") + what + " failed: " + cmd);
-  };
-  const std::string lvl = std::to_string(a.level);
-  std::vector<Row> rows;
-
-  // --- pack ---
-  PackOptions po;
-  po.zstd_level = a.level;
-  po.threads = threads;
-  po.chunk_bytes = static_cast<std::uint32_t>(a.chunk);
-  const fs::path ckpt = work.path / "ckpt";
-  TransferResult pr;
-  spdlog::info("bench io: pack with gpuckpt");
-  cold();
-  const double t_pack = timed([&] { pr = pack(src, ckpt, po); });
-  rows.push_back({"pack", "gpuckpt", t_pack, pr.compressed_bytes, ""});
-
-  const fs::path tarzst = work.path / "src.tar.zst";
-  if (have_zstd) {
-    spdlog::info("bench io: pack with tar | zstd");
-    cold();
-    const double t = timed([&] {
-      sh("tar -cf - -C " + quote(work.path) + " src | zstd -q -T0 -" + lvl + " -o " +
-             quote(tarzst) + " && sync " + quote(tarzst),
-         "tar | zstd");
-    });
-    rows.push_back({"pack", "tar | zstd -T0 -" + lvl, t, fs::file_size(tarzst), ""});
-  } else {
-    rows.push_back(
-        {"pack", "tar | zstd -T0 -" + lvl, std::nullopt, 0, "zstd or tar not installed"});
   }
-  auto cp_run = [&](const char* op) {
-    const fs::path dst = work.path / "cp-out";
+  void cp_run(const char* op) {
+    const fs::path dst = work_ / "cp-out";
     spdlog::info("bench io: {} baseline with cp", op);
     cold();
     const double t = timed([&] {
-      sh("cp -r " + quote(src) + " " + quote(dst) + " && sync " + quote(dst) + "/*", "cp");
+      sh("cp -r " + quote(src_) + " " + quote(dst) + " && sync " + quote(dst) + "/*", "cp");
     });
     fs::remove_all(dst);
     rows.push_back({op, "cp", t, 0, ""});
-  };
-  cp_run("pack");
-
-  // --- unpack ---
-  const fs::path out = work.path / "unpacked";
-  TransferResult ur;
-  UnpackOptions uo;
-  uo.threads = threads;
-  spdlog::info("bench io: unpack with gpuckpt");
-  cold();
-  const double t_unpack = timed([&] { ur = unpack(ckpt, out, uo); });
-  rows.push_back({"unpack", "gpuckpt", t_unpack, 0, ""});
-  const bool unpack_ok =
-      run_shell("cmp -s " + quote(src / "pages-1.img") + " " + quote(out / "pages-1.img")) == 0;
-  if (!unpack_ok) throw Error(Errc::kInternal, "bench io: gpuckpt unpack produced different bytes");
-  fs::remove_all(out);
-
-  if (have_zstd) {
-    const fs::path untar = work.path / "untar";
-    fs::create_directories(untar);
-    spdlog::info("bench io: unpack with zstd -d | tar -x");
-    cold();
-    const double t = timed([&] {
-      sh("zstd -q -d -c " + quote(tarzst) + " | tar -xf - -C " + quote(untar) + " && sync " +
-             quote(untar / "src") + "/*",
-         "zstd -d | tar -x");
-    });
-    fs::remove_all(untar);
-    rows.push_back({"unpack", "zstd -d | tar -x", t, 0, ""});
-  } else {
-    rows.push_back({"unpack", "zstd -d | tar -x", std::nullopt, 0, "zstd or tar not installed"});
   }
-  cp_run("unpack");
-
-  auto secs = [&](const char* op, const std::string& tool_prefix) -> std::optional<double> {
+  std::optional<double> secs(const char* op, const std::string& tool_prefix) const {
     for (const auto& r : rows)
       if (r.op == op && r.tool.rfind(tool_prefix, 0) == 0) return r.seconds;
     return std::nullopt;
-  };
-  auto rel = [](std::optional<double> a, std::optional<double> b) -> std::optional<double> {
-    if (!a || !b || *b <= 0) return std::nullopt;
-    return *a / *b;
-  };
-  const auto pack_vs_zstd = rel(secs("pack", "gpuckpt"), secs("pack", "tar"));
-  const auto pack_vs_cp = rel(secs("pack", "gpuckpt"), secs("pack", "cp"));
-  const auto unpack_vs_zstd = rel(secs("unpack", "gpuckpt"), secs("unpack", "zstd"));
-  const auto unpack_vs_cp = rel(secs("unpack", "gpuckpt"), secs("unpack", "cp"));
-  const double ratio_ours = pr.compressed_bytes ? double(raw) / double(pr.compressed_bytes) : 0;
-
-  if (ctx.json) {
-    nlohmann::json results = nlohmann::json::array();
-    for (const auto& r : rows) {
-      nlohmann::json j = {{"op", r.op}, {"tool", r.tool}};
-      if (r.seconds) {
-        j["seconds"] = *r.seconds;
-        j["gbps"] = double(raw) / *r.seconds / 1e9;
-      } else {
-        j["seconds"] = nullptr;
-        j["note"] = r.note;
-      }
-      if (r.stored) j["ratio"] = double(raw) / double(r.stored);
-      results.push_back(std::move(j));
-    }
-    auto opt = [](std::optional<double> v) {
-      return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
-    };
-    auto met = [](std::optional<double> v, double limit) {
-      return v ? nlohmann::json(*v <= limit) : nlohmann::json(nullptr);
-    };
-    ctx.emit({{"ok", true},
-              {"command", "bench io"},
-              {"bytes", raw},
-              {"dir", work.path.string()},
-              {"zstd_level", a.level},
-              {"threads", threads},
-              {"chunk_bytes", a.chunk},
-              {"page_cache_dropped", dropped},
-              {"results", std::move(results)},
-              {"ratios",
-               {{"pack_gpuckpt_vs_zstd", opt(pack_vs_zstd)},
-                {"pack_gpuckpt_vs_cp", opt(pack_vs_cp)},
-                {"unpack_gpuckpt_vs_zstd", opt(unpack_vs_zstd)},
-                {"unpack_gpuckpt_vs_cp", opt(unpack_vs_cp)}}},
-              {"targets",
-               {{"pack_at_least_zstd_speed", met(pack_vs_zstd, 1.0)},
-                {"unpack_at_least_zstd_speed", met(unpack_vs_zstd, 1.0)},
-                {"unpack_within_1_3x_cp", met(unpack_vs_cp, 1.3)}}},
-              {"pack",
-               {{"ratio", ratio_ours},
-                {"io_uring", pr.io_uring},
-                {"direct_io", pr.direct_io},
-                {"timeline", to_json(pr.timeline)}}},
-              {"unpack",
-               {{"io_uring", ur.io_uring},
-                {"direct_io", ur.direct_io},
-                {"timeline", to_json(ur.timeline)}}}});
-    return;
   }
+
+  const BenchArgs& a_;
+  fs::path work_, src_, tarzst_;
+  std::string lvl_;
+  bool have_zstd_ = false;
+};
+
+struct IoRatios {
+  std::optional<double> pack_vs_zstd, pack_vs_cp, unpack_vs_zstd, unpack_vs_cp;
+  explicit IoRatios(const IoBench& b)
+      : pack_vs_zstd(b.ratio("pack", "tar")),
+        pack_vs_cp(b.ratio("pack", "cp")),
+        unpack_vs_zstd(b.ratio("unpack", "zstd")),
+        unpack_vs_cp(b.ratio("unpack", "cp")) {}
+};
+
+void emit_json(const Context& ctx, const BenchArgs& a, const IoBench& b, const fs::path& work) {
+  const IoRatios q(b);
+  nlohmann::json results = nlohmann::json::array();
+  for (const auto& r : b.rows) {
+    nlohmann::json j = {{"op", r.op}, {"tool", r.tool}};
+    if (r.seconds) {
+      j["seconds"] = *r.seconds;
+      j["gbps"] = double(b.raw) / *r.seconds / 1e9;
+    } else {
+      j["seconds"] = nullptr;
+      j["note"] = r.note;
+    }
+    if (r.stored) j["ratio"] = double(b.raw) / double(r.stored);
+    results.push_back(std::move(j));
+  }
+  auto opt = [](std::optional<double> v) {
+    return v ? nlohmann::json(*v) : nlohmann::json(nullptr);
+  };
+  auto met = [](std::optional<double> v, double limit) {
+    return v ? nlohmann::json(*v <= limit) : nlohmann::json(nullptr);
+  };
+  const TransferResult& pr = b.packed;
+  const TransferResult& ur = b.unpacked;
+  ctx.emit({{"ok", true},
+            {"command", "bench io"},
+            {"bytes", b.raw},
+            {"dir", work.string()},
+            {"zstd_level", a.level},
+            {"threads", b.threads},
+            {"chunk_bytes", a.chunk},
+            {"page_cache_dropped", b.dropped},
+            {"results", std::move(results)},
+            {"ratios",
+             {{"pack_gpuckpt_vs_zstd", opt(q.pack_vs_zstd)},
+              {"pack_gpuckpt_vs_cp", opt(q.pack_vs_cp)},
+              {"unpack_gpuckpt_vs_zstd", opt(q.unpack_vs_zstd)},
+              {"unpack_gpuckpt_vs_cp", opt(q.unpack_vs_cp)}}},
+            {"targets",
+             {{"pack_at_least_zstd_speed", met(q.pack_vs_zstd, 1.0)},
+              {"unpack_at_least_zstd_speed", met(q.unpack_vs_zstd, 1.0)},
+              {"unpack_within_1_3x_cp", met(q.unpack_vs_cp, 1.3)}}},
+            {"pack",
+             {{"ratio", pr.compressed_bytes ? double(b.raw) / double(pr.compressed_bytes) : 0},
+              {"io_uring", pr.io_uring},
+              {"direct_io", pr.direct_io},
+              {"timeline", to_json(pr.timeline)}}},
+            {"unpack",
+             {{"io_uring", ur.io_uring},
+              {"direct_io", ur.direct_io},
+              {"timeline", to_json(ur.timeline)}}}});
+}
+
+void print_human(const BenchArgs& a, const IoBench& b, const fs::path& work) {
+  const IoRatios q(b);
   std::printf(
       "gpuckpt bench io: %s (pages-1.img + small images), zstd level %d, %u threads, "
       "%s chunks\n",
-      human_bytes(raw).c_str(), a.level, threads, human_bytes(a.chunk).c_str());
-  std::printf("data in %s; page cache %s before each run; every output fsync()ed\n\n",
-              work.path.c_str(), dropped ? "dropped" : "NOT dropped (need root)");
+      human_bytes(b.raw).c_str(), a.level, b.threads, human_bytes(a.chunk).c_str());
+  std::printf("data in %s; page cache %s before each run; every output fsync()ed\n\n", work.c_str(),
+              b.dropped ? "dropped" : "NOT dropped (need root)");
   std::printf("%-7s %-20s %9s %8s %7s\n", "op", "tool", "seconds", "GB/s", "ratio");
-  for (const auto& r : rows) {
+  for (const auto& r : b.rows) {
     if (!r.seconds) {
       std::printf("%-7s %-20s %9s %8s %7s  (%s)\n", r.op.c_str(), r.tool.c_str(), "-", "-", "-",
                   r.note.c_str());
       continue;
     }
     char ratio[16] = "-";
-    if (r.stored) std::snprintf(ratio, sizeof ratio, "%.3f", double(raw) / double(r.stored));
+    if (r.stored) std::snprintf(ratio, sizeof ratio, "%.3f", double(b.raw) / double(r.stored));
     std::printf("%-7s %-20s %9.2f %8.2f %7s\n", r.op.c_str(), r.tool.c_str(), *r.seconds,
-                double(raw) / *r.seconds / 1e9, ratio);
+                double(b.raw) / *r.seconds / 1e9, ratio);
   }
   auto line = [](const char* what, std::optional<double> v, double target) {
     if (!v) {
@@ -370,15 +395,26 @@ void run_bench_io(const Context& ctx, const BenchArgs& a) {
                 *v <= target ? "met" : "NOT met");
   };
   std::printf("\ntime ratios (lower is better for gpuckpt):\n");
-  line("pack   gpuckpt / tar|zstd", pack_vs_zstd, 1.0);
-  line("unpack gpuckpt / zstd -d|tar", unpack_vs_zstd, 1.0);
-  line("unpack gpuckpt / cp", unpack_vs_cp, 1.3);
-  if (pack_vs_cp) std::printf("  %-34s %6.2fx\n", "pack   gpuckpt / cp", *pack_vs_cp);
-  std::printf("\ngpuckpt pack stages (%s, %s):\n", pr.io_uring ? "io_uring" : "pread/pwrite",
-              pr.direct_io ? "O_DIRECT" : "page cache");
-  print_stages(pr.timeline);
+  line("pack   gpuckpt / tar|zstd", q.pack_vs_zstd, 1.0);
+  line("unpack gpuckpt / zstd -d|tar", q.unpack_vs_zstd, 1.0);
+  line("unpack gpuckpt / cp", q.unpack_vs_cp, 1.3);
+  if (q.pack_vs_cp) std::printf("  %-34s %6.2fx\n", "pack   gpuckpt / cp", *q.pack_vs_cp);
+  std::printf("\ngpuckpt pack stages (%s, %s):\n", b.packed.io_uring ? "io_uring" : "pread/pwrite",
+              b.packed.direct_io ? "O_DIRECT" : "page cache");
+  print_stages(b.packed.timeline);
   std::printf("\ngpuckpt unpack stages:\n");
-  print_stages(ur.timeline);
+  print_stages(b.unpacked.timeline);
+}
+
+void run_bench_io(const Context& ctx, const BenchArgs& a) {
+  const WorkDir work{make_work_dir(a), a.keep};
+  IoBench b(a, work.path);
+  b.pack_all();
+  b.unpack_all();
+  if (ctx.json)
+    emit_json(ctx, a, b, work.path);
+  else
+    print_human(a, b, work.path);
 }
 
 }  // namespace

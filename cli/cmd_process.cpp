@@ -33,233 +33,240 @@ struct StagingFlags {
   }
 };
 
+struct DumpArgs {
+  int pid = 0;
+  std::string output;
+  StagingFlags staging;
+  bool leave_running = false, force = false, tcp_established = false;
+  int level = 1;
+  int lock_timeout_ms = 10000;
+  CriuFlags criu;
+  SignFlags sign;
+};
+
+void run_dump(const DumpArgs& o, Context& ctx) {
+  DumpOptions d;
+  d.pid = o.pid;
+  d.output = o.output;
+  d.leave_running = o.leave_running;
+  d.staging_root = o.staging.dir;
+  d.staging_mode = o.staging.resolve();
+  d.pack.zstd_level = o.level;
+  d.pack.force = o.force;
+  d.pack.progress = ctx.progress();
+  d.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
+  d.tcp_established = o.tcp_established;
+  d.criu = o.criu.settings();
+  d.pack.sign_key = o.sign.path();
+  const DumpResult r = dump(d);
+  ctx.progress_done();
+  if (ctx.json) {
+    ctx.emit({{"ok", true},
+              {"pid", d.pid},
+              {"comm", r.comm},
+              {"checkpoint", d.output},
+              {"leave_running", d.leave_running},
+              {"image_bytes", r.image_bytes},
+              {"checkpoint_bytes", r.checkpoint_bytes},
+              {"gpu", r.gpu},
+              {"gpu_uuids", r.gpu_uuids},
+              {"criu_version", r.criu_version},
+              {"tree", r.tree},
+              {"tcp_established", d.tcp_established},
+              {"staging_mode", staging_mode_name(r.staging_mode)},
+              {"timeline", to_json(r.timeline)}});
+    return;
+  }
+  print_header(
+      "dumped pid %d (%s%s) to %s: %s of CRIU images, %s on storage%s%s", d.pid, r.comm.c_str(),
+      r.tree.size() > 1 ? (", a tree of " + std::to_string(r.tree.size()) + " processes").c_str()
+                        : "",
+      d.output.c_str(), human_bytes(r.image_bytes).c_str(), human_bytes(r.checkpoint_bytes).c_str(),
+      r.gpu ? ", with CUDA state" : "",
+      d.leave_running ? "; the process continues" : "; the process has ended");
+  print_stages(r.timeline);
+}
+
+void add_dump(CLI::App& app, Context& ctx) {
+  auto* c = app.add_subcommand("dump", "Checkpoint a live process (CUDA state included) to CKPT");
+  auto o = std::make_shared<DumpArgs>();
+  c->add_option("--pid", o->pid, "Root of the process tree to checkpoint")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  c->add_flag("--tcp-established", o->tcp_established,
+              "Dump established TCP connections with their state, so clients stay connected "
+              "(default: they are not dumped and a client in mid-request sees a reset; "
+              "listening sockets come back either way)");
+  c->add_option("-o,--output", o->output, "Checkpoint to write")->required();
+  c->add_flag("--leave-running", o->leave_running,
+              "Snapshot: the process continues after the dump (default: it ends once the "
+              "checkpoint is written)");
+  c->add_flag("--force", o->force, "Replace an existing checkpoint");
+  o->staging.add(c, "Where CRIU writes its images first (tmpfs)");
+  c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+  c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
+      ->check(CLI::PositiveNumber);
+  o->criu.add(c);
+  o->sign.add(c);
+  c->callback([o, &ctx] { run_dump(*o, ctx); });
+}
+
+struct RestoreArgs {
+  std::string checkpoint, gpu_map;
+  StagingFlags staging;
+  bool new_pidns = false, take_endpoints = false;
+  ProbeFlags probe;
+  CriuFlags criu;
+  TrustFlags trust;
+};
+
+void run_restore(const RestoreArgs& o, Context& ctx) {
+  RestoreOptions r;
+  r.checkpoint = o.checkpoint;
+  if (!o.gpu_map.empty()) r.gpu_map = parse_gpu_map(o.gpu_map);
+  r.staging_root = o.staging.dir;
+  r.staging_mode = o.staging.resolve();
+  r.unpack.progress = ctx.progress();
+  r.probe = o.probe.probe();
+  r.new_pid_ns = o.new_pidns;
+  r.take_endpoints = o.take_endpoints;
+  r.criu = o.criu.settings();
+  r.trust = o.trust.options();
+  const RestoreResult res = restore(r);
+  ctx.progress_done();
+  if (ctx.json) {
+    nlohmann::json j{{"ok", true},
+                     {"pid", res.pid},
+                     {"ns_pid", res.ns_pid},
+                     {"gpu", res.gpu},
+                     {"tree", res.tree},
+                     {"timeline", to_json(res.timeline)},
+                     {"staging_mode", staging_mode_name(res.staging_mode)}};
+    if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
+    if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
+    ctx.emit(j);
+    return;
+  }
+  print_header("restored %s as pid %d%s%s", r.checkpoint.c_str(), res.pid,
+               res.pidns_init > 0
+                   ? (" (pid " + std::to_string(res.ns_pid) + " in its own pid namespace)").c_str()
+                   : "",
+               res.gpu ? ", with CUDA state" : "");
+  if (r.probe.kind != ReadinessProbe::Kind::kNone)
+    print_header("first answer: %s", res.first_answer.c_str());
+  print_stages(res.timeline);
+}
+
+void add_restore(CLI::App& app, Context& ctx) {
+  auto* c =
+      app.add_subcommand("restore", "Restore a process from CKPT (optionally onto other GPUs)");
+  auto o = std::make_shared<RestoreArgs>();
+  c->add_option("checkpoint", o->checkpoint, "Checkpoint made by gpuckpt dump")->required();
+  c->add_flag("--take-endpoints", o->take_endpoints,
+              "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
+              "even if a live process serves them (refused by default)");
+  c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
+  o->staging.add(c, "Where the images are unpacked for CRIU (tmpfs)");
+  c->add_flag("--new-pidns", o->new_pidns,
+              "Restore into a new pid namespace (the checkpointed pid may be in use here)");
+  o->probe.add(c);
+  o->criu.add(c);
+  o->trust.add(c);
+  c->callback([o, &ctx] { run_restore(*o, ctx); });
+}
+
+struct MigrateArgs {
+  int pid = 0;
+  std::string to, gpu_map, handoff = "auto";
+  StagingFlags staging;
+  bool keep = false, tcp_established = false;
+  int level = 1;
+  int lock_timeout_ms = 10000;
+  ProbeFlags probe;
+  CriuFlags criu;
+  SignFlags sign;
+  TrustFlags trust;
+};
+
+void run_migrate(const MigrateArgs& o, Context& ctx) {
+  MigrateOptions m;
+  m.pid = o.pid;
+  m.to_dir = o.to;
+  if (!o.gpu_map.empty()) m.gpu_map = parse_gpu_map(o.gpu_map);
+  m.probe = o.probe.probe();
+  m.keep_checkpoint = o.keep;
+  m.staging_root = o.staging.dir;
+  m.staging_mode = o.staging.resolve();
+  m.pack.zstd_level = o.level;
+  m.pack.progress = ctx.progress();
+  m.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
+  m.tcp_established = o.tcp_established;
+  m.handoff = o.handoff == "frozen"    ? MigrateHandoff::kFrozen
+              : o.handoff == "release" ? MigrateHandoff::kRelease
+                                       : MigrateHandoff::kAuto;
+  m.criu = o.criu.settings();
+  m.pack.sign_key = o.sign.path();
+  m.trust = o.trust.options();
+  const MigrateResult res = migrate(m);
+  ctx.progress_done();
+  if (ctx.json) {
+    nlohmann::json j{{"ok", true},
+                     {"pid", res.new_pid},
+                     {"old_pid", res.old_pid},
+                     {"handoff", handoff_name(res.handoff)},
+                     {"timeline", to_json(res.timeline)}};
+    if (o.keep) j["checkpoint"] = res.checkpoint;
+    if (m.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
+    ctx.emit(j);
+    return;
+  }
+  print_header("migrated pid %d -> pid %d (%s handoff)%s", res.old_pid, res.new_pid,
+               handoff_name(res.handoff),
+               o.keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
+  if (m.probe.kind != ReadinessProbe::Kind::kNone)
+    print_header("first answer: %s", res.first_answer.c_str());
+  print_stages(res.timeline);
+}
+
+void add_migrate(CLI::App& app, Context& ctx) {
+  auto* c = app.add_subcommand(
+      "migrate",
+      "Move a process through a checkpoint in DIR; the old one ends only after the "
+      "new one answers, and is resumed if anything fails");
+  auto o = std::make_shared<MigrateArgs>();
+  c->add_option("--pid", o->pid, "Root of the process tree to migrate")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  c->add_option("--handoff", o->handoff,
+                "auto|frozen|release: frozen keeps the original frozen until the copy (in a new "
+                "pid namespace) answers; release ends the original once the checkpoint is "
+                "durable and restores the copy in place (needed for TCP listeners; a "
+                "rollback restores the original). auto: release for TCP or abstract-socket "
+                "listeners, else frozen")
+      ->check(CLI::IsMember({"auto", "frozen", "release"}));
+  c->add_flag("--tcp-established", o->tcp_established,
+              "Carry established TCP connections over (see dump --tcp-established)");
+  c->add_option("--to", o->to, "Directory the checkpoint is written to and restored from")
+      ->required();
+  c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
+  c->add_flag("--keep-checkpoint", o->keep, "Keep the checkpoint after a successful migration");
+  o->staging.add(c, "tmpfs staging directory for CRIU's images");
+  c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+  c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
+      ->check(CLI::PositiveNumber);
+  o->probe.add(c);
+  o->criu.add(c);
+  o->sign.add(c);
+  o->trust.add(c);
+  c->callback([o, &ctx] { run_migrate(*o, ctx); });
+}
+
 }  // namespace
 
 void add_process_commands(CLI::App& app, Context& ctx) {
-  // ---- dump ---------------------------------------------------------------------------------
-  {
-    auto* c = app.add_subcommand("dump", "Checkpoint a live process (CUDA state included) to CKPT");
-    struct Opts {
-      int pid = 0;
-      std::string output;
-      StagingFlags staging;
-      bool leave_running = false, force = false, tcp_established = false;
-      int level = 1;
-      int lock_timeout_ms = 10000;
-      CriuFlags criu;
-      SignFlags sign;
-    };
-    auto o = std::make_shared<Opts>();
-    c->add_option("--pid", o->pid, "Root of the process tree to checkpoint")
-        ->required()
-        ->check(CLI::PositiveNumber);
-    c->add_flag("--tcp-established", o->tcp_established,
-                "Dump established TCP connections with their state, so clients stay connected "
-                "(default: they are not dumped and a client in mid-request sees a reset; "
-                "listening sockets come back either way)");
-    c->add_option("-o,--output", o->output, "Checkpoint to write")->required();
-    c->add_flag("--leave-running", o->leave_running,
-                "Snapshot: the process continues after the dump (default: it ends once the "
-                "checkpoint is written)");
-    c->add_flag("--force", o->force, "Replace an existing checkpoint");
-    o->staging.add(c, "Where CRIU writes its images first (tmpfs)");
-    c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
-    c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
-        ->check(CLI::PositiveNumber);
-    o->criu.add(c);
-    o->sign.add(c);
-    c->callback([o, &ctx] {
-      DumpOptions d;
-      d.pid = o->pid;
-      d.output = o->output;
-      d.leave_running = o->leave_running;
-      d.staging_root = o->staging.dir;
-      d.staging_mode = o->staging.resolve();
-      d.pack.zstd_level = o->level;
-      d.pack.force = o->force;
-      d.pack.progress = ctx.progress();
-      d.lock_timeout = std::chrono::milliseconds(o->lock_timeout_ms);
-      d.tcp_established = o->tcp_established;
-      d.criu = o->criu.settings();
-      d.pack.sign_key = o->sign.path();
-      const DumpResult r = dump(d);
-      ctx.progress_done();
-      if (ctx.json) {
-        ctx.emit({{"ok", true},
-                  {"pid", d.pid},
-                  {"comm", r.comm},
-                  {"checkpoint", d.output},
-                  {"leave_running", d.leave_running},
-                  {"image_bytes", r.image_bytes},
-                  {"checkpoint_bytes", r.checkpoint_bytes},
-                  {"gpu", r.gpu},
-                  {"gpu_uuids", r.gpu_uuids},
-                  {"criu_version", r.criu_version},
-                  {"tree", r.tree},
-                  {"tcp_established", d.tcp_established},
-                  {"staging_mode", staging_mode_name(r.staging_mode)},
-                  {"timeline", to_json(r.timeline)}});
-        return;
-      }
-      print_header("dumped pid %d (%s%s) to %s: %s of CRIU images, %s on storage%s%s", d.pid,
-                   r.comm.c_str(),
-                   r.tree.size() > 1
-                       ? (", a tree of " + std::to_string(r.tree.size()) + " processes").c_str()
-                       : "",
-                   d.output.c_str(), human_bytes(r.image_bytes).c_str(),
-                   human_bytes(r.checkpoint_bytes).c_str(), r.gpu ? ", with CUDA state" : "",
-                   d.leave_running ? "; the process continues" : "; the process has ended");
-      print_stages(r.timeline);
-    });
-  }
-
-  // ---- restore ------------------------------------------------------------------------------
-  {
-    auto* c =
-        app.add_subcommand("restore", "Restore a process from CKPT (optionally onto other GPUs)");
-    struct Opts {
-      std::string checkpoint, gpu_map;
-      StagingFlags staging;
-      bool new_pidns = false, take_endpoints = false;
-      ProbeFlags probe;
-      CriuFlags criu;
-      TrustFlags trust;
-    };
-    auto o = std::make_shared<Opts>();
-    c->add_option("checkpoint", o->checkpoint, "Checkpoint made by gpuckpt dump")->required();
-    c->add_flag("--take-endpoints", o->take_endpoints,
-                "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
-                "even if a live process serves them (refused by default)");
-    c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
-    o->staging.add(c, "Where the images are unpacked for CRIU (tmpfs)");
-    c->add_flag("--new-pidns", o->new_pidns,
-                "Restore into a new pid namespace (the checkpointed pid may be in use here)");
-    o->probe.add(c);
-    o->criu.add(c);
-    o->trust.add(c);
-    c->callback([o, &ctx] {
-      RestoreOptions r;
-      r.checkpoint = o->checkpoint;
-      if (!o->gpu_map.empty()) r.gpu_map = parse_gpu_map(o->gpu_map);
-      r.staging_root = o->staging.dir;
-      r.staging_mode = o->staging.resolve();
-      r.unpack.progress = ctx.progress();
-      r.probe = o->probe.probe();
-      r.new_pid_ns = o->new_pidns;
-      r.take_endpoints = o->take_endpoints;
-      r.criu = o->criu.settings();
-      r.trust = o->trust.options();
-      const RestoreResult res = restore(r);
-      ctx.progress_done();
-      if (ctx.json) {
-        nlohmann::json j{{"ok", true},
-                         {"pid", res.pid},
-                         {"ns_pid", res.ns_pid},
-                         {"gpu", res.gpu},
-                         {"tree", res.tree},
-                         {"timeline", to_json(res.timeline)},
-                         {"staging_mode", staging_mode_name(res.staging_mode)}};
-        if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
-        if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
-        ctx.emit(j);
-        return;
-      }
-      print_header(
-          "restored %s as pid %d%s%s", r.checkpoint.c_str(), res.pid,
-          res.pidns_init > 0
-              ? (" (pid " + std::to_string(res.ns_pid) + " in its own pid namespace)").c_str()
-              : "",
-          res.gpu ? ", with CUDA state" : "");
-      if (r.probe.kind != ReadinessProbe::Kind::kNone)
-        print_header("first answer: %s", res.first_answer.c_str());
-      print_stages(res.timeline);
-    });
-  }
-
-  // ---- migrate ------------------------------------------------------------------------------
-  {
-    auto* c = app.add_subcommand(
-        "migrate",
-        "Move a process through a checkpoint in DIR; the old one ends only after the "
-        "new one answers, and is resumed if anything fails");
-    struct Opts {
-      int pid = 0;
-      std::string to, gpu_map, handoff = "auto";
-      StagingFlags staging;
-      bool keep = false, tcp_established = false;
-      int level = 1;
-      int lock_timeout_ms = 10000;
-      ProbeFlags probe;
-      CriuFlags criu;
-      SignFlags sign;
-      TrustFlags trust;
-    };
-    auto o = std::make_shared<Opts>();
-    c->add_option("--pid", o->pid, "Root of the process tree to migrate")
-        ->required()
-        ->check(CLI::PositiveNumber);
-    c->add_option("--handoff", o->handoff,
-                  "auto|frozen|release: frozen keeps the original frozen until the copy (in a new "
-                  "pid namespace) answers; release ends the original once the checkpoint is "
-                  "durable and restores the copy in place (needed for TCP listeners; a "
-                  "rollback restores the original). auto: release for TCP or abstract-socket "
-                  "listeners, else frozen")
-        ->check(CLI::IsMember({"auto", "frozen", "release"}));
-    c->add_flag("--tcp-established", o->tcp_established,
-                "Carry established TCP connections over (see dump --tcp-established)");
-    c->add_option("--to", o->to, "Directory the checkpoint is written to and restored from")
-        ->required();
-    c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
-    c->add_flag("--keep-checkpoint", o->keep, "Keep the checkpoint after a successful migration");
-    o->staging.add(c, "tmpfs staging directory for CRIU's images");
-    c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
-    c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
-        ->check(CLI::PositiveNumber);
-    o->probe.add(c);
-    o->criu.add(c);
-    o->sign.add(c);
-    o->trust.add(c);
-    c->callback([o, &ctx] {
-      MigrateOptions m;
-      m.pid = o->pid;
-      m.to_dir = o->to;
-      if (!o->gpu_map.empty()) m.gpu_map = parse_gpu_map(o->gpu_map);
-      m.probe = o->probe.probe();
-      m.keep_checkpoint = o->keep;
-      m.staging_root = o->staging.dir;
-      m.staging_mode = o->staging.resolve();
-      m.pack.zstd_level = o->level;
-      m.pack.progress = ctx.progress();
-      m.lock_timeout = std::chrono::milliseconds(o->lock_timeout_ms);
-      m.tcp_established = o->tcp_established;
-      m.handoff = o->handoff == "frozen"    ? MigrateHandoff::kFrozen
-                  : o->handoff == "release" ? MigrateHandoff::kRelease
-                                            : MigrateHandoff::kAuto;
-      m.criu = o->criu.settings();
-      m.pack.sign_key = o->sign.path();
-      m.trust = o->trust.options();
-      const MigrateResult res = migrate(m);
-      ctx.progress_done();
-      if (ctx.json) {
-        nlohmann::json j{{"ok", true},
-                         {"pid", res.new_pid},
-                         {"old_pid", res.old_pid},
-                         {"handoff", handoff_name(res.handoff)},
-                         {"timeline", to_json(res.timeline)}};
-        if (o->keep) j["checkpoint"] = res.checkpoint;
-        if (m.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
-        ctx.emit(j);
-        return;
-      }
-      print_header(
-          "migrated pid %d -> pid %d (%s handoff)%s", res.old_pid, res.new_pid,
-          handoff_name(res.handoff),
-          o->keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
-      if (m.probe.kind != ReadinessProbe::Kind::kNone)
-        print_header("first answer: %s", res.first_answer.c_str());
-      print_stages(res.timeline);
-    });
-  }
+  add_dump(app, ctx);
+  add_restore(app, ctx);
+  add_migrate(app, ctx);
 }
 
 }  // namespace gpuckpt::cli

@@ -102,45 +102,40 @@ struct LogAxis {
   double max() const { return std::pow(10.0, hi); }
 };
 
-void roofline_panel(Svg& s, const TransientReport& r) {
-  const Ceilings& c = r.ceilings;
-  s.text(kPx0, kPy0 - 16,
-         c.target.empty() ? "roofline" : "roofline: " + c.device_name + " (" + c.target + ")", 15,
-         " font-weight=\"bold\"");
-  s.rect(kPx0, kPy0, kPx1 - kPx0, kPy1 - kPy0, "#ffffff", " stroke=\"#888888\"");
-  if (c.target.empty() || !(c.bandwidth_gbps > 0) || !(c.fp32_gflops > 0)) {
-    s.text((kPx0 + kPx1) / 2, (kPy0 + kPy1) / 2, "roofline not measured", 14,
-           " text-anchor=\"middle\" fill=\"#666666\"");
-    s.text((kPx0 + kPx1) / 2, (kPy0 + kPy1) / 2 + 20,
-           "(gpuckpt report --roofline FILE or --measure)", 12,
-           " text-anchor=\"middle\" fill=\"#666666\"");
-    return;
-  }
-  const double bw = c.bandwidth_gbps, peak = c.fp32_gflops;
-  const double ridge = c.ridge_point();
-  // A tensor ceiling is drawn only above the FP32 one (0: none).
-  const double tensor = c.tensor_gflops && *c.tensor_gflops > peak ? *c.tensor_gflops : 0;
-  const double tensor_ridge = tensor > 0 ? tensor / bw : ridge;
+// The roofline's ceilings and the log axes that frame them (and the workload, if any).
+struct RoofPlot {
+  double bw = 0, peak = 0, ridge = 0;
+  double tensor = 0, tensor_ridge = 0;  // a tensor ceiling is drawn only above FP32 (0: none)
+  LogAxis x, y;
 
-  // Axes: whole decades, from a decade below the leftmost point of interest to one above the
-  // rightmost; at least three decades wide.
-  double xlo = std::min(ridge, tensor_ridge), xhi = std::max(ridge, tensor_ridge);
-  if (r.workload) {
-    xlo = std::min(xlo, r.workload->intensity);
-    xhi = std::max(xhi, r.workload->intensity);
+  explicit RoofPlot(const TransientReport& r) {
+    const Ceilings& c = r.ceilings;
+    bw = c.bandwidth_gbps;
+    peak = c.fp32_gflops;
+    ridge = c.ridge_point();
+    tensor = c.tensor_gflops && *c.tensor_gflops > peak ? *c.tensor_gflops : 0;
+    tensor_ridge = tensor > 0 ? tensor / bw : ridge;
+    // Axes: whole decades, from a decade below the leftmost point of interest to one above the
+    // rightmost; at least three decades wide.
+    double xlo = std::min(ridge, tensor_ridge), xhi = std::max(ridge, tensor_ridge);
+    if (r.workload) {
+      xlo = std::min(xlo, r.workload->intensity);
+      xhi = std::max(xhi, r.workload->intensity);
+    }
+    x = LogAxis{static_cast<int>(std::floor(std::log10(xlo))) - 1,
+                static_cast<int>(std::ceil(std::log10(xhi))) + 1, kPx0, kPx1};
+    if (x.hi - x.lo < 3) x.hi = x.lo + 3;
+    const double ytop = std::max(tensor, peak);
+    y = LogAxis{0, static_cast<int>(std::ceil(std::log10(ytop * 1.5))), kPy1, kPy0};
+    double ybottom = bw * x.min();
+    if (r.workload && r.workload->achieved_gflops && *r.workload->achieved_gflops > 0)
+      ybottom = std::min(ybottom, *r.workload->achieved_gflops);
+    y.lo = std::max(static_cast<int>(std::floor(std::log10(ybottom))), y.hi - 8);
+    if (y.hi - y.lo < 3) y.lo = y.hi - 3;
   }
-  LogAxis x{static_cast<int>(std::floor(std::log10(xlo))) - 1,
-            static_cast<int>(std::ceil(std::log10(xhi))) + 1, kPx0, kPx1};
-  if (x.hi - x.lo < 3) x.hi = x.lo + 3;
-  const double ytop = std::max(tensor, peak);
-  LogAxis y{0, static_cast<int>(std::ceil(std::log10(ytop * 1.5))), kPy1, kPy0};
-  double ybottom = bw * x.min();
-  if (r.workload && r.workload->achieved_gflops && *r.workload->achieved_gflops > 0)
-    ybottom = std::min(ybottom, *r.workload->achieved_gflops);
-  y.lo = std::max(static_cast<int>(std::floor(std::log10(ybottom))), y.hi - 8);
-  if (y.hi - y.lo < 3) y.lo = y.hi - 3;
+};
 
-  // Grid, ticks and decade labels.
+void roofline_grid(Svg& s, const LogAxis& x, const LogAxis& y) {
   for (int e = x.lo; e <= x.hi; ++e) {
     const double px = x.at(std::pow(10.0, e));
     if (e > x.lo && e < x.hi) s.line(px, kPy0, px, kPy1, "#e6e6e6", 1);
@@ -165,9 +160,14 @@ void roofline_panel(Svg& s, const TransientReport& r) {
          " text-anchor=\"middle\"");
   s.text(26, (kPy0 + kPy1) / 2, "performance (GFLOP/s)", 13,
          " text-anchor=\"middle\" transform=\"rotate(-90 26 " + num((kPy0 + kPy1) / 2) + ")\"");
+}
 
-  // The roof: bandwidth slope up to the ridge, FP32 ceiling to the right of it; the tensor
-  // ceiling (GPU) above, reached by the dashed continuation of the slope.
+// The roof: bandwidth slope up to the ridge, FP32 ceiling to the right of it; the tensor
+// ceiling (GPU) above, reached by the dashed continuation of the slope.
+void roofline_roof(Svg& s, const RoofPlot& g, const std::optional<RooflinePlacement>& workload) {
+  const LogAxis &x = g.x, &y = g.y;
+  const double bw = g.bw, peak = g.peak, ridge = g.ridge, tensor = g.tensor,
+               tensor_ridge = g.tensor_ridge;
   const double xa = std::max(x.min(), y.min() / bw);
   const std::string roof = "#1f4e79", tensor_colour = "#7b3294";
   s.line(x.at(xa), y.at(bw * xa), x.at(ridge), y.at(peak), roof, 3, " stroke-linecap=\"round\"");
@@ -183,8 +183,8 @@ void roofline_panel(Svg& s, const TransientReport& r) {
     const double x1 = x.at(xa), y1 = y.at(bw * xa), x2 = x.at(ridge), y2 = y.at(peak);
     const double angle = std::atan2(y2 - y1, x2 - x1) * 180 / std::numbers::pi;
     double f = 0.45;
-    if (r.workload && x2 > x1) {
-      const double wf = (x.at(r.workload->intensity) - x1) / (x2 - x1);
+    if (workload && x2 > x1) {
+      const double wf = (x.at(workload->intensity) - x1) / (x2 - x1);
       if (wf > -0.1 && wf < 1.1) f = wf > 0.5 ? 0.25 : 0.75;
     }
     const double lx = x1 + f * (x2 - x1), ly = y1 + f * (y2 - y1) - 8;
@@ -204,44 +204,64 @@ void roofline_panel(Svg& s, const TransientReport& r) {
   // Ridge point.
   s.line(x.at(ridge), y.at(peak), x.at(ridge), kPy1, "#999999", 1, " stroke-dasharray=\"2 3\"");
   s.text(x.at(ridge) + 4, kPy1 - 6, "ridge " + fmt_intensity(ridge), 11, " fill=\"#666666\"");
+}
 
-  // The workload.
-  if (r.workload) {
-    const RooflinePlacement& w = *r.workload;
-    const double clamp_lo = y.min();
-    const double wx = x.at(w.intensity);
-    const double roof_y = y.at(std::max(w.attainable_gflops, clamp_lo));
-    double point_y = roof_y;
-    const std::string red = "#c0392b";
-    if (w.achieved_gflops) {
-      point_y = y.at(std::max(*w.achieved_gflops, clamp_lo));
-      s.line(wx, roof_y, wx, point_y, red, 1.5, " stroke-dasharray=\"3 3\"");
-      s.circle(wx, roof_y, 5, "#ffffff", " stroke=\"" + red + "\" stroke-width=\"2\"");
-    }
-    s.circle(wx, point_y, 6, red);
-    // Three short lines beside the point, on the side with room for them.
-    const std::string name = w.label.empty() ? "workload" : w.label;
-    const double shown = w.achieved_gflops ? *w.achieved_gflops : w.attainable_gflops;
-    const std::vector<std::string> lines = {
-        name,
-        fmt_intensity(w.intensity) + ", " + fmt_gflops(shown) +
-            (w.achieved_gflops ? " achieved" : " attainable"),
-        std::string(w.memory_bound ? "memory-bound" : "compute-bound") + ", attainable " +
-            fmt_gflops(w.attainable_gflops)};
-    double width = 0;
-    for (const auto& l : lines) width = std::max(width, text_width(l, 11.5));
-    bool right = wx + 10 + width <= kPx1 - 4;
-    double tx = right ? wx + 10 : wx - 10;
-    if (!right && wx - 10 - width < kPx0 + 4) {  // no room either side: the roomier edge
-      right = wx - kPx0 < kPx1 - wx;
-      tx = right ? kPx0 + 4 : kPx1 - 4;
-    }
-    const double ty = std::clamp(point_y + 22, kPy0 + 14, kPy1 - 40);
-    const std::string anchor = right ? " text-anchor=\"start\"" : " text-anchor=\"end\"";
-    s.text(tx, ty, lines[0], 12, anchor + " fill=\"" + red + "\" font-weight=\"bold\"");
-    s.text(tx, ty + 15, lines[1], 11, anchor + " fill=\"" + red + "\"");
-    s.text(tx, ty + 29, lines[2], 11, anchor + " fill=\"" + red + "\"");
+// The workload's point (and its attainable point on the roof), with three lines of text.
+void roofline_workload(Svg& s, const RoofPlot& g, const RooflinePlacement& w) {
+  const LogAxis &x = g.x, &y = g.y;
+  const double clamp_lo = y.min();
+  const double wx = x.at(w.intensity);
+  const double roof_y = y.at(std::max(w.attainable_gflops, clamp_lo));
+  double point_y = roof_y;
+  const std::string red = "#c0392b";
+  if (w.achieved_gflops) {
+    point_y = y.at(std::max(*w.achieved_gflops, clamp_lo));
+    s.line(wx, roof_y, wx, point_y, red, 1.5, " stroke-dasharray=\"3 3\"");
+    s.circle(wx, roof_y, 5, "#ffffff", " stroke=\"" + red + "\" stroke-width=\"2\"");
   }
+  s.circle(wx, point_y, 6, red);
+  // Three short lines beside the point, on the side with room for them.
+  const std::string name = w.label.empty() ? "workload" : w.label;
+  const double shown = w.achieved_gflops ? *w.achieved_gflops : w.attainable_gflops;
+  const std::vector<std::string> lines = {
+      name,
+      fmt_intensity(w.intensity) + ", " + fmt_gflops(shown) +
+          (w.achieved_gflops ? " achieved" : " attainable"),
+      std::string(w.memory_bound ? "memory-bound" : "compute-bound") + ", attainable " +
+          fmt_gflops(w.attainable_gflops)};
+  double width = 0;
+  for (const auto& l : lines) width = std::max(width, text_width(l, 11.5));
+  bool right = wx + 10 + width <= kPx1 - 4;
+  double tx = right ? wx + 10 : wx - 10;
+  if (!right && wx - 10 - width < kPx0 + 4) {  // no room either side: the roomier edge
+    right = wx - kPx0 < kPx1 - wx;
+    tx = right ? kPx0 + 4 : kPx1 - 4;
+  }
+  const double ty = std::clamp(point_y + 22, kPy0 + 14, kPy1 - 40);
+  const std::string anchor = right ? " text-anchor=\"start\"" : " text-anchor=\"end\"";
+  s.text(tx, ty, lines[0], 12, anchor + " fill=\"" + red + "\" font-weight=\"bold\"");
+  s.text(tx, ty + 15, lines[1], 11, anchor + " fill=\"" + red + "\"");
+  s.text(tx, ty + 29, lines[2], 11, anchor + " fill=\"" + red + "\"");
+}
+
+void roofline_panel(Svg& s, const TransientReport& r) {
+  const Ceilings& c = r.ceilings;
+  s.text(kPx0, kPy0 - 16,
+         c.target.empty() ? "roofline" : "roofline: " + c.device_name + " (" + c.target + ")", 15,
+         " font-weight=\"bold\"");
+  s.rect(kPx0, kPy0, kPx1 - kPx0, kPy1 - kPy0, "#ffffff", " stroke=\"#888888\"");
+  if (c.target.empty() || !(c.bandwidth_gbps > 0) || !(c.fp32_gflops > 0)) {
+    s.text((kPx0 + kPx1) / 2, (kPy0 + kPy1) / 2, "roofline not measured", 14,
+           " text-anchor=\"middle\" fill=\"#666666\"");
+    s.text((kPx0 + kPx1) / 2, (kPy0 + kPy1) / 2 + 20,
+           "(gpuckpt report --roofline FILE or --measure)", 12,
+           " text-anchor=\"middle\" fill=\"#666666\"");
+    return;
+  }
+  const RoofPlot g(r);
+  roofline_grid(s, g.x, g.y);
+  roofline_roof(s, g, r.workload);
+  if (r.workload) roofline_workload(s, g, *r.workload);
   // How the ceilings were measured, in small print.
   std::string how = c.method;
   if (how.size() > 100) how = how.substr(0, 97) + "...";
