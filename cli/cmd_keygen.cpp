@@ -1,6 +1,4 @@
 // `gpuckpt keygen`: an ed25519 key pair that signs checkpoints (docs/OPERATORS.md).
-#include <unistd.h>
-
 #include <cstdio>
 #include <memory>
 
@@ -11,9 +9,8 @@ namespace gpuckpt::cli {
 namespace {
 
 std::string default_comment() {
-  char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0) return "gpuckpt";
-  return std::string("gpuckpt@") + host;
+  const std::string host = host_name();
+  return host.empty() ? "gpuckpt" : "gpuckpt@" + host;
 }
 
 }  // namespace

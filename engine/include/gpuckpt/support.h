@@ -16,5 +16,7 @@ std::uint64_t parse_bytes(const std::string& s);
 // Runs `command` with /bin/sh -c (stdin from /dev/null); its exit code, or -1 if it was killed
 // or could not run.
 int run_shell(const std::string& command);
+// This machine's host name (gethostname), "" if it has none.
+std::string host_name();
 
 }  // namespace gpuckpt

@@ -12,6 +12,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/gpuckpt.h"
 #include "gpuckpt/image.h"
+#include "gpuckpt/support.h"
 #include "image/aligned_buffer.h"
 #include "image/chunk_codec.h"
 #include "image/input_tree.h"

@@ -1,4 +1,5 @@
 #include "image/stream_pack.h"
+#include "gpuckpt/support.h"
 
 #include <fcntl.h>
 #include <pthread.h>

@@ -93,12 +93,6 @@ std::string utc_now_iso8601() {
   return buf;
 }
 
-std::string host_name() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "";
-  return buf;
-}
-
 void validate_pack_options(const PackOptions& o) {
   if (o.chunk_bytes % kIoAlign != 0 || o.chunk_bytes < (64u << 10) || o.chunk_bytes > (256u << 20))
     throw Error(Errc::kUsage, "chunk size must be a multiple of 4 KiB between 64 KiB and 256 MiB");

@@ -39,7 +39,6 @@ void fill_result(TransferResult& r, const PipelineStats& s, unsigned threads, un
 bool looks_cached(const std::filesystem::path& path, std::uint64_t size);
 
 std::string utc_now_iso8601();
-std::string host_name();
 
 // Shared by pack and the streaming writer (stream_pack.h).
 // Throws Error(kUsage) for a chunk size, level, blob size or I/O setting out of range.

@@ -13,6 +13,7 @@
 #include "criu/streamer.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "gpuckpt/support.h"
 #include "image/stream_pack.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
@@ -178,7 +179,7 @@ void fill_record(DumpState& d) {
   rec.comm = target.root.comm;
   rec.cmdline = target.root.cmdline;
   rec.exe = target.root.exe;
-  rec.hostname = hostname();
+  rec.hostname = host_name();
   rec.shell_job = criu::needs_shell_job(o.pid);
   rec.leave_running = o.leave_running;
   for (pid_t q : target.tree)

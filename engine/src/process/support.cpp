@@ -133,10 +133,4 @@ std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids) 
   return env;
 }
 
-std::string hostname() {
-  char buf[256] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return {};
-  return buf;
-}
-
 }  // namespace gpuckpt::process

@@ -55,6 +55,4 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 300
 // restore, the pids recorded with CUDA state. Costs no cuInit.
 std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids);
 
-std::string hostname();
-
 }  // namespace gpuckpt::process

@@ -1,5 +1,7 @@
 #include "gpuckpt/support.h"
 
+#include <unistd.h>
+
 #include <cstdio>
 #include <exception>
 
@@ -69,6 +71,12 @@ int run_shell(const std::string& command) {
   } catch (const Error&) {
     return -1;
   }
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return {};
+  return buf;
 }
 
 }  // namespace gpuckpt
