@@ -128,7 +128,8 @@ void add_unpack(CLI::App& app, Context& ctx) {
   auto a = std::make_shared<Args>();
   auto* cmd =
       app.add_subcommand("unpack", "Unpack a checkpoint into a directory (every chunk verified)");
-  cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory, or s3://BUCKET/PREFIX")
+      ->required();
   cmd->add_option("-o,--output", a->output, "Directory to create")->required();
   cmd->add_flag("--force", a->force,
                 "Replace an existing non-empty output directory (never a file or a symlink)");
@@ -162,7 +163,9 @@ void add_verify(CLI::App& app, Context& ctx) {
   auto* cmd = app.add_subcommand(
       "verify",
       "Check the manifest's seal and signature, every chunk checksum, and every file's xxh3");
-  cmd->add_option("checkpoint", a->checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("checkpoint", a->checkpoint,
+                  "Checkpoint directory, or s3://BUCKET/PREFIX (downloaded, then verified)")
+      ->required();
   a->trust.add(cmd, false);
   add_io_options(*cmd, a->io);
   cmd->callback([&ctx, a] {
@@ -193,7 +196,9 @@ void add_inspect(CLI::App& app, Context& ctx) {
   auto keys = std::make_shared<std::string>();
   auto* cmd = app.add_subcommand(
       "inspect", "Show a checkpoint's manifest and signature state (reads no blob)");
-  cmd->add_option("checkpoint", *checkpoint, "Checkpoint directory")->required();
+  cmd->add_option("checkpoint", *checkpoint,
+                  "Checkpoint directory, or s3://BUCKET/PREFIX (only its manifest is fetched)")
+      ->required();
   cmd->add_option("--trusted-keys", *keys,
                   "Public key file or directory of *.pub files to check the signer against "
                   "(default: trusted_keys in the gpuckpt config)");

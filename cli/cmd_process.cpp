@@ -35,7 +35,7 @@ struct StagingFlags {
 
 struct DumpArgs {
   int pid = 0;
-  std::string output;
+  std::string output, spool;
   StagingFlags staging;
   bool leave_running = false, force = false, tcp_established = false;
   int level = 1;
@@ -48,6 +48,7 @@ void run_dump(const DumpArgs& o, Context& ctx) {
   DumpOptions d;
   d.pid = o.pid;
   d.output = o.output;
+  d.spool_root = o.spool;
   d.leave_running = o.leave_running;
   d.staging_root = o.staging.dir;
   d.staging_mode = o.staging.resolve();
@@ -97,7 +98,17 @@ void add_dump(CLI::App& app, Context& ctx) {
               "Dump established TCP connections with their state, so clients stay connected "
               "(default: they are not dumped and a client in mid-request sees a reset; "
               "listening sockets come back either way)");
-  c->add_option("-o,--output", o->output, "Checkpoint to write")->required();
+  c->add_option("-o,--output", o->output,
+                "Checkpoint to write: a directory, or s3://BUCKET/PREFIX in object storage "
+                "(credentials, region and endpoint as for the AWS CLI: AWS_ACCESS_KEY_ID, "
+                "AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL, ~/.aws/credentials and "
+                "~/.aws/config; docs/OPERATORS.md). An s3:// dump is written to --spool, "
+                "uploaded in parallel multipart parts with the manifest last, and the process "
+                "ends only once the upload is complete")
+      ->required();
+  c->add_option("--spool", o->spool,
+                "With an s3:// output: local directory the checkpoint is written to before "
+                "the upload (default $TMPDIR or /var/tmp; needs the checkpoint's size)");
   c->add_flag("--leave-running", o->leave_running,
               "Snapshot: the process continues after the dump (default: it ends once the "
               "checkpoint is written)");
@@ -112,7 +123,7 @@ void add_dump(CLI::App& app, Context& ctx) {
 }
 
 struct RestoreArgs {
-  std::string checkpoint, gpu_map;
+  std::string checkpoint, gpu_map, spool;
   StagingFlags staging;
   bool new_pidns = false, take_endpoints = false;
   ProbeFlags probe;
@@ -123,6 +134,7 @@ struct RestoreArgs {
 void run_restore(const RestoreArgs& o, Context& ctx) {
   RestoreOptions r;
   r.checkpoint = o.checkpoint;
+  r.spool_root = o.spool;
   if (!o.gpu_map.empty()) r.gpu_map = parse_gpu_map(o.gpu_map);
   r.staging_root = o.staging.dir;
   r.staging_mode = o.staging.resolve();
@@ -161,7 +173,14 @@ void add_restore(CLI::App& app, Context& ctx) {
   auto* c =
       app.add_subcommand("restore", "Restore a process from CKPT (optionally onto other GPUs)");
   auto o = std::make_shared<RestoreArgs>();
-  c->add_option("checkpoint", o->checkpoint, "Checkpoint made by gpuckpt dump")->required();
+  c->add_option("checkpoint", o->checkpoint,
+                "Checkpoint made by gpuckpt dump: a directory, or s3://BUCKET/PREFIX (downloaded "
+                "with parallel ranged reads into --spool, then restored with every chunk "
+                "verified; configured as for dump -o s3://)")
+      ->required();
+  c->add_option("--spool", o->spool,
+                "With an s3:// checkpoint: local directory it is downloaded to (default $TMPDIR "
+                "or /var/tmp)");
   c->add_flag("--take-endpoints", o->take_endpoints,
               "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
               "even if a live process serves them (refused by default)");

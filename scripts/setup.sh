@@ -21,7 +21,7 @@ done
 pkgs=(build-essential cmake ninja-build pkg-config git
       liburing-dev libzstd-dev zstd libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
       nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-      librsvg2-bin netpbm python3 clang-format libsodium-dev
+      librsvg2-bin netpbm python3 clang-format libsodium-dev libcurl4-openssl-dev
       # servers this project did not write, checkpointed by the end-to-end tests
       nginx redis-server redis-tools)
 missing=()
@@ -41,6 +41,7 @@ if [ ! -f /usr/local/cuda/include/cuda.h ] && [ -z "${CUDA_HOME:-}" ]; then
 fi
 
 "$here/scripts/install-criu.sh"
+"$here/scripts/install-s3rver.sh"
 
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j "$(nproc)"

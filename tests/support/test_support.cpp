@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -303,6 +304,69 @@ char process_state(pid_t pid) {
   const auto paren = stat.rfind(')');
   if (paren == std::string::npos || stat.size() < paren + 3) return 0;
   return stat[paren + 2];
+}
+
+}  // namespace gpuckpt::test
+
+namespace gpuckpt::test {
+
+S3Server::S3Server(const std::string& bucket) : dir_(scratch_dir("gpuckpt-s3")), bucket_(bucket) {
+  const char* env = std::getenv("GPUCKPT_S3RVER");
+  const fs::path bin =
+      env && *env ? fs::path(env) : fs::path("/opt/gpuckpt-s3rver/node_modules/.bin/s3rver");
+  if (!fs::exists(bin))
+    throw Error(Errc::kInvalidInput,
+                bin.string() + " is not installed: run scripts/install-s3rver.sh (setup.sh does)");
+  SpawnOptions o;
+  o.capture_stdout = true;
+  o.new_session = true;
+  o.stderr_file = dir_.path() / "s3rver.err";
+  child_ = spawn({bin.string(), "-d", (dir_.path() / "data").string(), "-a", "127.0.0.1", "-p", "0",
+                  "--configure-bucket", bucket_},
+                 o);
+  // It says "S3rver listening on 127.0.0.1:PORT" once it accepts connections.
+  std::string out;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (port_ == 0) {
+    if (std::chrono::steady_clock::now() > deadline)
+      throw Error(Errc::kTimeout, "s3rver did not start: " + out);
+    pollfd p{child_.stdout_fd(), POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char buf[512];
+    const ssize_t n = ::read(child_.stdout_fd(), buf, sizeof buf);
+    if (n <= 0)
+      throw Error(Errc::kProcess, "s3rver exited: " + out + read_file(dir_.path() / "s3rver.err"));
+    out.append(buf, static_cast<std::size_t>(n));
+    const auto at = out.find("listening on 127.0.0.1:");
+    if (at != std::string::npos && out.find('\n', at) != std::string::npos)
+      port_ = std::atoi(out.c_str() + at + std::strlen("listening on 127.0.0.1:"));
+  }
+}
+
+S3Server::~S3Server() {
+  stop();
+}
+
+void S3Server::stop() {
+  if (!child_.running()) return;
+  child_.kill(SIGKILL);
+  child_.wait();
+}
+
+std::string S3Server::endpoint() const {
+  return "http://127.0.0.1:" + std::to_string(port_);
+}
+
+void S3Server::export_environment() const {
+  ::setenv("AWS_ENDPOINT_URL", endpoint().c_str(), 1);
+  ::setenv("AWS_ACCESS_KEY_ID", "S3RVER", 1);  // s3rver's built-in account
+  ::setenv("AWS_SECRET_ACCESS_KEY", "S3RVER", 1);
+  ::setenv("AWS_REGION", "us-east-1", 1);
+  ::unsetenv("AWS_SESSION_TOKEN");
+  ::unsetenv("AWS_ENDPOINT_URL_S3");
+  ::unsetenv("AWS_PROFILE");
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  ::setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
 }
 
 }  // namespace gpuckpt::test

@@ -94,3 +94,34 @@ bool wait_until(const std::function<bool()>& cond,
 char process_state(pid_t pid);
 
 }  // namespace gpuckpt::test
+
+namespace gpuckpt::test {
+
+// ---- object storage ----
+
+// A real S3-compatible server (s3rver, installed by scripts/install-s3rver.sh; $GPUCKPT_S3RVER
+// names another binary) on 127.0.0.1 and a port of its own choosing, its objects in a scratch
+// directory, with `bucket` created. Stopped and removed with this object. Throws Error if the
+// server is not installed or does not come up.
+class S3Server {
+ public:
+  explicit S3Server(const std::string& bucket = "ckpts");
+  ~S3Server();
+  S3Server(const S3Server&) = delete;
+  S3Server& operator=(const S3Server&) = delete;
+
+  std::string endpoint() const;  // http://127.0.0.1:PORT
+  const std::string& bucket() const { return bucket_; }
+  // Points gpuckpt (this process and the children it starts) at the server: AWS_ENDPOINT_URL,
+  // the server's credentials and a region, with no AWS files read.
+  void export_environment() const;
+  void stop();  // the server ends now (a store that has gone away)
+
+ private:
+  TempDir dir_;
+  std::string bucket_;
+  Child child_;
+  int port_ = 0;
+};
+
+}  // namespace gpuckpt::test

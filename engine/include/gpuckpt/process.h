@@ -67,7 +67,13 @@ StagingMode parse_staging_mode(const std::string& s);
 
 struct DumpOptions {
   pid_t pid = 0;
+  // A checkpoint directory, or s3://BUCKET/PREFIX (object storage, configured as the AWS tools
+  // are: docs/OPERATORS.md, "Object storage"). An s3:// dump writes the checkpoint into a
+  // private spool directory under `spool_root`, uploads it (parallel multipart, the manifest
+  // last) and only then counts it durable: a process that is to end stays stopped until the
+  // upload is complete, and is resumed if it fails.
   std::filesystem::path output;
+  std::filesystem::path spool_root;  // "" = $TMPDIR or /var/tmp; needs the checkpoint's size
   // Snapshot: the process continues right after CRIU's dump (it runs while the image is
   // compressed and written). Otherwise it is kept stopped until the checkpoint is durable and
   // then killed; if writing the checkpoint fails it is resumed instead (nothing is lost).
@@ -102,7 +108,11 @@ struct DumpResult {
 DumpResult dump(const DumpOptions& opts);
 
 struct RestoreOptions {
+  // A checkpoint directory, or s3://BUCKET/PREFIX: downloaded first (parallel ranged reads)
+  // into a private spool directory under `spool_root`, then restored from there, every chunk
+  // verified as for a local checkpoint.
   std::filesystem::path checkpoint;
+  std::filesystem::path spool_root;  // "" = $TMPDIR or /var/tmp
   GpuMap gpu_map;
   std::filesystem::path staging_root = "/dev/shm";
   StagingMode staging_mode = StagingMode::kStream;  // as in DumpOptions

@@ -14,6 +14,7 @@
 #include "image/pipeline.h"
 #include "image/publish.h"
 #include "image/transfer_common.h"
+#include "remote/remote_checkpoint.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
 
@@ -378,8 +379,33 @@ void finish_dirs(const Manifest& m, const fs::path& root) {
 
 }  // namespace
 
+namespace {
+
+// An s3:// checkpoint, fetched whole into a spool, then read by `fn` like a local one; the
+// download is the first stage of the result's timeline.
+template <class F>
+TransferResult from_remote(const fs::path& checkpoint, const UnpackOptions& opts, F&& fn) {
+  remote::TransferOptions to;
+  to.progress = opts.progress;
+  Timeline tl;
+  const auto t0 = Timeline::Clock::now();
+  const remote::LocalView view(checkpoint.string(), remote::LocalView::Fetch::kEverything, {}, to);
+  tl.add("download", t0, Timeline::Clock::now(), view.stats().bytes);
+  TransferResult r = fn(view.path());
+  tl.append(r.timeline);
+  r.timeline = std::move(tl);
+  return r;
+}
+
+}  // namespace
+
 TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
                       const UnpackOptions& opts) {
+  if (remote::is_s3_url(checkpoint.string())) {
+    validate(opts);
+    return from_remote(checkpoint, opts,
+                       [&](const fs::path& local) { return unpack(local, output, opts); });
+  }
   validate(opts);
   if (output.empty()) throw Error(Errc::kUsage, "no output path given");
   TransferResult res;
@@ -406,6 +432,9 @@ TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
 
 TransferResult verify(const fs::path& checkpoint, const UnpackOptions& opts) {
   validate(opts);
+  if (remote::is_s3_url(checkpoint.string()))
+    return from_remote(checkpoint, opts,
+                       [&](const fs::path& local) { return verify(local, opts); });
   TransferResult res;
   const OpenCheckpoint ck = open_checkpoint(checkpoint, opts, res.timeline);
   for (const auto& e : ck.m.entries)
@@ -418,6 +447,10 @@ TransferResult verify(const fs::path& checkpoint, const UnpackOptions& opts) {
 }
 
 ImageInfo inspect(const fs::path& checkpoint) {
+  if (remote::is_s3_url(checkpoint.string())) {
+    const remote::LocalView view(checkpoint.string(), remote::LocalView::Fetch::kManifest);
+    return inspect(view.path());
+  }
   const Manifest m = load_manifest(checkpoint);
   ImageInfo info;
   info.format_version = m.major;

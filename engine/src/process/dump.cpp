@@ -18,6 +18,7 @@
 #include "process/dump_impl.h"
 #include "process/guard.h"
 #include "process/proc_info.h"
+#include "process/remote_spool.h"
 #include "process/stages.h"
 #include "process/support.h"
 #include "util/fault.h"
@@ -401,7 +402,26 @@ StagingMode parse_staging_mode(const std::string& s) {
 
 DumpResult dump(const DumpOptions& opts) {
   process::Guard guard("dump");
-  process::DumpOutcome out = process::dump_keep_stopped(opts, guard);
+  // An s3:// output: the checkpoint is written into a spool first, and is durable only once
+  // it is uploaded.
+  const auto remote =
+      process::RemoteSpool::for_dump(opts.output, opts.spool_root, opts.pack.force, guard);
+  DumpOptions local = opts;
+  if (remote) {
+    local.output = remote->local();
+    local.pack.force = false;
+  }
+  process::DumpOutcome out = process::dump_keep_stopped(local, guard);
+  if (remote && !opts.leave_running) {
+    // The tree is still stopped: a failed upload resumes it, exactly like a failed write.
+    try {
+      fault_point("upload");
+      remote->upload(out.result.timeline, opts.pack.progress);
+    } catch (...) {
+      const std::string undone = guard.abort();
+      rethrow_with_context("", "\nno checkpoint was published; " + undone);
+    }
+  }
   guard.durable(!opts.leave_running);
   fault_point("durable");
   if (!opts.leave_running) {
@@ -415,6 +435,10 @@ DumpResult dump(const DumpOptions& opts) {
     }
   }
   guard.disarm();
+  if (remote && opts.leave_running) {
+    // A snapshot: the process already runs again; a failed upload fails the snapshot only.
+    remote->upload(out.result.timeline, opts.pack.progress);
+  }
   return std::move(out.result);
 }
 

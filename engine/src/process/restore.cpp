@@ -26,6 +26,7 @@
 #include "process/pidns.h"
 #include "process/proc_info.h"
 #include "process/record.h"
+#include "process/remote_spool.h"
 #include "process/restore_impl.h"
 #include "process/stages.h"
 #include "process/support.h"
@@ -397,7 +398,19 @@ RestoreResult restore(const RestoreOptions& opts) {
   // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
   process::Guard guard("restore");
   try {
-    process::restore_into(opts, r, &guard);
+    // An s3:// checkpoint is downloaded into a spool first, and restored from there.
+    const auto remote = process::RemoteSpool::for_restore(opts.checkpoint, opts.spool_root, guard);
+    if (!remote) {
+      process::restore_into(opts, r, &guard);
+    } else {
+      Timeline tl;
+      remote->download(tl, opts.unpack.progress);
+      RestoreOptions local = opts;
+      local.checkpoint = remote->local();
+      process::restore_into(local, r, &guard);
+      tl.append(r.timeline);
+      r.timeline = std::move(tl);
+    }
     guard.disarm();
   } catch (const Error& e) {
     guard.disarm();

@@ -9,6 +9,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
 #include "image/manifest.h"
+#include "remote/remote_checkpoint.h"
 #include "trust/keys.h"
 #include "trust/secure_file.h"
 
@@ -59,6 +60,10 @@ const char* signature_state_name(SignatureState s) {
 }
 
 SignatureInfo signature_status(const fs::path& checkpoint, const fs::path& trusted_keys) {
+  if (remote::is_s3_url(checkpoint.string())) {
+    const remote::LocalView view(checkpoint.string(), remote::LocalView::Fetch::kManifest);
+    return signature_status(view.path(), trusted_keys);
+  }
   SignatureInfo sig = image::load_manifest(checkpoint).signature;
   if (sig.state != SignatureState::kValid || trusted_keys.empty()) return sig;
   for (const auto& k : trust::load_trusted_keys(trusted_keys)) {

@@ -1,0 +1,49 @@
+// dump to and restore from s3:// (remote/remote_checkpoint.h): the checkpoint passes through
+// a spool directory that the guard removes on recovery, and the move to or from the object
+// store is one stage of the operation's timeline ("upload", "download").
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "gpuckpt/progress.h"
+#include "gpuckpt/timing.h"
+#include "process/guard.h"
+#include "remote/remote_checkpoint.h"
+#include "remote/s3.h"
+#include "util/fs.h"
+
+namespace gpuckpt::process {
+
+class RemoteSpool {
+ public:
+  // nullopt unless `where` is an s3:// URL. Reads the S3 configuration and, for a dump,
+  // refuses an existing checkpoint at the URL unless `replace`: all before anything is
+  // frozen. The spool is made under `spool_root` (or $TMPDIR, /var/tmp) and handed to the
+  // guard.
+  static std::optional<RemoteSpool> for_dump(const std::filesystem::path& where,
+                                             const std::filesystem::path& spool_root, bool replace,
+                                             Guard& guard);
+  static std::optional<RemoteSpool> for_restore(const std::filesystem::path& where,
+                                                const std::filesystem::path& spool_root,
+                                                Guard& guard);
+
+  // Where the local checkpoint is written to (dump) or downloaded to (restore).
+  const std::filesystem::path& local() const { return local_; }
+  const remote::S3Url& url() const { return url_; }
+  // The "upload" / "download" stage, with the bytes moved.
+  void upload(Timeline& tl, const ProgressFn& progress) const;
+  void download(Timeline& tl, const ProgressFn& progress) const;
+
+ private:
+  RemoteSpool(const std::filesystem::path& where, const std::filesystem::path& spool_root,
+              const char* prefix, Guard& guard);
+  remote::S3Url url_;
+  remote::S3Client s3_;
+  TempDir spool_;
+  std::filesystem::path local_;
+  bool replace_ = false;
+};
+
+}  // namespace gpuckpt::process

@@ -1,0 +1,206 @@
+// Checkpoints in object storage, against a real S3-compatible server (s3rver) that the tests
+// start on loopback: URLs, configuration from the AWS environment and files, multipart uploads
+// with the manifest last, ranged parallel downloads, replacement, and damaged objects.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/image.h"
+#include "remote/remote_checkpoint.h"
+#include "remote/s3.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+using namespace gpuckpt::remote;
+
+namespace {
+
+Errc code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return Errc::kOk;
+}
+
+class S3Store : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    server_.emplace("ckpts");
+    server_->export_environment();
+    dir_ = test::scratch_dir("gpuckpt-s3store");
+  }
+  // A checkpoint of `bytes` of test data, in blobs of at most `max_blob` bytes.
+  fs::path make_checkpoint(const std::string& name, std::uint64_t bytes,
+                           std::uint64_t max_blob = 1ull << 30, std::uint64_t seed = 1) {
+    const fs::path src = dir_.path() / (name + "-src");
+    fs::create_directories(src);
+    test::write_test_file(src / "pages-1.img", bytes, seed);
+    test::write_test_file(src / "core-1.img", 5000, seed + 1);
+    PackOptions po;
+    po.chunk_bytes = 1u << 20;
+    po.max_blob_bytes = max_blob;
+    const fs::path ckpt = dir_.path() / name;
+    pack(src, ckpt, po);
+    return ckpt;
+  }
+  S3Client client() const { return S3Client(S3Config::from_environment()); }
+
+  std::optional<test::S3Server> server_;
+  TempDir dir_;
+};
+
+}  // namespace
+
+TEST(S3Url, ParsesBucketAndPrefixAndRejectsWhatS3CannotName) {
+  const S3Url u = parse_s3_url("s3://fleet-ckpts/node7/vllm/");
+  EXPECT_EQ(u.bucket, "fleet-ckpts");
+  EXPECT_EQ(u.prefix, "node7/vllm");
+  EXPECT_EQ(u.key("manifest.json"), "node7/vllm/manifest.json");
+  EXPECT_EQ(u.str(), "s3://fleet-ckpts/node7/vllm");
+  EXPECT_EQ(parse_s3_url("s3://bkt").key("x"), "x");
+  EXPECT_TRUE(is_s3_url("s3://b/p"));
+  EXPECT_FALSE(is_s3_url("/srv/ckpt"));
+  for (const char* bad : {"s3://", "s3://Upper/x", "s3://ab/x", "s3://b_x/y", "s3://bkt/a//b",
+                          "s3://bkt/a/../b", "s3://bkt/./b", "/local/path"})
+    EXPECT_EQ(code_of([&] { parse_s3_url(bad); }), Errc::kUsage) << bad;
+}
+
+TEST(S3Config, ReadsCredentialsRegionAndEndpointFromTheAwsFilesOfTheProfile) {
+  const TempDir d = test::scratch_dir("gpuckpt-awsfiles");
+  std::ofstream(d.path() / "credentials") << "[default]\naws_access_key_id = AKDEFAULT\n"
+                                             "aws_secret_access_key = sdefault\n\n"
+                                             "[fleet]\naws_access_key_id=AKFLEET\n"
+                                             "aws_secret_access_key=sfleet\n"
+                                             "aws_session_token = tok\n";
+  std::ofstream(d.path() / "config") << "[profile fleet]\nregion = eu-west-3\n"
+                                        "endpoint_url = http://127.0.0.1:9/\n";
+  for (const char* v :
+       {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_REGION",
+        "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"})
+    ::unsetenv(v);
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", (d.path() / "credentials").c_str(), 1);
+  ::setenv("AWS_CONFIG_FILE", (d.path() / "config").c_str(), 1);
+  ::setenv("AWS_PROFILE", "fleet", 1);
+  S3Config c = S3Config::from_environment();
+  EXPECT_EQ(c.access_key, "AKFLEET");
+  EXPECT_EQ(c.secret_key, "sfleet");
+  EXPECT_EQ(c.session_token, "tok");
+  EXPECT_EQ(c.region, "eu-west-3");
+  EXPECT_EQ(c.endpoint, "http://127.0.0.1:9");
+  EXPECT_TRUE(c.path_style);
+
+  // The environment wins over the files; AWS itself is addressed virtual-hosted.
+  ::unsetenv("AWS_PROFILE");
+  ::setenv("AWS_ACCESS_KEY_ID", "AKENV", 1);
+  ::setenv("AWS_SECRET_ACCESS_KEY", "senv", 1);
+  ::setenv("AWS_REGION", "ap-south-1", 1);
+  c = S3Config::from_environment();
+  EXPECT_EQ(c.access_key, "AKENV");
+  EXPECT_EQ(c.region, "ap-south-1");
+  EXPECT_EQ(c.endpoint, "https://s3.ap-south-1.amazonaws.com");
+  EXPECT_FALSE(c.path_style);
+
+  ::unsetenv("AWS_ACCESS_KEY_ID");
+  ::unsetenv("AWS_SECRET_ACCESS_KEY");
+  ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
+  try {
+    S3Config::from_environment();
+    FAIL() << "no credentials must be an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidInput);
+    EXPECT_NE(std::string(e.what()).find("AWS_ACCESS_KEY_ID"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(S3Store, MultipartUploadThenRangedParallelDownloadIsByteForByte) {
+  // 24 MiB in blobs of at most 12 MiB: each blob goes up in 5 MiB parts.
+  const fs::path ckpt = make_checkpoint("a", 24u << 20, 12u << 20);
+  const S3Url url = parse_s3_url("s3://ckpts/site/a");
+  TransferOptions o;
+  o.connections = 4;
+  o.part_bytes = 5u << 20;
+  const S3Client s3 = client();
+  const TransferStats up = upload_checkpoint(s3, ckpt, url, false, o);
+  const ImageInfo info = inspect(ckpt);
+  ASSERT_GE(info.blob_count, 2u);
+  EXPECT_EQ(up.objects, info.blob_count + 2);  // blobs, seal, manifest
+  // create + parts + complete per blob, more than one PUT per object.
+  EXPECT_GT(up.requests, up.objects + 2 * info.blob_count);
+  EXPECT_EQ(s3.head("ckpts", "site/a/blob-000000.bin"), fs::file_size(ckpt / "blob-000000.bin"));
+
+  const fs::path back = dir_.path() / "back";
+  fs::create_directories(back);
+  const TransferStats down = download_checkpoint(s3, url, back, o);
+  EXPECT_EQ(down.bytes, up.bytes);
+  for (const auto& e : fs::directory_iterator(ckpt))
+    EXPECT_TRUE(test::same_contents(e.path(), back / e.path().filename())) << e.path();
+  EXPECT_EQ(verify(back).raw_bytes, info.raw_bytes);
+}
+
+TEST_F(S3Store, CliInspectAndVerifyReadTheCheckpointFromTheStore) {
+  const fs::path ckpt = make_checkpoint("b", 6u << 20);
+  upload_checkpoint(client(), ckpt, parse_s3_url("s3://ckpts/b"), false);
+  auto r = test::run_cli({"inspect", "s3://ckpts/b", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("raw_bytes"), inspect(ckpt).raw_bytes);
+  EXPECT_EQ(j.at("sealed"), true);
+  r = test::run_cli({"verify", "s3://ckpts/b", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto v = nlohmann::json::parse(r.out);
+  EXPECT_EQ(v.at("timeline").at("stages").at(0).at("name"), "download");
+
+  r = test::run_cli({"inspect", "s3://ckpts/nothing-here"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("is not a gpuckpt checkpoint"), std::string::npos) << r.err;
+}
+
+TEST_F(S3Store, ADamagedBlobInTheStoreFailsVerification) {
+  const fs::path ckpt = make_checkpoint("c", 4u << 20);
+  const S3Client s3 = client();
+  upload_checkpoint(s3, ckpt, parse_s3_url("s3://ckpts/c"), false);
+  std::string blob = read_file(ckpt / "blob-000000.bin");
+  blob[blob.size() / 2] ^= 0x40;
+  s3.put("ckpts", "c/blob-000000.bin", blob);
+  const auto r = test::run_cli({"verify", "s3://ckpts/c"});
+  EXPECT_EQ(r.exit_code, 4) << r.err;  // corrupt
+  EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
+}
+
+TEST_F(S3Store, AnExistingCheckpointIsReplacedOnlyWhenAskedAndLeavesNoStaleBlobs) {
+  const S3Client s3 = client();
+  const S3Url url = parse_s3_url("s3://ckpts/d");
+  const fs::path big = make_checkpoint("big", 6u << 20, 2u << 20, 1);
+  upload_checkpoint(s3, big, url, false);
+  ASSERT_GE(inspect(big).blob_count, 3u);
+  EXPECT_EQ(code_of([&] { check_remote_output(s3, url, false); }), Errc::kExists);
+  EXPECT_EQ(code_of([&] { check_remote_output(s3, url, true); }), Errc::kOk);
+
+  const fs::path small = make_checkpoint("small", 1u << 20, 1ull << 30, 7);
+  upload_checkpoint(s3, small, url, true);
+  EXPECT_FALSE(s3.head("ckpts", "d/blob-000001.bin").has_value()) << "a stale blob is left";
+  const fs::path back = dir_.path() / "back";
+  fs::create_directories(back);
+  download_checkpoint(s3, url, back);
+  EXPECT_TRUE(test::same_contents(back / "manifest.json", small / "manifest.json"));
+  EXPECT_EQ(verify(back).raw_bytes, inspect(small).raw_bytes);
+}
+
+TEST_F(S3Store, WrongCredentialsAndAGoneStoreAreClearErrors) {
+  const fs::path ckpt = make_checkpoint("e", 1u << 20);
+  ::setenv("AWS_ACCESS_KEY_ID", "NOBODY", 1);
+  auto r = test::run_cli({"inspect", "s3://ckpts/e"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("InvalidAccessKeyId"), std::string::npos) << r.err;
+  server_->export_environment();
+  server_->stop();
+  r = test::run_cli({"verify", "s3://ckpts/e"});
+  EXPECT_EQ(r.exit_code, 6) << r.err;  // io
+  EXPECT_NE(r.err.find(server_->endpoint()), std::string::npos) << r.err;
+}
