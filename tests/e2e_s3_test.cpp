@@ -1,0 +1,161 @@
+// Dump to and restore from object storage with real CRIU and a real S3-compatible server
+// (s3rver) on loopback: the conversation continues on the restored copy, a process to end stays
+// stopped until its upload is complete, and a SIGKILL of gpuckpt mid-upload resumes the service
+// and publishes nothing.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+
+#include "criu/criu.h"
+#include "gpuckpt/error.h"
+#include "probe/probe.h"
+#include "remote/s3.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+using namespace std::chrono_literals;
+
+namespace {
+
+class E2eS3 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    test::close_inherited_fds();
+    weights_dir_ = new TempDir(test::scratch_dir("gpuckpt-s3-weights"));
+    weights_ = weights_dir_->path() / "w.bin";
+    auto r = run_capture({(test::bin_dir() / "gpuckpt-demo-server").string(), "--generate-weights",
+                          weights_.string(), "--size", "64M"},
+                         120s);
+    ASSERT_TRUE(r.status.ok());
+  }
+  static void TearDownTestSuite() {
+    delete weights_dir_;
+    weights_dir_ = nullptr;
+  }
+  void SetUp() override {
+    try {
+      criu::locate();
+    } catch (const Error& e) {
+      FAIL() << e.what();
+    }
+    server_.emplace("ckpts");
+    server_->export_environment();
+    dir_ = test::scratch_dir("gpuckpt-e2e-s3");
+    spool_ = dir_.path() / "spool";
+    fs::create_directories(spool_);
+  }
+
+  Child demo() {
+    SpawnOptions o;
+    o.new_session = true;
+    o.stdout_file = dir_.path() / "demo.out";
+    o.stderr_file = dir_.path() / "demo.err";
+    Child c =
+        spawn({(test::bin_dir() / "gpuckpt-demo-server").string(), "--socket", sock().string(),
+               "--weights", weights_.string(), "--init-seconds", "0", "--kv-per-request", "1M"},
+              o);
+    EXPECT_TRUE(test::wait_until([&] { return ask_unix_line(sock(), "PING") == "PONG"; }));
+    return c;
+  }
+  fs::path sock() const { return dir_.path() / "demo.sock"; }
+  bool stopped(pid_t pid) const {
+    const char c = test::process_state(pid);
+    return c == 'T' || c == 't';
+  }
+  bool spool_empty() const {
+    for (const auto& e : fs::directory_iterator(spool_))
+      if (e.path().filename().string().rfind(".gpuckpt-staging.lock", 0) != 0) return false;
+    return true;
+  }
+  remote::S3Client client() const { return remote::S3Client(remote::S3Config::from_environment()); }
+
+  static inline TempDir* weights_dir_ = nullptr;
+  static inline fs::path weights_;
+  std::optional<test::S3Server> server_;
+  TempDir dir_;
+  fs::path spool_;
+};
+
+}  // namespace
+
+TEST_F(E2eS3, DumpToTheStoreThenRestoreFromItContinuesTheConversation) {
+  Child s = demo();
+  const pid_t pid = s.pid();
+  ask_unix_line(sock(), "GEN first");
+  const std::string state = ask_unix_line(sock(), "STATE");
+  auto r = test::run_cli({"dump", "--pid", std::to_string(pid), "-o", "s3://ckpts/fleet/demo",
+                          "--spool", spool_.string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto dumped = nlohmann::json::parse(r.out);
+  bool upload = false;
+  for (const auto& st : dumped.at("timeline").at("stages"))
+    if (st.at("name") == "upload") upload = st.at("bytes").get<std::uint64_t>() > 0;
+  EXPECT_TRUE(upload) << r.out;
+  const auto ended = s.wait_for(30s);
+  ASSERT_TRUE(ended.has_value()) << "the dumped process must end once its checkpoint is stored";
+  EXPECT_FALSE(ended->exited);
+  EXPECT_EQ(ended->code, SIGKILL);
+  EXPECT_TRUE(spool_empty());
+  EXPECT_TRUE(client().head("ckpts", "fleet/demo/manifest.json").has_value());
+
+  r = test::run_cli({"restore", "s3://ckpts/fleet/demo", "--spool", spool_.string(), "--probe",
+                     "unix:" + sock().string(), "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto restored = nlohmann::json::parse(r.out);
+  EXPECT_EQ(restored.at("timeline").at("stages").at(0).at("name"), "download");
+  EXPECT_EQ(restored.at("pid"), pid);
+  EXPECT_EQ(ask_unix_line(sock(), "STATE"), state) << "the KV state came back";
+  EXPECT_EQ(ask_unix_line(sock(), "GEN second").substr(0, 4), "OK 2");
+  EXPECT_TRUE(spool_empty());
+  ::kill(pid, SIGKILL);
+  EXPECT_TRUE(test::wait_until([&] { return test::process_state(pid) == 0; }));
+}
+
+TEST_F(E2eS3, SigkillDuringTheUploadResumesTheServiceAndPublishesNothing) {
+  Child s = demo();
+  ask_unix_line(sock(), "GEN before");
+  const std::string state = ask_unix_line(sock(), "STATE");
+  const fs::path mark = dir_.path() / "mark";
+  SpawnOptions o;
+  o.env = {"GPUCKPT_FAULT_PAUSE=upload_manifest", "GPUCKPT_FAULT_MARK=" + mark.string()};
+  o.stderr_file = dir_.path() / "cli.err";
+  o.stdout_file = dir_.path() / "cli.out";
+  Child g = spawn({test::gpuckpt_binary().string(), "dump", "--pid", std::to_string(s.pid()), "-o",
+                   "s3://ckpts/cut", "--spool", spool_.string()},
+                  o);
+  ASSERT_TRUE(test::wait_until([&] { return fs::exists(mark); }, 120s))
+      << read_file(dir_.path() / "cli.err");
+  // Every blob is in the store, the manifest is not: the process is still stopped.
+  EXPECT_TRUE(stopped(s.pid()));
+  EXPECT_TRUE(client().head("ckpts", "cut/blob-000000.bin").has_value());
+  g.kill(SIGKILL);
+  g.wait();
+  EXPECT_TRUE(test::wait_until([&] { return !stopped(s.pid()); })) << "left frozen";
+  EXPECT_TRUE(test::wait_until([&] { return ask_unix_line(sock(), "STATE") == state; }));
+  EXPECT_FALSE(client().head("ckpts", "cut/manifest.json").has_value());
+  EXPECT_EQ(test::run_cli({"inspect", "s3://ckpts/cut"}).exit_code, 3);
+  EXPECT_TRUE(test::wait_until([&] { return spool_empty(); })) << "the spool is left behind";
+}
+
+TEST_F(E2eS3, AnExistingCheckpointOrAnUnreachableStoreIsRefusedBeforeAnythingIsFrozen) {
+  Child s = demo();
+  auto r = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", "s3://ckpts/snap",
+                          "--spool", spool_.string(), "--leave-running"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG") << "a snapshot leaves the service running";
+  r = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", "s3://ckpts/snap", "--spool",
+                     spool_.string()});
+  EXPECT_EQ(r.exit_code, 12) << r.err;  // exists
+  EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
+
+  server_->stop();
+  r = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", "s3://ckpts/other", "--spool",
+                     spool_.string()});
+  EXPECT_EQ(r.exit_code, 6) << r.err;  // io: the store cannot be reached
+  EXPECT_FALSE(stopped(s.pid()));
+  EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
+  EXPECT_TRUE(spool_empty());
+}
