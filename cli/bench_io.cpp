@@ -107,9 +107,7 @@ void generate_tree(const fs::path& dir, std::uint64_t size) {
 }
 
 std::string quote(const fs::path& p) {
-  std::string s = "'";
-  for (char c : p.string()) s += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return s + "'";
+  return shell_quote(p.string());
 }
 
 // Whether `tool` is on PATH.

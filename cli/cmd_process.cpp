@@ -1,4 +1,6 @@
 // `gpuckpt dump | restore | migrate`: whole-process checkpoint/restore (docs/PROCESS.md).
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 
@@ -125,7 +127,7 @@ void add_dump(CLI::App& app, Context& ctx) {
 struct RestoreArgs {
   std::string checkpoint, gpu_map, spool;
   StagingFlags staging;
-  bool new_pidns = false, take_endpoints = false;
+  bool new_pidns = false, take_endpoints = false, await_commit = false;
   ProbeFlags probe;
   CriuFlags criu;
   TrustFlags trust;
@@ -144,9 +146,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.take_endpoints = o.take_endpoints;
   r.criu = o.criu.settings();
   r.trust = o.trust.options();
-  const RestoreResult res = restore(r);
-  ctx.progress_done();
-  if (ctx.json) {
+  auto result_json = [&r](const RestoreResult& res) {
     nlohmann::json j{{"ok", true},
                      {"pid", res.pid},
                      {"ns_pid", res.ns_pid},
@@ -156,7 +156,25 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
                      {"staging_mode", staging_mode_name(res.staging_mode)}};
     if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
     if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
-    ctx.emit(j);
+    return j;
+  };
+  if (o.await_commit) {
+    // The target side of a migration (docs/PROCESS.md): the result goes out as one line, and
+    // the copy stays only if "commit" comes back on stdin.
+    r.confirm = [&](const RestoreResult& res) {
+      std::printf("%s\n", result_json(res).dump().c_str());
+      std::fflush(stdout);
+      std::string line;
+      char c;
+      while (::read(STDIN_FILENO, &c, 1) == 1 && c != '\n' && line.size() < 64) line += c;
+      return line == "commit";
+    };
+  }
+  const RestoreResult res = restore(r);
+  ctx.progress_done();
+  if (o.await_commit) return;  // the result is out already
+  if (ctx.json) {
+    ctx.emit(result_json(res));
     return;
   }
   print_header("restored %s as pid %d%s%s", r.checkpoint.c_str(), res.pid,
@@ -176,11 +194,16 @@ void add_restore(CLI::App& app, Context& ctx) {
   c->add_option("checkpoint", o->checkpoint,
                 "Checkpoint made by gpuckpt dump: a directory, or s3://BUCKET/PREFIX (downloaded "
                 "with parallel ranged reads into --spool, then restored with every chunk "
-                "verified; configured as for dump -o s3://)")
+                "verified; configured as for dump -o s3://), or - for a checkpoint stream on "
+                "stdin (what migrate --to ssh:// sends)")
       ->required();
   c->add_option("--spool", o->spool,
-                "With an s3:// checkpoint: local directory it is downloaded to (default $TMPDIR "
-                "or /var/tmp)");
+                "With an s3:// checkpoint or -: local directory it is downloaded to (default "
+                "$TMPDIR or /var/tmp)");
+  c->add_flag("--await-commit", o->await_commit,
+              "The target side of migrate --to ssh:// (checkpoint -): print the result as one "
+              "JSON line once the copy answers, then keep the copy only if \"commit\" arrives "
+              "on stdin; anything else, or EOF, kills it");
   c->add_flag("--take-endpoints", o->take_endpoints,
               "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
               "even if a live process serves them (refused by default)");
@@ -196,7 +219,8 @@ void add_restore(CLI::App& app, Context& ctx) {
 
 struct MigrateArgs {
   int pid = 0;
-  std::string to, gpu_map, handoff = "auto";
+  std::string to, gpu_map, handoff = "auto", ssh_config, remote_gpuckpt = "gpuckpt", spool,
+                           remote_spool;
   StagingFlags staging;
   bool keep = false, tcp_established = false;
   int level = 1;
@@ -211,6 +235,10 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   MigrateOptions m;
   m.pid = o.pid;
   m.to_dir = o.to;
+  m.ssh_config = o.ssh_config;
+  m.remote_gpuckpt = o.remote_gpuckpt;
+  m.spool_root = o.spool;
+  m.remote_spool_root = o.remote_spool;
   if (!o.gpu_map.empty()) m.gpu_map = parse_gpu_map(o.gpu_map);
   m.probe = o.probe.probe();
   m.keep_checkpoint = o.keep;
@@ -233,14 +261,16 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
                      {"pid", res.new_pid},
                      {"old_pid", res.old_pid},
                      {"handoff", handoff_name(res.handoff)},
+                     {"target", res.target},
                      {"timeline", to_json(res.timeline)}};
+    if (!res.target_result.is_null()) j["target_result"] = res.target_result;
     if (o.keep) j["checkpoint"] = res.checkpoint;
     if (m.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
     ctx.emit(j);
     return;
   }
-  print_header("migrated pid %d -> pid %d (%s handoff)%s", res.old_pid, res.new_pid,
-               handoff_name(res.handoff),
+  print_header("migrated pid %d -> pid %d on %s (%s handoff)%s", res.old_pid, res.new_pid,
+               res.target.c_str(), handoff_name(res.handoff),
                o.keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
   if (m.probe.kind != ReadinessProbe::Kind::kNone)
     print_header("first answer: %s", res.first_answer.c_str());
@@ -265,8 +295,23 @@ void add_migrate(CLI::App& app, Context& ctx) {
       ->check(CLI::IsMember({"auto", "frozen", "release"}));
   c->add_flag("--tcp-established", o->tcp_established,
               "Carry established TCP connections over (see dump --tcp-established)");
-  c->add_option("--to", o->to, "Directory the checkpoint is written to and restored from")
+  c->add_option("--to", o->to,
+                "Where to: a directory on this host that the checkpoint is written to and "
+                "restored from, or ssh://[USER@]HOST[:PORT], another host with gpuckpt (OpenSSH, "
+                "BatchMode: keys or an agent, no prompts). Over ssh:// the checkpoint streams "
+                "over one connection into `gpuckpt restore -` on HOST, which restores and probes "
+                "it; the original, kept frozen meanwhile, ends only after that, and any failure "
+                "resumes it here and kills the copy there. The target's GPUs are checked "
+                "before anything is frozen")
       ->required();
+  c->add_option("--ssh-config", o->ssh_config, "ssh:// only: ssh configuration file (ssh -F)");
+  c->add_option("--remote-gpuckpt", o->remote_gpuckpt,
+                "ssh:// only: the gpuckpt command on the target (default: gpuckpt on its PATH)");
+  c->add_option("--spool", o->spool,
+                "ssh:// only: local directory for the checkpoint before it is sent (default "
+                "$TMPDIR or /var/tmp)");
+  c->add_option("--remote-spool", o->remote_spool,
+                "ssh:// only: the target's directory for the checkpoint it receives");
   c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
   c->add_flag("--keep-checkpoint", o->keep, "Keep the checkpoint after a successful migration");
   o->staging.add(c, "tmpfs staging directory for CRIU's images");

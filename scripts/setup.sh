@@ -23,7 +23,9 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
       librsvg2-bin netpbm python3 clang-format libsodium-dev libcurl4-openssl-dev
       # servers this project did not write, checkpointed by the end-to-end tests
-      nginx redis-server redis-tools)
+      nginx redis-server redis-tools
+      # the two-host tests: sshd runs only inside a network namespace that a test makes
+      openssh-server openssh-client iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
@@ -32,7 +34,16 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup.sh: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  # Packages must not start their services here (openssh-server would listen on port 22):
+  # tests start the servers they need, where they need them.
+  made_policy=0
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod +x /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
   apt-get install -y -qq "${missing[@]}" >/dev/null
+  if [ $made_policy = 1 ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 
 if [ ! -f /usr/local/cuda/include/cuda.h ] && [ -z "${CUDA_HOME:-}" ]; then

@@ -107,10 +107,13 @@ struct DumpResult {
 
 DumpResult dump(const DumpOptions& opts);
 
+struct RestoreResult;
+
 struct RestoreOptions {
   // A checkpoint directory, or s3://BUCKET/PREFIX: downloaded first (parallel ranged reads)
   // into a private spool directory under `spool_root`, then restored from there, every chunk
-  // verified as for a local checkpoint.
+  // verified as for a local checkpoint. "-": a checkpoint stream on stdin (the target side of
+  // `migrate --to ssh://`, docs/PROCESS.md), received into the spool first.
   std::filesystem::path checkpoint;
   std::filesystem::path spool_root;  // "" = $TMPDIR or /var/tmp
   GpuMap gpu_map;
@@ -127,6 +130,10 @@ struct RestoreOptions {
   bool take_endpoints = false;
   CriuSettings criu;
   TrustOptions trust;  // who may have written the checkpoint (check_trust, gpuckpt/image.h)
+  // If set, called once the copy is restored (and has answered the probe): true keeps it;
+  // false, or an exception, kills it again and fails the restore (a migration's two-phase
+  // handoff: the controller commits only once it is sure).
+  std::function<bool(const RestoreResult&)> confirm;
 };
 
 struct RestoreResult {
@@ -156,7 +163,15 @@ const char* handoff_name(MigrateHandoff h);
 
 struct MigrateOptions {
   pid_t pid = 0;
-  std::filesystem::path to_dir;  // where the checkpoint is written and restored from
+  // Where the checkpoint is written and restored from: a directory on this host, or
+  // ssh://[USER@]HOST[:PORT], another host running gpuckpt (docs/PROCESS.md, "migrate to
+  // another host").
+  std::filesystem::path to_dir;
+  // ssh:// only: ssh's configuration file (-F; default ssh's own), the gpuckpt to run there,
+  // and the spools on both sides ("" = $TMPDIR or /var/tmp).
+  std::filesystem::path ssh_config;
+  std::string remote_gpuckpt = "gpuckpt";
+  std::filesystem::path spool_root, remote_spool_root;
   GpuMap gpu_map;
   ReadinessProbe probe;
   bool keep_checkpoint = false;
@@ -172,7 +187,9 @@ struct MigrateOptions {
 };
 
 struct MigrateResult {
-  pid_t old_pid = 0, new_pid = 0;
+  pid_t old_pid = 0, new_pid = 0;                  // new_pid: on the target host for ssh://
+  std::string target;                              // "this host", or the ssh:// URL
+  nlohmann::json target_result;                    // ssh://: the target's `restore --json` result
   MigrateHandoff handoff = MigrateHandoff::kAuto;  // the one used (never kAuto)
   Timeline timeline;                               // dump stages, then restore stages, on one clock
   std::filesystem::path checkpoint;                // kept (keep_checkpoint) or already removed

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "gpuckpt/unique_fd.h"
 
@@ -16,6 +17,8 @@ std::uint64_t parse_bytes(const std::string& s);
 // Runs `command` with /bin/sh -c (stdin from /dev/null); its exit code, or -1 if it was killed
 // or could not run.
 int run_shell(const std::string& command);
+// `s` as one word for /bin/sh: in single quotes, with embedded ones escaped.
+std::string shell_quote(std::string_view s);
 // This machine's host name (gethostname), "" if it has none.
 std::string host_name();
 

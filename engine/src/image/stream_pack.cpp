@@ -1,9 +1,6 @@
 #include "image/stream_pack.h"
-#include "gpuckpt/support.h"
 
 #include <fcntl.h>
-#include <pthread.h>
-#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,12 +12,14 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/gpuckpt.h"
+#include "gpuckpt/support.h"
 #include "image/async_io.h"
 #include "image/chunk_codec.h"
 #include "image/pipeline.h"
 #include "image/publish.h"
 #include "image/transfer_common.h"
 #include "trust/keys.h"
+#include "util/no_sigpipe.h"
 
 namespace fs = std::filesystem;
 
@@ -35,29 +34,6 @@ constexpr std::size_t kSmallBuffer = 64u << 10;
 double seconds_since(Timeline::Clock::time_point t) {
   return std::chrono::duration<double>(Timeline::Clock::now() - t).count();
 }
-
-// Holds SIGPIPE blocked in this thread while it writes to a pipe whose reader may be gone, so
-// that the write fails with EPIPE instead of killing gpuckpt; a SIGPIPE raised meanwhile is
-// consumed before the mask is restored.
-class NoSigpipe {
- public:
-  NoSigpipe() {
-    sigemptyset(&pipe_);
-    sigaddset(&pipe_, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &pipe_, &old_);
-  }
-  ~NoSigpipe() {
-    const timespec zero{0, 0};
-    while (sigtimedwait(&pipe_, nullptr, &zero) > 0) {
-    }
-    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
-  }
-  NoSigpipe(const NoSigpipe&) = delete;
-  NoSigpipe& operator=(const NoSigpipe&) = delete;
-
- private:
-  sigset_t pipe_{}, old_{};
-};
 
 }  // namespace
 

@@ -19,9 +19,11 @@
 #include "probe/probe.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
+#include "process/migrate_ssh.h"
 #include "process/proc_info.h"
 #include "process/restore_impl.h"
 #include "process/support.h"
+#include "remote/ssh.h"
 
 namespace fs = std::filesystem;
 
@@ -113,8 +115,10 @@ MigrateResult migrate(const MigrateOptions& o) {
   const auto info = read_proc(o.pid);
   if (!info || info->state == 'Z')
     throw Error(Errc::kProcess, "no process with pid " + std::to_string(o.pid));
+  if (remote::is_ssh_url(o.to_dir.string())) return migrate_over_ssh(o);
   MigrateResult res;
   res.old_pid = o.pid;
+  res.target = "this host";
   res.handoff = choose_handoff(o, *info);
   std::error_code ec;
   fs::create_directories(o.to_dir, ec);

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 
@@ -25,28 +26,30 @@ fs::path default_spool_root(const fs::path& given) {
 
 RemoteSpool::RemoteSpool(const fs::path& where, const fs::path& spool_root, const char* prefix,
                          Guard& guard)
-    : url_(remote::parse_s3_url(where.string())),
-      s3_(remote::S3Config::from_environment()),
-      // The staging helper's owner record lets the next run sweep a spool that a SIGKILL of
-      // both gpuckpt and its guard left behind.
+    :  // The staging helper's owner record lets the next run sweep a spool that a SIGKILL of
+       // both gpuckpt and its guard left behind.
       spool_(make_staging(default_spool_root(spool_root), prefix, guard.pid())) {
   guard.remove_on_recovery(spool_.path());
   if (::chmod(spool_.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", spool_.path());
   local_ = spool_.path() / "checkpoint";
+  if (where != "-") {
+    url_ = remote::parse_s3_url(where.string());
+    s3_.emplace(remote::S3Config::from_environment());
+  }
 }
 
 std::optional<RemoteSpool> RemoteSpool::for_dump(const fs::path& where, const fs::path& spool_root,
                                                  bool replace, Guard& guard) {
   if (!remote::is_s3_url(where.string())) return std::nullopt;
   std::optional<RemoteSpool> s(RemoteSpool(where, spool_root, "gpuckpt-dump-spool", guard));
-  remote::check_remote_output(s->s3_, s->url_, replace);
+  remote::check_remote_output(*s->s3_, *s->url_, replace);
   s->replace_ = replace;
   return s;
 }
 
 std::optional<RemoteSpool> RemoteSpool::for_restore(const fs::path& where,
                                                     const fs::path& spool_root, Guard& guard) {
-  if (!remote::is_s3_url(where.string())) return std::nullopt;
+  if (!remote::is_s3_url(where.string()) && where != "-") return std::nullopt;
   std::optional<RemoteSpool> s(RemoteSpool(where, spool_root, "gpuckpt-restore-spool", guard));
   if (::mkdir(s->local_.c_str(), 0700) != 0) throw_errno(Errc::kIo, "mkdir ", s->local_);
   return s;
@@ -56,20 +59,25 @@ void RemoteSpool::upload(Timeline& tl, const ProgressFn& progress) const {
   auto scope = tl.scope("upload");
   remote::TransferOptions o;
   o.progress = progress;
-  const remote::TransferStats st = remote::upload_checkpoint(s3_, local_, url_, replace_, o);
+  const remote::TransferStats st = remote::upload_checkpoint(*s3_, local_, *url_, replace_, o);
   scope.set_bytes(st.bytes);
   spdlog::info("uploaded {} in {} objects to {} in {} ({} connections)", st.bytes, st.objects,
-               url_.str(), format_seconds(st.seconds), st.connections);
+               url_->str(), format_seconds(st.seconds), st.connections);
 }
 
 void RemoteSpool::download(Timeline& tl, const ProgressFn& progress) const {
+  if (!url_) {
+    auto scope = tl.scope("receive");
+    scope.set_bytes(remote::receive_checkpoint(STDIN_FILENO, local_));
+    return;
+  }
   auto scope = tl.scope("download");
   remote::TransferOptions o;
   o.progress = progress;
-  const remote::TransferStats st = remote::download_checkpoint(s3_, url_, local_, o);
+  const remote::TransferStats st = remote::download_checkpoint(*s3_, *url_, local_, o);
   scope.set_bytes(st.bytes);
   spdlog::info("downloaded {} in {} objects from {} in {} ({} connections)", st.bytes, st.objects,
-               url_.str(), format_seconds(st.seconds), st.connections);
+               url_->str(), format_seconds(st.seconds), st.connections);
 }
 
 }  // namespace gpuckpt::process

@@ -12,6 +12,7 @@
 #include "process/guard.h"
 #include "remote/remote_checkpoint.h"
 #include "remote/s3.h"
+#include "remote/ssh.h"
 #include "util/fs.h"
 
 namespace gpuckpt::process {
@@ -25,22 +26,23 @@ class RemoteSpool {
   static std::optional<RemoteSpool> for_dump(const std::filesystem::path& where,
                                              const std::filesystem::path& spool_root, bool replace,
                                              Guard& guard);
+  // Also for "-": a checkpoint stream on stdin (remote/ssh.h).
   static std::optional<RemoteSpool> for_restore(const std::filesystem::path& where,
                                                 const std::filesystem::path& spool_root,
                                                 Guard& guard);
 
   // Where the local checkpoint is written to (dump) or downloaded to (restore).
   const std::filesystem::path& local() const { return local_; }
-  const remote::S3Url& url() const { return url_; }
   // The "upload" / "download" stage, with the bytes moved.
   void upload(Timeline& tl, const ProgressFn& progress) const;
+  // s3://: "download"; "-": "receive", from stdin.
   void download(Timeline& tl, const ProgressFn& progress) const;
 
  private:
   RemoteSpool(const std::filesystem::path& where, const std::filesystem::path& spool_root,
               const char* prefix, Guard& guard);
-  remote::S3Url url_;
-  remote::S3Client s3_;
+  std::optional<remote::S3Url> url_;  // nullopt: a stream on stdin
+  std::optional<remote::S3Client> s3_;
   TempDir spool_;
   std::filesystem::path local_;
   bool replace_ = false;

@@ -397,22 +397,43 @@ RestoreResult restore(const RestoreOptions& opts) {
   RestoreResult r;
   // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
   process::Guard guard("restore");
+  // With a confirmation the copy is provisional: the guard kills it unless it is confirmed.
+  const bool provisional = static_cast<bool>(opts.confirm);
   try {
-    // An s3:// checkpoint is downloaded into a spool first, and restored from there.
+    // An s3:// checkpoint, or a stream on stdin, goes into a spool first, and is restored
+    // from there.
     const auto remote = process::RemoteSpool::for_restore(opts.checkpoint, opts.spool_root, guard);
     if (!remote) {
-      process::restore_into(opts, r, &guard);
+      process::restore_into(opts, r, &guard, provisional);
     } else {
       Timeline tl;
       remote->download(tl, opts.unpack.progress);
       RestoreOptions local = opts;
       local.checkpoint = remote->local();
-      process::restore_into(local, r, &guard);
+      process::restore_into(local, r, &guard, provisional);
       tl.append(r.timeline);
       r.timeline = std::move(tl);
     }
+    if (provisional) {
+      bool keep = false;
+      try {
+        keep = opts.confirm(r);
+      } catch (const std::exception& e) {
+        spdlog::warn("no confirmation: {}", e.what());
+      }
+      if (!keep) {
+        const std::string undone = guard.abort();
+        throw Error(Errc::kProcess, "the restore was not confirmed: " + undone);
+      }
+      guard.keep_copy();
+    }
     guard.disarm();
   } catch (const Error& e) {
+    // A provisional copy that failed is killed: nothing half-restored stays.
+    if (provisional && guard.armed()) {
+      const std::string undone = guard.abort();
+      throw e.with_context("", "\n" + undone);
+    }
     guard.disarm();
     if (r.pid > 0 && process::alive(r.pid) && e.code() == Errc::kTimeout)
       throw e.with_context("",

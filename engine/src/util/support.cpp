@@ -73,6 +73,12 @@ int run_shell(const std::string& command) {
   }
 }
 
+std::string shell_quote(std::string_view s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return {};

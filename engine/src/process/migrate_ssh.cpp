@@ -1,0 +1,304 @@
+// migrate --to ssh://HOST: the tree is dumped into a local spool and kept stopped, the
+// checkpoint streams over one SSH connection into `gpuckpt restore -` on HOST, which restores
+// it, probes it, and reports; only then does the original end, and only after the controller's
+// commit does the target keep its copy. Any failure before that resumes the original here and
+// leaves nothing on HOST (remote/ssh.h describes the protocol).
+#include "process/migrate_ssh.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <set>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
+#include "process/dump_impl.h"
+#include "process/guard.h"
+#include "process/proc_info.h"
+#include "process/support.h"
+#include "remote/ssh.h"
+#include "util/fault.h"
+#include "util/no_sigpipe.h"
+#include "util/subprocess.h"
+#include "util/unique_fd.h"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace gpuckpt::process {
+
+namespace {
+
+Errc errc_from_name(const std::string& name) {
+  for (int c = 0; c <= static_cast<int>(Errc::kExists); ++c)
+    if (errc_name(static_cast<Errc>(c)) == name) return static_cast<Errc>(c);
+  return Errc::kInternal;
+}
+
+// One line of `fd`, waiting at most until `deadline`; nullopt at EOF.
+std::optional<std::string> read_line_until(int fd, std::chrono::steady_clock::time_point deadline,
+                                           const std::string& what) {
+  std::string s;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) throw Error(Errc::kTimeout, "no answer from " + what + " in time");
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<long>(left.count(), 1000)));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw_errno(Errc::kIo, "poll");
+    if (r == 0) continue;
+    char c;
+    const ssize_t n = ::read(fd, &c, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(Errc::kIo, "read from ", what);
+    if (n == 0) return s.empty() ? std::nullopt : std::optional<std::string>(s);
+    if (c == '\n') return s;
+    s += c;
+  }
+}
+
+// `gpuckpt --json devices` on the target: whether gpuckpt runs there, and its GPUs.
+json target_devices(const std::vector<std::string>& ssh, const MigrateOptions& o,
+                    const std::string& where) {
+  auto argv = ssh;
+  argv.push_back(shell_quote(o.remote_gpuckpt) + " --json devices");
+  const RunResult r = run_capture(argv, std::chrono::seconds(60));
+  const int code = r.status.exited ? r.status.code : -1;
+  if (code != 0 && code != 7)  // 7: a host without GPUs answers too
+    throw Error(Errc::kIo, "cannot run " + o.remote_gpuckpt + " on " + where +
+                               " (ssh: " + r.status.describe() + "; " + r.output.substr(0, 300) +
+                               "); nothing was frozen");
+  try {
+    return json::parse(r.output);
+  } catch (const json::exception&) {
+    throw Error(Errc::kIo, o.remote_gpuckpt + " on " + where +
+                               " did not answer with JSON: " + r.output.substr(0, 300));
+  }
+}
+
+// Every GPU the tree uses must land on a GPU of the same chip on the target: the one the map
+// names, else the same UUID. Checked before anything is frozen (cuda-checkpoint#44: a restore
+// that does not fit leaves the process stuck).
+void check_target_gpus(const std::set<std::string>& used, const json& devices, const GpuMap& map,
+                       const std::string& where) {
+  const DeviceList local = list_devices();
+  auto name_of = [](const json& gpus, const std::string& uuid) -> std::optional<std::string> {
+    for (const auto& g : gpus)
+      if (g.value("uuid", "") == uuid) return g.value("name", "");
+    return std::nullopt;
+  };
+  json local_gpus = json::array();
+  for (const auto& g : local.gpus) local_gpus.push_back({{"uuid", g.uuid}, {"name", g.name}});
+  const json& remote = devices.contains("gpus") ? devices.at("gpus") : json::array();
+  for (const auto& uuid : used) {
+    std::string to = uuid;
+    for (const auto& [from, dst] : map.pairs)
+      if (from == uuid) to = dst;
+    const auto there = name_of(remote, to);
+    if (!there)
+      throw Error(Errc::kNoDevice, where + " has no GPU " + to + " for the process's GPU " + uuid +
+                                       " (map it with --gpu-map " + uuid +
+                                       "=TARGET_UUID); nothing was frozen");
+    const auto here = name_of(local_gpus, uuid);
+    if (here && *here != *there)
+      throw Error(Errc::kNoDevice, "GPU " + uuid + " is a " + *here + ", but " + to + " on " +
+                                       where + " is a " + *there +
+                                       ": CUDA state restores only onto the same chip; nothing "
+                                       "was frozen");
+  }
+}
+
+std::string remote_restore_command(const MigrateOptions& o, bool release) {
+  std::string c = shell_quote(o.remote_gpuckpt) + " --json restore - --await-commit";
+  // Beside a frozen original (a real other host has its pids free, a host sharing our pid
+  // space does not), the copy gets its own pid namespace.
+  if (!release) c += " --new-pidns --take-endpoints";
+  if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());
+  if (!o.gpu_map.empty()) c += " --gpu-map " + shell_quote(o.gpu_map.to_string());
+  c += " --staging-mode " + std::string(staging_mode_name(o.staging_mode));
+  if (o.probe.kind != ReadinessProbe::Kind::kNone) {
+    c += " --probe " + shell_quote(describe_probe(o.probe));
+    if (!o.probe.request.empty()) c += " --request " + shell_quote(o.probe.request);
+    c += " --probe-timeout " + std::to_string(std::max<long>(1, o.probe.timeout.count() / 1000));
+  }
+  if (!o.trust.trusted_keys.empty())
+    c += " --trusted-keys " + shell_quote(o.trust.trusted_keys.string());
+  if (o.trust.require_signature) c += " --require-signature";
+  return c;
+}
+
+// The ssh connection carrying the checkpoint out and the target's answers back.
+class Connection {
+ public:
+  Connection(std::vector<std::string> argv) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
+    UniqueFd rd(p[0]);
+    to_.reset(p[1]);
+    SpawnOptions so;
+    so.stdin_fd = rd.get();
+    so.capture_stdout = true;
+    so.new_process_group = true;  // a Ctrl-C is gpuckpt's to handle, not ssh's
+    child_ = spawn(argv, so);
+  }
+  ~Connection() { close(); }
+  int in() const { return to_.get(); }
+  int out() const { return child_.stdout_fd(); }
+  void close_input() { to_.reset(); }
+  void close() {
+    to_.reset();
+    if (child_.running()) {
+      child_.kill(SIGKILL);
+      child_.wait();
+    }
+  }
+  ExitStatus wait(std::chrono::seconds limit) {
+    to_.reset();
+    if (auto st = child_.wait_for(limit)) return *st;
+    child_.kill(SIGKILL);
+    return child_.wait();
+  }
+
+ private:
+  UniqueFd to_;
+  Child child_;
+};
+
+}  // namespace
+
+MigrateResult migrate_over_ssh(const MigrateOptions& o) {
+  const remote::SshTarget t = remote::parse_ssh_url(o.to_dir.string());
+  const std::string where = t.str();
+  const auto ssh = remote::ssh_command(t, o.ssh_config);
+  MigrateResult res;
+  res.old_pid = o.pid;
+  res.target = where;
+  res.handoff =
+      o.handoff == MigrateHandoff::kRelease ? MigrateHandoff::kRelease : MigrateHandoff::kFrozen;
+  const bool release = res.handoff == MigrateHandoff::kRelease;
+
+  // Before anything is frozen: the target runs gpuckpt, and has GPUs for the ones used here.
+  std::set<std::string> used;
+  for (pid_t q : process_tree(o.pid))
+    for (auto& u : nvidia_gpu_uuids(q)) used.insert(std::move(u));
+  {
+    auto scope = res.timeline.scope("target_preflight");
+    const json devices = target_devices(ssh, o, where);
+    if (!used.empty()) check_target_gpus(used, devices, o.gpu_map, where);
+  }
+
+  Guard guard("migrate");
+  fs::path spool_root = o.spool_root;
+  if (spool_root.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    spool_root = tmp && *tmp ? tmp : "/var/tmp";
+  }
+  TempDir spool = make_staging(spool_root, "gpuckpt-dump-spool", guard.pid());
+  guard.remove_on_recovery(spool.path());
+  res.checkpoint = spool.path() / "checkpoint";
+
+  DumpOptions d;
+  d.pid = o.pid;
+  d.output = res.checkpoint;
+  d.leave_running = false;
+  d.staging_root = o.staging_root;
+  d.staging_mode = o.staging_mode;
+  d.pack = o.pack;
+  d.pack.force = false;
+  d.lock_timeout = o.lock_timeout;
+  d.tcp_established = o.tcp_established;
+  d.criu = o.criu;
+  DumpOutcome dumped = dump_keep_stopped(d, guard);  // on failure the original already runs again
+  res.timeline.append(dumped.result.timeline);
+  if (release) {
+    guard.restore_on_recovery(res.checkpoint, o.staging_root, o.criu.binary);
+    auto scope = res.timeline.scope("end_original");
+    if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
+      const std::string undone = guard.abort();
+      throw Error(Errc::kProcess, "migration failed: process " + std::to_string(left.front()) +
+                                      " of the original tree did not end after SIGKILL; " + undone);
+    }
+  }
+
+  auto argv = ssh;
+  argv.push_back(remote_restore_command(o, release));
+  json answer;
+  std::optional<Connection> conn;
+  try {
+    conn.emplace(argv);
+    const auto t0 = Timeline::Clock::now();
+    std::uint64_t sent = 0;
+    {
+      NoSigpipe nosig;
+      fault_point("transfer");
+      sent = remote::send_checkpoint(res.checkpoint, conn->in(), o.pack.progress);
+    }
+    const auto t1 = Timeline::Clock::now();
+    res.timeline.add("transfer", t0, t1, sent);
+    // The target restores and probes: bounded by its probe, plus CRIU's own bound.
+    const auto deadline = std::chrono::steady_clock::now() + o.probe.timeout + o.criu.timeout;
+    const auto line = read_line_until(conn->out(), deadline, "the target " + where);
+    if (!line) {
+      const ExitStatus st = conn->wait(std::chrono::seconds(10));
+      throw Error(Errc::kIo, "the connection to " + where + " ended before the target answered (" +
+                                 st.describe() + ")");
+    }
+    try {
+      answer = json::parse(*line);
+    } catch (const json::exception&) {
+      throw Error(Errc::kIo, "the target " + where + " answered: " + line->substr(0, 300));
+    }
+    if (!answer.value("ok", false)) {
+      const json err = answer.value("error", json::object());
+      throw Error(errc_from_name(err.value("code", "internal")),
+                  "the restore on " + where + " failed: " + err.value("message", *line));
+    }
+    res.timeline.add("target_restore", t1, Timeline::Clock::now());
+    // The target's own stages, on our clock (its gpuckpt started about when the transfer did).
+    if (answer.contains("timeline"))
+      for (const auto& s : answer.at("timeline").value("stages", json::array())) {
+        const auto start = t0 + std::chrono::duration_cast<Timeline::Clock::duration>(
+                                    std::chrono::duration<double>(s.value("start", 0.0)));
+        const auto end = start + std::chrono::duration_cast<Timeline::Clock::duration>(
+                                     std::chrono::duration<double>(s.value("seconds", 0.0)));
+        res.timeline.add("target:" + s.value("name", std::string("?")), start, end,
+                         s.value("bytes", std::uint64_t{0}));
+      }
+    fault_point("commit");
+    // Commit: the target keeps its copy once it reads this line, and exits 0.
+    {
+      NoSigpipe nosig;
+      static const char kCommit[] = "commit\n";
+      if (::write(conn->in(), kCommit, sizeof kCommit - 1) != sizeof kCommit - 1)
+        throw_errno(Errc::kIo, "send the commit to ", where);
+    }
+    const ExitStatus st = conn->wait(std::chrono::seconds(60));
+    if (!st.ok())
+      throw Error(Errc::kIo, "the target " + where + " did not confirm the commit (" +
+                                 st.describe() + "); its copy is killed there");
+  } catch (...) {
+    if (conn) conn->close();  // the target kills an uncommitted copy when its input closes
+    const std::string undone = guard.abort();
+    rethrow_with_context("migration to " + where + " failed: ", "\nrollback: " + undone);
+  }
+  // The copy serves on the target: the original may end. (gpuckpt dying right here would have
+  // the guard resume it: two copies, never none.)
+  if (!release) {
+    auto scope = res.timeline.scope("end_original");
+    if (const auto left = end_tree(dumped.record.tree); !left.empty())
+      spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
+  }
+  guard.keep_copy();
+  guard.disarm();
+  res.new_pid = answer.value("pid", 0);
+  res.first_answer = answer.value("first_answer", std::string());
+  res.target_result = std::move(answer);
+  return res;
+}
+
+}  // namespace gpuckpt::process
