@@ -4,8 +4,10 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -367,6 +369,98 @@ void S3Server::export_environment() const {
   ::unsetenv("AWS_PROFILE");
   ::setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent", 1);
   ::setenv("AWS_CONFIG_FILE", "/nonexistent", 1);
+}
+
+}  // namespace gpuckpt::test
+
+namespace gpuckpt::test {
+
+namespace {
+
+void run_checked(const std::vector<std::string>& argv) {
+  const RunResult r = run_capture(argv, std::chrono::seconds(60));
+  if (!r.status.ok()) {
+    std::string cmd;
+    for (const auto& a : argv) cmd += a + " ";
+    throw Error(Errc::kInternal, cmd + "failed: " + r.status.describe());
+  }
+}
+
+}  // namespace
+
+NetNs::NetNs(const std::string& tag) : name_("gpuckpt-" + tag + "-" + std::to_string(::getpid())) {
+  run_checked({"ip", "netns", "add", name_});
+  run_checked({"ip", "netns", "exec", name_, "ip", "link", "set", "lo", "up"});
+}
+
+NetNs::~NetNs() {
+  for (pid_t p : processes()) ::kill(p, SIGKILL);
+  wait_until([&] { return processes().empty(); }, std::chrono::seconds(30));
+  run_capture({"ip", "netns", "del", name_}, std::chrono::seconds(60));
+}
+
+std::vector<std::string> NetNs::wrap(const std::vector<std::string>& argv) const {
+  std::vector<std::string> v{"ip", "netns", "exec", name_};
+  v.insert(v.end(), argv.begin(), argv.end());
+  return v;
+}
+
+void NetNs::enter_this_thread() const {
+  UniqueFd fd(::open(("/run/netns/" + name_).c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) throw_errno(Errc::kInternal, "open /run/netns/", name_);
+  if (::setns(fd.get(), CLONE_NEWNET) != 0) throw_errno(Errc::kInternal, "setns ", name_);
+}
+
+std::vector<pid_t> NetNs::processes() const {
+  struct stat mine {};
+  if (::stat(("/run/netns/" + name_).c_str(), &mine) != 0) return {};
+  std::vector<pid_t> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.empty() || !std::all_of(n.begin(), n.end(), ::isdigit)) continue;
+    struct stat st {};
+    if (::stat((e.path() / "ns/net").c_str(), &st) != 0) continue;
+    if (st.st_ino == mine.st_ino && st.st_dev == mine.st_dev) {
+      const char c = process_state(std::stoi(n));
+      if (c != 0 && c != 'Z') out.push_back(std::stoi(n));
+    }
+  }
+  return out;
+}
+
+SshHost::SshHost(const NetNs& ns, const fs::path& dir, const std::string& alias,
+                 const std::string& proxy_prefix)
+    : config_(dir / "ssh_config"), alias_(alias) {
+  fs::create_directories(dir);
+  ::chmod(dir.c_str(), 0700);
+  fs::create_directories("/run/sshd");  // sshd's privilege separation directory
+  for (const char* k : {"host_key", "client_key"}) {
+    fs::remove(dir / k);
+    fs::remove(dir / (std::string(k) + ".pub"));
+    run_checked({"ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "gpuckpt-test", "-f",
+                 (dir / k).string()});
+  }
+  fs::copy_file(dir / "client_key.pub", dir / "authorized_keys",
+                fs::copy_options::overwrite_existing);
+  std::ofstream(dir / "sshd_config")
+      << "HostKey " << (dir / "host_key").string() << "\n"
+      << "AuthorizedKeysFile " << (dir / "authorized_keys").string() << "\n"
+      << "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
+         "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n"
+         "LogLevel ERROR\n"
+         "SetEnv PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n";
+  const std::string host_pub = read_file(dir / "host_key.pub");
+  std::ofstream(dir / "known_hosts")
+      << alias << " " << host_pub.substr(0, host_pub.rfind(' ')) << "\n";
+  std::ofstream(config_) << "Host " << alias << "\n"
+                         << "  User root\n"
+                         << "  ProxyCommand " << proxy_prefix << " ip netns exec " << ns.name()
+                         << " /usr/sbin/sshd -i -f " << (dir / "sshd_config").string() << "\n"
+                         << "  IdentityFile " << (dir / "client_key").string() << "\n"
+                         << "  IdentitiesOnly yes\n"
+                         << "  UserKnownHostsFile " << (dir / "known_hosts").string() << "\n"
+                         << "  StrictHostKeyChecking yes\n";
 }
 
 }  // namespace gpuckpt::test

@@ -3,9 +3,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "util/fs.h"
@@ -123,5 +127,74 @@ class S3Server {
   Child child_;
   int port_ = 0;
 };
+
+}  // namespace gpuckpt::test
+
+namespace gpuckpt::test {
+
+// ---- other hosts, on this machine ----
+
+// A network namespace standing in for another host, made for one test and deleted with this
+// object (after killing what still runs in it): only its own loopback, up.
+class NetNs {
+ public:
+  explicit NetNs(const std::string& tag);
+  ~NetNs();
+  NetNs(const NetNs&) = delete;
+  NetNs& operator=(const NetNs&) = delete;
+  const std::string& name() const { return name_; }
+  // `argv` run inside the namespace (ip netns exec NAME ...).
+  std::vector<std::string> wrap(const std::vector<std::string>& argv) const;
+  // Runs `fn` on a thread that has entered the namespace (network namespaces are per thread),
+  // and returns its result; exceptions are rethrown here.
+  template <class F>
+  auto within(F&& fn) const -> decltype(fn());
+  // Pids of the processes whose network namespace this is.
+  std::vector<pid_t> processes() const;
+
+ private:
+  void enter_this_thread() const;
+  std::string name_;
+};
+
+// sshd (Debian's OpenSSH) for the host `ns`, started per connection by ssh's ProxyCommand as
+// `sshd -i` inside the namespace, so it listens nowhere at all. Keys, sshd_config and an
+// ssh_config naming the host `alias` live in `dir`. `proxy_prefix`, if given, is a shell
+// pipeline stage put before sshd on the client's side of the connection (e.g. "dd bs=65536 count=N
+// iflag=count_bytes status=none |" to cut it after N bytes; dd, which passes each read on at once).
+class SshHost {
+ public:
+  SshHost(const NetNs& ns, const std::filesystem::path& dir, const std::string& alias,
+          const std::string& proxy_prefix = "");
+  const std::filesystem::path& config() const { return config_; }
+  std::string url() const { return "ssh://" + alias_; }
+
+ private:
+  std::filesystem::path config_;
+  std::string alias_;
+};
+
+template <class F>
+auto NetNs::within(F&& fn) const -> decltype(fn()) {
+  using R = decltype(fn());
+  std::exception_ptr err;
+  std::optional<std::conditional_t<std::is_void_v<R>, int, R>> out;
+  std::thread t([&] {
+    try {
+      enter_this_thread();
+      if constexpr (std::is_void_v<R>) {
+        fn();
+        out.emplace(0);
+      } else {
+        out.emplace(fn());
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  });
+  t.join();
+  if (err) std::rethrow_exception(err);
+  if constexpr (!std::is_void_v<R>) return std::move(*out);
+}
 
 }  // namespace gpuckpt::test

@@ -1,0 +1,169 @@
+// Migration to another host over SSH, with real CRIU and Debian's OpenSSH. The other host is a
+// network namespace this test makes (sshd runs inside it, started per connection by ssh's
+// ProxyCommand, and listens nowhere), so its loopback and ports are its own: the copy of the
+// vLLM-shaped HTTP demo serves there on the same port as the frozen original here.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "criu/criu.h"
+#include "gpuckpt/error.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+const std::vector<std::string> kDemoArgs = {"--workers", "1", "--weights-mib", "24"};
+
+class E2eSsh : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::close_inherited_fds();
+    try {
+      criu::locate();
+    } catch (const Error& e) {
+      FAIL() << e.what();
+    }
+    dir_ = test::scratch_dir("gpuckpt-e2e-ssh");
+    host_.emplace("hostb");
+    ssh_.emplace(*host_, dir_.path() / "ssh", "spare");
+    remote_spool_ = dir_.path() / "remote-spool";
+    fs::create_directories(remote_spool_);
+  }
+  void TearDown() override {
+    host_.reset();  // kills what runs on the other host
+  }
+
+  test::CliResult migrate(pid_t pid, int port, const test::SshHost& to,
+                          const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args{"migrate",
+                                  "--pid",
+                                  std::to_string(pid),
+                                  "--to",
+                                  to.url(),
+                                  "--ssh-config",
+                                  to.config().string(),
+                                  "--remote-gpuckpt",
+                                  test::gpuckpt_binary().string(),
+                                  "--remote-spool",
+                                  remote_spool_.string(),
+                                  "--spool",
+                                  (dir_.path()).string(),
+                                  "--probe",
+                                  "http://127.0.0.1:" + std::to_string(port) + "/health",
+                                  "--json"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return test::run_cli(args);
+  }
+  std::string there(int port, const std::string& session, const std::string& prompt) const {
+    return host_->within([&] { return test::vllm_complete(port, session, prompt); });
+  }
+  bool spool_empty(const fs::path& d) const {
+    for (const auto& e : fs::directory_iterator(d)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("gpuckpt-", 0) == 0) return false;
+    }
+    return true;
+  }
+  static bool stopped(pid_t pid) {
+    const char c = test::process_state(pid);
+    return c == 'T' || c == 't';
+  }
+
+  TempDir dir_;
+  std::optional<test::NetNs> host_;
+  std::optional<test::SshHost> ssh_;
+  fs::path remote_spool_;
+};
+
+}  // namespace
+
+TEST_F(E2eSsh, MigratingTheHttpDemoToAnotherHostContinuesTheConversationThere) {
+  // The reference: the same demo, never interrupted.
+  const TempDir ref_dir = test::scratch_dir("gpuckpt-ssh-ref");
+  auto ref = test::start_vllm_demo(ref_dir.path(), kDemoArgs);
+  auto demo = test::start_vllm_demo(dir_.path(), kDemoArgs);
+  const pid_t pid = demo.front.pid();
+  EXPECT_EQ(test::vllm_complete(demo.port, "s", "the first question"),
+            test::vllm_complete(ref.port, "s", "the first question"));
+
+  const auto r = migrate(pid, demo.port, *ssh_);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const json j = json::parse(r.out);
+  EXPECT_EQ(j.at("target"), "ssh://spare");
+  EXPECT_EQ(j.at("handoff"), "frozen");
+  bool transfer = false, received = false;
+  for (const auto& s : j.at("timeline").at("stages")) {
+    if (s.at("name") == "transfer") transfer = s.at("bytes").get<std::uint64_t>() > 0;
+    if (s.at("name") == "target:receive") received = true;
+  }
+  EXPECT_TRUE(transfer && received) << r.out;
+
+  // The original has ended here; the copy answers on the other host, where it left off.
+  const auto ended = demo.front.wait_for(30s);
+  ASSERT_TRUE(ended.has_value()) << "the original must end once the copy answers";
+  EXPECT_THROW(test::vllm_complete(demo.port, "s", "anyone here?"), Error);
+  EXPECT_EQ(there(demo.port, "s", "the second question"),
+            test::vllm_complete(ref.port, "s", "the second question"));
+  EXPECT_FALSE(host_->processes().empty());
+  EXPECT_TRUE(spool_empty(remote_spool_));
+  EXPECT_TRUE(spool_empty(dir_.path()));
+}
+
+TEST_F(E2eSsh, AConnectionDroppedMidStreamResumesTheOriginalAndLeavesNothingOnTheTarget) {
+  // This host's connections are cut after 4 MB from us to it: inside the checkpoint's stream.
+  const test::SshHost cut(*host_, dir_.path() / "ssh-cut", "spare-cut",
+                          "dd bs=65536 count=4000000 iflag=count_bytes status=none |");
+  auto demo = test::start_vllm_demo(dir_.path(), kDemoArgs);
+  const pid_t pid = demo.front.pid();
+  const std::string before = test::vllm_complete(demo.port, "s", "hello");
+  const auto r = migrate(pid, demo.port, cut);
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.err.find("rollback"), std::string::npos) << r.err;
+  EXPECT_TRUE(test::wait_until([&] { return !stopped(pid); })) << "left frozen";
+  // The original serves on, with its state.
+  EXPECT_FALSE(test::vllm_complete(demo.port, "s", "still there?").empty());
+  EXPECT_TRUE(test::wait_until([&] { return host_->processes().empty(); }))
+      << "a process is left on the target";
+  EXPECT_TRUE(test::wait_until([&] { return spool_empty(remote_spool_); }))
+      << "the target's spool is left behind";
+  EXPECT_TRUE(test::wait_until([&] { return spool_empty(dir_.path()); }));
+  ::kill(pid, SIGKILL);
+}
+
+TEST_F(E2eSsh, TwoMigrationsAtOnceBothServeOnTheTarget) {
+  const TempDir d1 = test::scratch_dir("gpuckpt-ssh-a"), d2 = test::scratch_dir("gpuckpt-ssh-b");
+  auto a = test::start_vllm_demo(d1.path(), kDemoArgs);
+  auto b = test::start_vllm_demo(d2.path(), kDemoArgs);
+  const std::string a1 = test::vllm_complete(a.port, "x", "alpha");
+  const std::string b1 = test::vllm_complete(b.port, "y", "beta");
+  test::CliResult ra, rb;
+  std::thread ta([&] { ra = migrate(a.front.pid(), a.port, *ssh_); });
+  std::thread tb([&] { rb = migrate(b.front.pid(), b.port, *ssh_); });
+  ta.join();
+  tb.join();
+  ASSERT_EQ(ra.exit_code, 0) << ra.err;
+  ASSERT_EQ(rb.exit_code, 0) << rb.err;
+  EXPECT_TRUE(a.front.wait_for(30s).has_value());
+  EXPECT_TRUE(b.front.wait_for(30s).has_value());
+  EXPECT_FALSE(there(a.port, "x", "alpha again").empty());
+  EXPECT_FALSE(there(b.port, "y", "beta again").empty());
+}
+
+TEST_F(E2eSsh, ATargetWithoutGpuckptIsRefusedBeforeAnythingIsFrozen) {
+  auto demo = test::start_vllm_demo(dir_.path(), kDemoArgs);
+  const auto r = test::run_cli({"migrate", "--pid", std::to_string(demo.front.pid()), "--to",
+                                ssh_->url(), "--ssh-config", ssh_->config().string(),
+                                "--remote-gpuckpt", "/nonexistent/gpuckpt"});
+  EXPECT_EQ(r.exit_code, 6) << r.err;  // io
+  EXPECT_NE(r.err.find("nothing was frozen"), std::string::npos) << r.err;
+  EXPECT_FALSE(stopped(demo.front.pid()));
+  EXPECT_FALSE(test::vllm_complete(demo.port, "s", "fine?").empty());
+  EXPECT_TRUE(host_->processes().empty());
+}
