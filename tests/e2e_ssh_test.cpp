@@ -167,3 +167,66 @@ TEST_F(E2eSsh, ATargetWithoutGpuckptIsRefusedBeforeAnythingIsFrozen) {
   EXPECT_FALSE(test::vllm_complete(demo.port, "s", "fine?").empty());
   EXPECT_TRUE(host_->processes().empty());
 }
+
+TEST_F(E2eSsh, AfterTheHostIsGoneTheSpareRestoresTheCheckpointFromObjectStorage) {
+  // Three hosts: A serves, S stores (s3rver), the spare B (host_) takes over; A reaches S on
+  // one link and B on another, with addresses that exist only inside these namespaces.
+  std::optional<test::NetNs> a;
+  a.emplace("hosta");
+  const test::NetNs store("store");
+  a->link(store, "10.201.1.1/24", "10.201.1.2/24");
+  host_->link(store, "10.201.2.1/24", "10.201.2.2/24");
+  test::S3Server s3("ckpts", store);
+  s3.export_environment();  // the credentials; each host has its own way to the store
+
+  const TempDir ref_dir = test::scratch_dir("gpuckpt-ssh-ref");
+  auto ref = test::start_vllm_demo(ref_dir.path(), kDemoArgs);
+  const fs::path port_file = dir_.path() / "a.port";
+  SpawnOptions so;
+  so.new_session = true;
+  so.stdout_file = dir_.path() / "a.log";
+  so.stderr_file = dir_.path() / "a.log";
+  std::vector<std::string> demo_argv{(test::bin_dir() / "gpuckpt-vllm-demo").string(), "--port",
+                                     "0", "--port-file", port_file.string()};
+  demo_argv.insert(demo_argv.end(), kDemoArgs.begin(), kDemoArgs.end());
+  Child demo = spawn(a->wrap(demo_argv), so);
+  int port = 0;
+  ASSERT_TRUE(test::wait_until([&] {
+    std::error_code ec;
+    if (fs::file_size(port_file, ec) == 0 || ec) return false;
+    port = std::stoi(read_file(port_file));
+    try {
+      return a->within([&] { return test::http_request(port, "GET", "/health").status == 200; });
+    } catch (const Error&) {
+      return false;
+    }
+  })) << read_file(dir_.path() / "a.log");
+  EXPECT_EQ(a->within([&] { return test::vllm_complete(port, "s", "before the outage"); }),
+            test::vllm_complete(ref.port, "s", "before the outage"));
+
+  // A's periodic dump to the store (the process ends once its checkpoint is there).
+  SpawnOptions env;
+  env.env = {"AWS_ENDPOINT_URL=" + s3.endpoint("10.201.1.2")};
+  const RunResult dumped = run_capture(
+      a->wrap({test::gpuckpt_binary().string(), "--json", "dump", "--pid",
+               std::to_string(demo.pid()), "-o", "s3://ckpts/llm/a", "--spool", dir_.path()}),
+      300s, env);
+  ASSERT_TRUE(dumped.status.ok()) << dumped.output;
+  ASSERT_TRUE(demo.wait_for(30s).has_value());
+  a.reset();  // host A is gone: its namespace and everything in it
+
+  // The failover script, on the spare: restore from the store and wait until it answers.
+  const std::string cmd = "env AWS_ENDPOINT_URL=" + s3.endpoint("10.201.2.2") +
+                          " AWS_ACCESS_KEY_ID=S3RVER AWS_SECRET_ACCESS_KEY=S3RVER " +
+                          test::gpuckpt_binary().string() +
+                          " --json restore s3://ckpts/llm/a --spool " + remote_spool_.string() +
+                          " --probe http://127.0.0.1:" + std::to_string(port) + "/health";
+  const RunResult restored = run_capture(
+      {"ssh", "-F", ssh_->config().string(), "-o", "BatchMode=yes", "spare", cmd}, 300s);
+  ASSERT_TRUE(restored.status.ok()) << restored.output;
+  const json j = json::parse(restored.output);
+  EXPECT_EQ(j.at("timeline").at("stages").at(0).at("name"), "download");
+  EXPECT_EQ(there(port, "s", "after the outage"),
+            test::vllm_complete(ref.port, "s", "after the outage"));
+  EXPECT_TRUE(spool_empty(remote_spool_));
+}

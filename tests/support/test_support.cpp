@@ -313,6 +313,15 @@ char process_state(pid_t pid) {
 namespace gpuckpt::test {
 
 S3Server::S3Server(const std::string& bucket) : dir_(scratch_dir("gpuckpt-s3")), bucket_(bucket) {
+  start({}, "127.0.0.1");
+}
+
+S3Server::S3Server(const std::string& bucket, const NetNs& ns)
+    : dir_(scratch_dir("gpuckpt-s3")), bucket_(bucket) {
+  start(ns.wrap({}), "0.0.0.0");
+}
+
+void S3Server::start(const std::vector<std::string>& prefix, const std::string& address) {
   const char* env = std::getenv("GPUCKPT_S3RVER");
   const fs::path bin =
       env && *env ? fs::path(env) : fs::path("/opt/gpuckpt-s3rver/node_modules/.bin/s3rver");
@@ -323,10 +332,14 @@ S3Server::S3Server(const std::string& bucket) : dir_(scratch_dir("gpuckpt-s3")),
   o.capture_stdout = true;
   o.new_session = true;
   o.stderr_file = dir_.path() / "s3rver.err";
-  child_ = spawn({bin.string(), "-d", (dir_.path() / "data").string(), "-a", "127.0.0.1", "-p", "0",
-                  "--configure-bucket", bucket_},
-                 o);
-  // It says "S3rver listening on 127.0.0.1:PORT" once it accepts connections.
+  std::vector<std::string> argv = prefix;
+  for (const auto& a :
+       {bin.string(), std::string("-d"), (dir_.path() / "data").string(), std::string("-a"),
+        address, std::string("-p"), std::string("0"), std::string("--configure-bucket"), bucket_})
+    argv.push_back(a);
+  child_ = spawn(argv, o);
+  // It says "S3rver listening on ADDRESS:PORT" once it accepts connections.
+  const std::string said = "listening on " + address + ":";
   std::string out;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (port_ == 0) {
@@ -339,9 +352,9 @@ S3Server::S3Server(const std::string& bucket) : dir_(scratch_dir("gpuckpt-s3")),
     if (n <= 0)
       throw Error(Errc::kProcess, "s3rver exited: " + out + read_file(dir_.path() / "s3rver.err"));
     out.append(buf, static_cast<std::size_t>(n));
-    const auto at = out.find("listening on 127.0.0.1:");
+    const auto at = out.find(said);
     if (at != std::string::npos && out.find('\n', at) != std::string::npos)
-      port_ = std::atoi(out.c_str() + at + std::strlen("listening on 127.0.0.1:"));
+      port_ = std::atoi(out.c_str() + at + said.size());
   }
 }
 
@@ -356,7 +369,11 @@ void S3Server::stop() {
 }
 
 std::string S3Server::endpoint() const {
-  return "http://127.0.0.1:" + std::to_string(port_);
+  return endpoint("127.0.0.1");
+}
+
+std::string S3Server::endpoint(const std::string& address) const {
+  return "http://" + address + ":" + std::to_string(port_);
 }
 
 void S3Server::export_environment() const {
@@ -400,7 +417,9 @@ NetNs::~NetNs() {
 }
 
 std::vector<std::string> NetNs::wrap(const std::vector<std::string>& argv) const {
-  std::vector<std::string> v{"ip", "netns", "exec", name_};
+  // nsenter, not `ip netns exec`: only the network namespace changes, so processes started
+  // this way share the mount namespace with CRIU and with each other, as on a real host.
+  std::vector<std::string> v{"nsenter", "--net=/run/netns/" + name_, "--"};
   v.insert(v.end(), argv.begin(), argv.end());
   return v;
 }
@@ -429,6 +448,19 @@ std::vector<pid_t> NetNs::processes() const {
   return out;
 }
 
+void NetNs::link(const NetNs& other, const std::string& mine, const std::string& theirs) const {
+  // Interface names are at most 15 characters, and unique per pair on this machine.
+  static int pairs = 0;
+  const std::string tag = std::to_string(::getpid() % 100000) + "x" + std::to_string(pairs++);
+  const std::string a = "gva" + tag, b = "gvb" + tag;
+  run_checked({"ip", "link", "add", a, "netns", name_, "type", "veth", "peer", "name", b, "netns",
+               other.name_});
+  run_checked(wrap({"ip", "addr", "add", mine, "dev", a}));
+  run_checked(wrap({"ip", "link", "set", a, "up"}));
+  run_checked(other.wrap({"ip", "addr", "add", theirs, "dev", b}));
+  run_checked(other.wrap({"ip", "link", "set", b, "up"}));
+}
+
 SshHost::SshHost(const NetNs& ns, const fs::path& dir, const std::string& alias,
                  const std::string& proxy_prefix)
     : config_(dir / "ssh_config"), alias_(alias) {
@@ -455,8 +487,9 @@ SshHost::SshHost(const NetNs& ns, const fs::path& dir, const std::string& alias,
       << alias << " " << host_pub.substr(0, host_pub.rfind(' ')) << "\n";
   std::ofstream(config_) << "Host " << alias << "\n"
                          << "  User root\n"
-                         << "  ProxyCommand " << proxy_prefix << " ip netns exec " << ns.name()
-                         << " /usr/sbin/sshd -i -f " << (dir / "sshd_config").string() << "\n"
+                         << "  ProxyCommand " << proxy_prefix << " nsenter --net=/run/netns/"
+                         << ns.name() << " -- /usr/sbin/sshd -i -f "
+                         << (dir / "sshd_config").string() << "\n"
                          << "  IdentityFile " << (dir / "client_key").string() << "\n"
                          << "  IdentitiesOnly yes\n"
                          << "  UserKnownHostsFile " << (dir / "known_hosts").string() << "\n"

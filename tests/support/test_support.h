@@ -107,14 +107,18 @@ namespace gpuckpt::test {
 // names another binary) on 127.0.0.1 and a port of its own choosing, its objects in a scratch
 // directory, with `bucket` created. Stopped and removed with this object. Throws Error if the
 // server is not installed or does not come up.
+class NetNs;
 class S3Server {
  public:
   explicit S3Server(const std::string& bucket = "ckpts");
+  // The same, inside the network namespace `ns`, listening on all its addresses.
+  S3Server(const std::string& bucket, const NetNs& ns);
   ~S3Server();
   S3Server(const S3Server&) = delete;
   S3Server& operator=(const S3Server&) = delete;
 
-  std::string endpoint() const;  // http://127.0.0.1:PORT
+  std::string endpoint() const;                            // http://127.0.0.1:PORT
+  std::string endpoint(const std::string& address) const;  // http://ADDRESS:PORT
   const std::string& bucket() const { return bucket_; }
   // Points gpuckpt (this process and the children it starts) at the server: AWS_ENDPOINT_URL,
   // the server's credentials and a region, with no AWS files read.
@@ -122,6 +126,7 @@ class S3Server {
   void stop();  // the server ends now (a store that has gone away)
 
  private:
+  void start(const std::vector<std::string>& prefix, const std::string& address);
   TempDir dir_;
   std::string bucket_;
   Child child_;
@@ -143,7 +148,7 @@ class NetNs {
   NetNs(const NetNs&) = delete;
   NetNs& operator=(const NetNs&) = delete;
   const std::string& name() const { return name_; }
-  // `argv` run inside the namespace (ip netns exec NAME ...).
+  // `argv` run inside the namespace (nsenter --net=...; the mount namespace stays ours).
   std::vector<std::string> wrap(const std::vector<std::string>& argv) const;
   // Runs `fn` on a thread that has entered the namespace (network namespaces are per thread),
   // and returns its result; exceptions are rethrown here.
@@ -151,6 +156,9 @@ class NetNs {
   auto within(F&& fn) const -> decltype(fn());
   // Pids of the processes whose network namespace this is.
   std::vector<pid_t> processes() const;
+  // A veth pair between this namespace and `other`, with `mine` and `theirs` ("10.x.y.z/24",
+  // addresses that exist only inside the two namespaces), up on both sides.
+  void link(const NetNs& other, const std::string& mine, const std::string& theirs) const;
 
  private:
   void enter_this_thread() const;
