@@ -25,7 +25,9 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       # servers this project did not write, checkpointed by the end-to-end tests
       nginx redis-server redis-tools
       # the two-host tests: sshd runs only inside a network namespace that a test makes
-      openssh-server openssh-client iproute2)
+      openssh-server openssh-client iproute2
+      # scripts/bench-remote.sh and the runbooks in docs/OPERATORS.md
+      jq curl)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
