@@ -91,6 +91,13 @@ for s in criu_dump compress_write transfer target:receive target:read_decompress
 done
 t0=$(secs); head -c "$b_transfer" /dev/zero | ssh -F "$work/ssh/config" spare 'cat > /dev/null'; t1=$(secs)
 echo "  ceiling: ssh carrying the same $b_transfer bytes: $(rate "$b_transfer" "$(python3 -c "print($t1-$t0)")")"
+# What a user would run instead: the same bytes from this disk, cold, through ssh into a file on
+# the target's disk (cat > file, as scp does), sharing this one disk as the migration did.
+head -c "$b_transfer" /dev/urandom > "$work/same.bin"
+sync; echo 3 > /proc/sys/vm/drop_caches
+t0=$(secs); ssh -F "$work/ssh/config" spare "cat > $work/same.copy" < "$work/same.bin"; sync; t1=$(secs)
+echo "  baseline: ssh cat > file of the same bytes, disk to disk: $(rate "$b_transfer" "$(python3 -c "print($t1-$t0)")")"
+rm -f "$work/same.bin" "$work/same.copy"
 echo "  transfer stage: $(rate "$b_transfer" "$t_transfer")"
 
 read -r pid tcp < <(start_demo)
