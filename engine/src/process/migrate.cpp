@@ -107,6 +107,35 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
 
 }  // namespace
 
+namespace process {
+
+DumpOptions migration_dump(const MigrateOptions& o, const fs::path& output) {
+  DumpOptions d;
+  d.pid = o.pid;
+  d.output = output;
+  d.leave_running = false;  // kept stopped: dump_keep_stopped does not end it
+  d.staging_root = o.staging_root;
+  d.staging_mode = o.staging_mode;
+  d.pack = o.pack;
+  d.lock_timeout = o.lock_timeout;
+  d.tcp_established = o.tcp_established;
+  d.criu = o.criu;
+  return d;
+}
+
+void release_original(const MigrateOptions& o, const DumpOutcome& dumped,
+                      const fs::path& checkpoint, Guard& guard, Timeline& tl) {
+  guard.restore_on_recovery(checkpoint, o.staging_root, o.criu.binary);
+  auto scope = tl.scope("end_original");
+  if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
+    const std::string undone = guard.abort();
+    throw Error(Errc::kProcess, "migration failed: process " + std::to_string(left.front()) +
+                                    " of the original tree did not end after SIGKILL; " + undone);
+  }
+}
+
+}  // namespace process
+
 MigrateResult migrate(const MigrateOptions& o) {
   using namespace process;
   if (o.pid <= 0) throw Error(Errc::kUsage, "no pid given");
@@ -126,30 +155,14 @@ MigrateResult migrate(const MigrateOptions& o) {
   res.checkpoint = o.to_dir / (info->comm + "-" + std::to_string(o.pid) + ".ckpt");
 
   Guard guard("migrate");
-  DumpOptions d;
-  d.pid = o.pid;
-  d.output = res.checkpoint;
-  d.leave_running = false;  // kept stopped: dump_keep_stopped does not end it
-  d.staging_root = o.staging_root;
-  d.staging_mode = o.staging_mode;
-  d.pack = o.pack;
-  d.lock_timeout = o.lock_timeout;
-  d.tcp_established = o.tcp_established;
-  d.criu = o.criu;
-  DumpOutcome dumped = dump_keep_stopped(d, guard);  // on failure the original already runs again
+  // On failure the original already runs again.
+  DumpOutcome dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard);
   res.timeline = dumped.result.timeline;
   const bool release = res.handoff == MigrateHandoff::kRelease;
   std::optional<SocketPathsAside> aside;
   if (release) {
-    // The ports and pids pass to the copy: the original ends now that the checkpoint is
-    // durable, and from here on a rollback restores it from that checkpoint.
-    guard.restore_on_recovery(res.checkpoint, o.staging_root, o.criu.binary);
-    auto scope = res.timeline.scope("end_original");
-    if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
-      const std::string undone = guard.abort();
-      throw Error(Errc::kProcess, "migration failed: process " + std::to_string(left.front()) +
-                                      " of the original tree did not end after SIGKILL; " + undone);
-    }
+    // The ports and pids pass to the copy.
+    release_original(o, dumped, res.checkpoint, guard, res.timeline);
   } else {
     aside.emplace(dumped.record.unix_listeners, o.pid, guard);
   }

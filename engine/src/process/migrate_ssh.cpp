@@ -202,28 +202,10 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   guard.remove_on_recovery(spool.path());
   res.checkpoint = spool.path() / "checkpoint";
 
-  DumpOptions d;
-  d.pid = o.pid;
-  d.output = res.checkpoint;
-  d.leave_running = false;
-  d.staging_root = o.staging_root;
-  d.staging_mode = o.staging_mode;
-  d.pack = o.pack;
-  d.pack.force = false;
-  d.lock_timeout = o.lock_timeout;
-  d.tcp_established = o.tcp_established;
-  d.criu = o.criu;
-  DumpOutcome dumped = dump_keep_stopped(d, guard);  // on failure the original already runs again
+  // On failure the original already runs again.
+  DumpOutcome dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard);
   res.timeline.append(dumped.result.timeline);
-  if (release) {
-    guard.restore_on_recovery(res.checkpoint, o.staging_root, o.criu.binary);
-    auto scope = res.timeline.scope("end_original");
-    if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
-      const std::string undone = guard.abort();
-      throw Error(Errc::kProcess, "migration failed: process " + std::to_string(left.front()) +
-                                      " of the original tree did not end after SIGKILL; " + undone);
-    }
-  }
+  if (release) release_original(o, dumped, res.checkpoint, guard, res.timeline);
 
   auto argv = ssh;
   argv.push_back(remote_restore_command(o, release));
