@@ -492,8 +492,8 @@ TransferResult StreamPacker::finish(const nlohmann::json& extra) {
 
 // ---- reading ----------------------------------------------------------------------------------
 
-CheckpointSource::CheckpointSource(const fs::path& checkpoint)
-    : ckpt_(checkpoint), threads_(resolve_threads(0)) {
+CheckpointSource::CheckpointSource(const fs::path& checkpoint, const BlobArrival* arrival)
+    : ckpt_(checkpoint), arrival_(arrival), threads_(resolve_threads(0)) {
   m_ = load_manifest(checkpoint);
   // A signature that fails is a manifest changed after signing: nothing is served from it.
   enforce_signature(m_.signature, TrustOptions{}, checkpoint);
@@ -517,6 +517,7 @@ const ManifestEntry* CheckpointSource::find(std::string_view path) const {
 const std::byte* CheckpointSource::decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
                                           AlignedBuffer& out, Decompressor& dec) const {
   const ChunkRecord& c = e.chunks[k];
+  if (arrival_) arrival_->wait(c.blob, c.offset + c.stored);
   auto corrupt = [&](const std::string& why) {
     return Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: chunk " +
                                      std::to_string(k) + " of '" + e.path + "' (" +

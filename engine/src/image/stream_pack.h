@@ -28,6 +28,7 @@
 
 #include "gpuckpt/image.h"
 #include "image/aligned_buffer.h"
+#include "image/arrival.h"
 #include "image/chunk_codec.h"
 #include "image/manifest.h"
 #include "util/fs.h"
@@ -133,7 +134,10 @@ class StreamPacker {
 // write_to() may be called from several threads at once.
 class CheckpointSource {
  public:
-  explicit CheckpointSource(const std::filesystem::path& checkpoint);
+  // `arrival`: the blobs are still being received (image/arrival.h); each chunk is read only
+  // once its bytes are there. The blob files must already have their full sizes.
+  explicit CheckpointSource(const std::filesystem::path& checkpoint,
+                            const BlobArrival* arrival = nullptr);
   const Manifest& manifest() const { return m_; }
   // The regular file `path`, or nullptr.
   const ManifestEntry* find(std::string_view path) const;
@@ -149,6 +153,7 @@ class CheckpointSource {
   const std::byte* decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
                           AlignedBuffer& out, Decompressor& dec) const;
   std::filesystem::path ckpt_;
+  const BlobArrival* arrival_ = nullptr;
   unsigned threads_ = 1;  // decompression workers per large file
   Manifest m_;
   std::vector<UniqueFd> blobs_;

@@ -66,11 +66,6 @@ void RemoteSpool::upload(Timeline& tl, const ProgressFn& progress) const {
 }
 
 void RemoteSpool::download(Timeline& tl, const ProgressFn& progress) const {
-  if (!url_) {
-    auto scope = tl.scope("receive");
-    scope.set_bytes(remote::receive_checkpoint(STDIN_FILENO, local_));
-    return;
-  }
   auto scope = tl.scope("download");
   remote::TransferOptions o;
   o.progress = progress;

@@ -35,7 +35,7 @@ class RemoteSpool {
   const std::filesystem::path& local() const { return local_; }
   // The "upload" / "download" stage, with the bytes moved.
   void upload(Timeline& tl, const ProgressFn& progress) const;
-  // s3://: "download"; "-": "receive", from stdin.
+  // s3:// only ("-" is received by restore() itself, while it restores).
   void download(Timeline& tl, const ProgressFn& progress) const;
 
  private:

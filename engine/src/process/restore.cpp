@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -30,6 +31,7 @@
 #include "process/restore_impl.h"
 #include "process/stages.h"
 #include "process/support.h"
+#include "remote/ssh.h"
 #include "util/fault.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
@@ -121,6 +123,7 @@ struct RestoreState {
   RestoreResult& out;
   Guard* guard;
   bool provisional;
+  const image::BlobArrival* arrival;
   ImageInfo info;
   ProcessRecord rec;
   criu::Installation inst;
@@ -227,9 +230,10 @@ void stage_images(RestoreState& r) {
   // and the blobs' sizes before criu starts.
   if (r.stream) {
     fs::create_directory(r.images);
-    r.source.emplace(o.checkpoint);
+    r.source.emplace(o.checkpoint, r.arrival);
     r.streamer.emplace(r.images, *r.source);
   } else {
+    if (r.arrival) r.arrival->wait_complete();  // unpack reads the blobs as they are
     auto scope = r.out.timeline.scope("read_decompress");
     const TransferResult tr = unpack(o.checkpoint, r.images, o.unpack);
     scope.set_bytes(tr.raw_bytes);
@@ -364,11 +368,12 @@ void wait_first_answer(RestoreState& r) {
 
 }  // namespace
 
-void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, bool provisional) {
+void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, bool provisional,
+                  const image::BlobArrival* arrival) {
   Timeline& tl = out.timeline;
   std::optional<Timeline::Scope> preflight;
   preflight.emplace(tl, "preflight");
-  RestoreState r{o, out, guard, provisional};
+  RestoreState r{o, out, guard, provisional, arrival};
   read_record(r);
   if (check_pids_free(r)) {
     // That wait was the previous process's teardown, not this restore: restart the clock.
@@ -405,6 +410,28 @@ RestoreResult restore(const RestoreOptions& opts) {
     const auto remote = process::RemoteSpool::for_restore(opts.checkpoint, opts.spool_root, guard);
     if (!remote) {
       process::restore_into(opts, r, &guard, provisional);
+    } else if (opts.checkpoint == "-") {
+      // A stream: the manifest comes first, and the restore reads each chunk as it arrives.
+      Timeline tl;
+      const auto t0 = Timeline::Clock::now();
+      remote::StreamReceiver rx(STDIN_FILENO, remote->local());
+      rx.start();
+      RestoreOptions local = opts;
+      local.checkpoint = remote->local();
+      try {
+        process::restore_into(local, r, &guard, provisional, &rx.arrival());
+      } catch (...) {
+        try {
+          rx.join();  // the rest of the stream, or its end
+        } catch (const Error& e) {
+          spdlog::warn("{}", e.what());
+        }
+        throw;
+      }
+      const std::uint64_t received = rx.join();  // to the end marker: a commit line may follow
+      tl.add("receive", t0, Timeline::Clock::now(), received);
+      tl.append(r.timeline);
+      r.timeline = std::move(tl);
     } else {
       Timeline tl;
       remote->download(tl, opts.unpack.progress);

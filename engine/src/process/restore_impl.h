@@ -4,6 +4,10 @@
 
 #include "gpuckpt/process.h"
 
+namespace gpuckpt::image {
+class BlobArrival;
+}
+
 namespace gpuckpt::process {
 
 // Fills `out` as it goes: out.pid is set as soon as the process exists. If this throws after
@@ -11,9 +15,10 @@ namespace gpuckpt::process {
 class Guard;
 // `guard` (may be null) learns criu's pid and the staging directory to remove; `provisional`:
 // it also learns the restored copy, to kill it on recovery (a migration's copy until the
-// handoff is complete).
+// handoff is complete). `arrival`: the checkpoint's blobs are still arriving
+// (image/arrival.h); they are read as they come.
 void restore_into(const RestoreOptions& opts, RestoreResult& out, Guard* guard = nullptr,
-                  bool provisional = false);
+                  bool provisional = false, const image::BlobArrival* arrival = nullptr);
 
 // Ends a restored process (and its pid namespace, if any).
 void kill_restored(const RestoreResult& r);

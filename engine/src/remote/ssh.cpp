@@ -64,6 +64,62 @@ bool valid_name(const std::string& n) {
          n.find('\0') == std::string::npos;
 }
 
+struct Header {
+  bool end = false;
+  std::string name;
+  std::uint64_t size = 0;
+};
+
+Header parse_header(const std::string& line) {
+  nlohmann::json h;
+  try {
+    h = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::kCorrupt, std::string("checkpoint stream: bad header: ") + e.what());
+  }
+  if (!h.is_object()) throw Error(Errc::kCorrupt, "checkpoint stream: bad header");
+  Header out;
+  out.end = h.value("end", false);
+  if (out.end) return out;
+  out.name = h.value("name", std::string());
+  out.size = h.value("size", std::uint64_t{0});
+  if (!valid_name(out.name) || out.size > kMaxFile)
+    throw Error(Errc::kCorrupt, "checkpoint stream: bad file '" + out.name + "'");
+  return out;
+}
+
+UniqueFd create_file(const fs::path& p) {
+  UniqueFd out(::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
+  if (!out) throw_errno(Errc::kIo, "create ", p);
+  return out;
+}
+
+// Copies the next `size` bytes of the stream `in` into `out`, telling `arrival` (if any) how
+// far blob `index` has come after every read.
+void copy_into(int in, int out, std::uint64_t size, const std::string& name,
+               image::BlobArrival* arrival, std::size_t index) {
+  std::vector<char> buf(1 << 20);
+  std::uint64_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(in, buf.data(), std::min<std::uint64_t>(size - done, buf.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) throw_errno(Errc::kIo, "read the checkpoint stream");
+    if (n == 0)
+      throw Error(Errc::kIo, "the checkpoint stream ended in the middle of " + name +
+                                 " (the connection was lost)");
+    std::size_t off = 0;
+    while (off < static_cast<std::size_t>(n)) {
+      const ssize_t w = ::pwrite(out, buf.data() + off, static_cast<std::size_t>(n) - off,
+                                 static_cast<off_t>(done + off));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) throw_errno(Errc::kIo, "write ", name);
+      off += static_cast<std::size_t>(w);
+    }
+    done += static_cast<std::uint64_t>(n);
+    if (arrival) arrival->advance(index, done);
+  }
+}
+
 }  // namespace
 
 std::string SshTarget::str() const {
@@ -132,9 +188,10 @@ std::uint64_t send_checkpoint(const fs::path& dir, int fd, const ProgressFn& pro
     files.push_back(e.path());
     total += e.file_size();
   }
-  // The manifest last, as in object storage.
-  std::stable_partition(files.begin(), files.end(),
-                        [](const fs::path& p) { return p.filename() != image::kManifestName; });
+  // The seal and the manifest first: the receiver then knows every chunk while the blobs come.
+  std::stable_partition(files.begin(), files.end(), [](const fs::path& p) {
+    return p.filename() == image::kSealName || p.filename() == image::kManifestName;
+  });
   widen_pipe(fd);
   const std::string magic = std::string(kMagic) + "\n";
   write_all(fd, magic.data(), magic.size(), "send the checkpoint");
@@ -169,41 +226,68 @@ std::uint64_t send_checkpoint(const fs::path& dir, int fd, const ProgressFn& pro
   return sent;
 }
 
-std::uint64_t receive_checkpoint(int fd, const fs::path& dir) {
+StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir) {
   widen_pipe(fd);
   if (read_line(fd) != kMagic)
     throw Error(Errc::kCorrupt,
                 "not a gpuckpt checkpoint stream (expected '" + std::string(kMagic) + "')");
-  std::uint64_t received = 0;
-  std::vector<char> buf(1 << 20);
+  // The seal and the manifest, then the first blob's header.
   for (;;) {
-    nlohmann::json h;
+    pending_ = read_line(fd);
+    const Header h = parse_header(pending_);
+    if (h.end || (h.name != image::kManifestName && h.name != image::kSealName)) break;
+    if (h.size > image::kMaxManifestBytes)
+      throw Error(Errc::kCorrupt, "checkpoint stream: " + h.name + " is too large");
+    UniqueFd out = create_file(dir / h.name);
+    copy_into(fd, out.get(), h.size, h.name, nullptr, 0);
+    received_ += h.size;
+  }
+  const image::Manifest m = image::load_manifest(dir);  // the seal before anything else
+  for (const auto& b : m.blobs) {
+    UniqueFd out = create_file(dir / b.name);
+    if (::ftruncate(out.get(), static_cast<off_t>(b.size)) != 0)
+      throw_errno(Errc::kIo, "size ", dir / b.name);
+    blobs_.emplace_back(b.name, b.size);
+  }
+  arrival_ = std::make_unique<image::BlobArrival>(blobs_.size());
+}
+
+StreamReceiver::~StreamReceiver() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void StreamReceiver::start() {
+  thread_ = std::thread([this] {
     try {
-      h = nlohmann::json::parse(read_line(fd));
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(Errc::kCorrupt, std::string("checkpoint stream: bad header: ") + e.what());
+      receive_blobs();
+      arrival_->finish();
+    } catch (const std::exception& e) {
+      error_ = std::current_exception();
+      arrival_->fail(e.what());
     }
-    if (!h.is_object()) throw Error(Errc::kCorrupt, "checkpoint stream: bad header");
-    if (h.value("end", false)) return received;
-    const auto name = h.value("name", std::string());
-    const auto size = h.value("size", std::uint64_t{0});
-    if (!valid_name(name) || size > kMaxFile)
-      throw Error(Errc::kCorrupt, "checkpoint stream: bad file '" + name + "'");
-    const fs::path p = dir / name;
-    UniqueFd out(::open(p.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600));
-    if (!out) throw_errno(Errc::kIo, "create ", p);
-    std::uint64_t left = size;
-    while (left > 0) {
-      const ssize_t n = ::read(fd, buf.data(), std::min<std::uint64_t>(left, buf.size()));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw_errno(Errc::kIo, "read the checkpoint stream");
-      if (n == 0)
-        throw Error(Errc::kIo, "the checkpoint stream ended in the middle of " + name +
-                                   " (the connection was lost)");
-      write_all(out.get(), buf.data(), static_cast<std::size_t>(n), "write the checkpoint");
-      left -= static_cast<std::uint64_t>(n);
-      received += static_cast<std::uint64_t>(n);
-    }
+  });
+}
+
+std::uint64_t StreamReceiver::join() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(error_);
+  return received_;
+}
+
+void StreamReceiver::receive_blobs() {
+  for (std::string line = pending_;; line = read_line(fd_)) {
+    const Header h = parse_header(line);
+    if (h.end) return;
+    std::size_t index = blobs_.size();
+    for (std::size_t i = 0; i < blobs_.size(); ++i)
+      if (blobs_[i].first == h.name) index = i;
+    if (index == blobs_.size() || blobs_[index].second != h.size)
+      throw Error(Errc::kCorrupt, "checkpoint stream: '" + h.name +
+                                      "' is not a blob of its manifest, or not of its size");
+    UniqueFd out(::open((dir_ / h.name).c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
+    if (!out) throw_errno(Errc::kIo, "open ", dir_ / h.name);
+    copy_into(fd_, out.get(), h.size, h.name, arrival_.get(), index);
+    received_ += h.size;
   }
 }
 
