@@ -313,7 +313,9 @@ void add_migrate(CLI::App& app, Context& ctx) {
   c->add_option("--remote-spool", o->remote_spool,
                 "ssh:// only: the target's directory for the checkpoint it receives");
   c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
-  c->add_flag("--keep-checkpoint", o->keep, "Keep the checkpoint after a successful migration");
+  c->add_flag("--keep-checkpoint", o->keep,
+              "Keep the checkpoint after a successful migration (ssh://: in --spool, as "
+              "COMM-PID.ckpt)");
   o->staging.add(c, "tmpfs staging directory for CRIU's images");
   c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
   c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")

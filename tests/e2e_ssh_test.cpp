@@ -144,7 +144,7 @@ TEST_F(E2eSsh, TwoMigrationsAtOnceBothServeOnTheTarget) {
   const std::string a1 = test::vllm_complete(a.port, "x", "alpha");
   const std::string b1 = test::vllm_complete(b.port, "y", "beta");
   test::CliResult ra, rb;
-  std::thread ta([&] { ra = migrate(a.front.pid(), a.port, *ssh_); });
+  std::thread ta([&] { ra = migrate(a.front.pid(), a.port, *ssh_, {"--keep-checkpoint"}); });
   std::thread tb([&] { rb = migrate(b.front.pid(), b.port, *ssh_); });
   ta.join();
   tb.join();
@@ -153,6 +153,9 @@ TEST_F(E2eSsh, TwoMigrationsAtOnceBothServeOnTheTarget) {
   EXPECT_TRUE(a.front.wait_for(30s).has_value());
   EXPECT_TRUE(b.front.wait_for(30s).has_value());
   EXPECT_FALSE(there(a.port, "x", "alpha again").empty());
+  // --keep-checkpoint: the checkpoint that was sent stays here, whole.
+  const std::string kept = json::parse(ra.out).at("checkpoint");
+  EXPECT_EQ(test::run_cli({"verify", kept}).exit_code, 0) << kept;
   EXPECT_FALSE(there(b.port, "y", "beta again").empty());
 }
 

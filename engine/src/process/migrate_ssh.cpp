@@ -277,6 +277,16 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   }
   guard.keep_copy();
   guard.disarm();
+  if (o.keep_checkpoint) {
+    // Out of the spool, which the next run would sweep: beside it, under --spool.
+    const fs::path kept = spool_root / (dumped.record.comm + "-" + std::to_string(o.pid) + ".ckpt");
+    std::error_code ec;
+    fs::rename(res.checkpoint, kept, ec);
+    if (ec)
+      spdlog::warn("cannot keep the checkpoint at {}: {}", kept.string(), ec.message());
+    else
+      res.checkpoint = kept;
+  }
   res.new_pid = answer.value("pid", 0);
   res.first_answer = answer.value("first_answer", std::string());
   res.target_result = std::move(answer);
