@@ -20,6 +20,7 @@
 #include "process/guard.h"
 #include "process/proc_info.h"
 #include "process/support.h"
+#include "remote/remote_checkpoint.h"
 #include "remote/ssh.h"
 #include "util/fault.h"
 #include "util/no_sigpipe.h"
@@ -193,11 +194,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   }
 
   Guard guard("migrate");
-  fs::path spool_root = o.spool_root;
-  if (spool_root.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    spool_root = tmp && *tmp ? tmp : "/var/tmp";
-  }
+  const fs::path spool_root = remote::spool_root(o.spool_root);
   TempDir spool = make_staging(spool_root, "gpuckpt-dump-spool", guard.pid());
   guard.remove_on_recovery(spool.path());
   res.checkpoint = spool.path() / "checkpoint";

@@ -4,8 +4,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cstdlib>
-
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/support.h"
@@ -14,21 +12,11 @@ namespace fs = std::filesystem;
 
 namespace gpuckpt::process {
 
-namespace {
-
-fs::path default_spool_root(const fs::path& given) {
-  if (!given.empty()) return given;
-  const char* t = std::getenv("TMPDIR");
-  return t && *t ? fs::path(t) : fs::path("/var/tmp");
-}
-
-}  // namespace
-
 RemoteSpool::RemoteSpool(const fs::path& where, const fs::path& spool_root, const char* prefix,
                          Guard& guard)
     :  // The staging helper's owner record lets the next run sweep a spool that a SIGKILL of
        // both gpuckpt and its guard left behind.
-      spool_(make_staging(default_spool_root(spool_root), prefix, guard.pid())) {
+      spool_(make_staging(remote::spool_root(spool_root), prefix, guard.pid())) {
   guard.remove_on_recovery(spool_.path());
   if (::chmod(spool_.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", spool_.path());
   local_ = spool_.path() / "checkpoint";

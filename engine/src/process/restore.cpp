@@ -410,34 +410,31 @@ RestoreResult restore(const RestoreOptions& opts) {
     const auto remote = process::RemoteSpool::for_restore(opts.checkpoint, opts.spool_root, guard);
     if (!remote) {
       process::restore_into(opts, r, &guard, provisional);
-    } else if (opts.checkpoint == "-") {
-      // A stream: the manifest comes first, and the restore reads each chunk as it arrives.
-      Timeline tl;
-      const auto t0 = Timeline::Clock::now();
-      remote::StreamReceiver rx(STDIN_FILENO, remote->local());
-      rx.start();
-      RestoreOptions local = opts;
-      local.checkpoint = remote->local();
-      try {
-        process::restore_into(local, r, &guard, provisional, &rx.arrival());
-      } catch (...) {
-        try {
-          rx.join();  // the rest of the stream, or its end
-        } catch (const Error& e) {
-          spdlog::warn("{}", e.what());
-        }
-        throw;
-      }
-      const std::uint64_t received = rx.join();  // to the end marker: a commit line may follow
-      tl.add("receive", t0, Timeline::Clock::now(), received);
-      tl.append(r.timeline);
-      r.timeline = std::move(tl);
     } else {
       Timeline tl;
-      remote->download(tl, opts.unpack.progress);
       RestoreOptions local = opts;
       local.checkpoint = remote->local();
-      process::restore_into(local, r, &guard, provisional);
+      if (opts.checkpoint == "-") {
+        // A stream: the manifest comes first, and the restore reads each chunk as it arrives.
+        const auto t0 = Timeline::Clock::now();
+        remote::StreamReceiver rx(STDIN_FILENO, remote->local());
+        rx.start();
+        try {
+          process::restore_into(local, r, &guard, provisional, &rx.arrival());
+        } catch (...) {
+          try {
+            rx.join();  // the rest of the stream, or its end
+          } catch (const Error& e) {
+            spdlog::warn("{}", e.what());
+          }
+          throw;
+        }
+        const std::uint64_t received = rx.join();  // to the end marker: a commit line may follow
+        tl.add("receive", t0, Timeline::Clock::now(), received);
+      } else {
+        remote->download(tl, opts.unpack.progress);
+        process::restore_into(local, r, &guard, provisional);
+      }
       tl.append(r.timeline);
       r.timeline = std::move(tl);
     }

@@ -333,13 +333,14 @@ TransferStats download_checkpoint(const S3Client& s3, const S3Url& url, const fs
   return st;
 }
 
+fs::path spool_root(const fs::path& given) {
+  if (!given.empty()) return given;
+  const char* t = std::getenv("TMPDIR");
+  return t && *t ? fs::path(t) : fs::path("/var/tmp");
+}
+
 TempDir make_spool(const fs::path& root, const std::string& prefix) {
-  fs::path base = root;
-  if (base.empty()) {
-    const char* t = std::getenv("TMPDIR");
-    base = t && *t ? t : "/var/tmp";
-  }
-  TempDir d(base, prefix);
+  TempDir d(spool_root(root), prefix);
   if (::chmod(d.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", d.path());
   return d;
 }

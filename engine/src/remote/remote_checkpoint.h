@@ -54,8 +54,10 @@ TransferStats download_manifest(const S3Client& s3, const S3Url& url,
 TransferStats download_checkpoint(const S3Client& s3, const S3Url& url,
                                   const std::filesystem::path& dir, const TransferOptions& o = {});
 
-// A private (0700) temporary directory for spooling a checkpoint: under `root` if given,
-// else $TMPDIR, else /var/tmp (disk, not tmpfs: it holds a whole compressed checkpoint).
+// Where spools go: `given` if set, else $TMPDIR, else /var/tmp (disk, not tmpfs: a spool holds
+// a whole compressed checkpoint).
+std::filesystem::path spool_root(const std::filesystem::path& given);
+// A private (0700) temporary directory for spooling a checkpoint, under spool_root(root).
 TempDir make_spool(const std::filesystem::path& root, const std::string& prefix);
 
 // A checkpoint named by a local path or an s3:// URL, readable as a local directory: a URL is

@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -37,9 +38,9 @@ std::string env_or(const char* name, const std::string& fallback = {}) {
 }
 
 std::string trim(std::string s) {
-  const auto b = s.find_first_not_of(" \t\r");
+  const auto b = s.find_first_not_of(" \t\r\n");
   if (b == std::string::npos) return {};
-  const auto e = s.find_last_not_of(" \t\r");
+  const auto e = s.find_last_not_of(" \t\r\n");
   return s.substr(b, e - b + 1);
 }
 
@@ -351,12 +352,8 @@ S3Client::Response S3Client::perform(Request& r) const {
           if (line.starts_with("HTTP/")) {  // a new status line (after 100 or a redirect)
             const auto sp = line.find(' ');
             c->resp->status = sp == std::string_view::npos ? 0 : std::atol(line.data() + sp + 1);
-          } else if (line.size() > 5 && (line.starts_with("ETag:") || line.starts_with("etag:") ||
-                                         line.starts_with("Etag:"))) {
-            c->resp->etag = trim(std::string(line.substr(5)));
-            while (!c->resp->etag.empty() &&
-                   (c->resp->etag.back() == '\n' || c->resp->etag.back() == '\r'))
-              c->resp->etag.pop_back();
+          } else if (line.size() > 5 && ::strncasecmp(line.data(), "etag:", 5) == 0) {
+            c->resp->etag = trim(std::string(line.substr(5)));  // header names: any case
           }
           return sz * n;
         });
