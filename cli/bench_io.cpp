@@ -24,35 +24,6 @@ namespace gpuckpt::cli {
 
 namespace {
 
-// xoshiro256**: fast enough that generating GiBs of test data takes a fraction of a second
-// per GiB, so the benchmark's setup does not dominate its run time.
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) {
-    for (auto& w : s_) {
-      seed += 0x9e3779b97f4a7c15ull;  // splitmix64 seeding
-      std::uint64_t z = seed;
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      w = z ^ (z >> 31);
-    }
-  }
-  std::uint64_t next() {
-    const std::uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
-    s_[2] ^= s_[0];
-    s_[3] ^= s_[1];
-    s_[1] ^= s_[2];
-    s_[0] ^= s_[3];
-    s_[2] ^= t;
-    s_[3] = rotl(s_[3], 45);
-    return r;
-  }
-
- private:
-  static std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-  std::uint64_t s_[4];
-};
-
 // Content like a serving process's memory: the first `random_fraction` incompressible
 // (weights in a compressed format, random state), the rest fp16 activations/KV values of
 // similar magnitude (shared exponent, low-entropy mantissa), which compress about 2:1.
@@ -61,24 +32,13 @@ void generate_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,
   const UniqueFd owned(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (!owned) throw_errno(Errc::kIo, "create ", path);
   const int fd = owned.get();
-  Rng rng(seed);
-  std::vector<std::uint64_t> buf(1 << 19);  // 4 MiB
+  SampleContent content(seed);
+  std::vector<std::byte> buf(4 << 20);
   const auto random_bytes = static_cast<std::uint64_t>(static_cast<double>(size) * random_fraction);
   std::uint64_t written = 0;
   while (written < size) {
-    if (written < random_bytes) {
-      for (auto& w : buf) w = rng.next();
-    } else {
-      auto* h = reinterpret_cast<std::uint16_t*>(buf.data());
-      const std::size_t n = buf.size() * 4;
-      for (std::size_t i = 0; i < n; i += 8) {
-        std::uint64_t r = rng.next();
-        for (std::size_t k = 0; k < 8; ++k, r >>= 7)  // 7 random bits per value
-          h[i + k] = static_cast<std::uint16_t>(0x3c00 | ((r & 0x40) << 9) | (r & 0x3f));
-      }
-    }
-    const auto n =
-        static_cast<std::size_t>(std::min<std::uint64_t>(buf.size() * 8, size - written));
+    content.fill(buf, written < random_bytes);
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(buf.size(), size - written));
     std::size_t off = 0;
     while (off < n) {
       const ssize_t w = ::write(fd, reinterpret_cast<const char*>(buf.data()) + off, n - off);

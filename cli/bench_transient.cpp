@@ -121,8 +121,16 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
       end_process(last.pidns_init > 0 ? last.pidns_init : last.pid, grace);
   }
   if (ctx.json) {
-    nlohmann::json extra = {
-        {"checkpoint", a.checkpoint}, {"probe", describe_probe(o.probe)}, {"gpu", last.gpu}};
+    nlohmann::json extra = {{"checkpoint", a.checkpoint},
+                            {"probe", describe_probe(o.probe)},
+                            {"gpu", last.gpu},
+                            {"huge_page_bytes", last.huge_page_bytes}};
+    // The floors' compression ratio: what this checkpoint's images became on storage.
+    if (a.checkpoint.rfind("s3://", 0) != 0) {
+      const ImageInfo info = inspect(a.checkpoint);
+      extra["image_bytes"] = info.raw_bytes;
+      extra["checkpoint_bytes"] = info.compressed_bytes;
+    }
     if (a.keep) extra["pid"] = last.pid;
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = last.first_answer;
     ctx.emit(bench_json("restore", runs, extra));
@@ -153,8 +161,12 @@ void run_migrate(const MigrateArgs& a, Context& ctx) {
   o.criu = a.criu.settings();
   const MigrateResult r = migrate(o);
   if (ctx.json) {
-    nlohmann::json extra = {
-        {"old_pid", r.old_pid}, {"new_pid", r.new_pid}, {"probe", describe_probe(o.probe)}};
+    nlohmann::json extra = {{"old_pid", r.old_pid},
+                            {"new_pid", r.new_pid},
+                            {"probe", describe_probe(o.probe)},
+                            {"image_bytes", r.image_bytes},
+                            {"checkpoint_bytes", r.checkpoint_bytes},
+                            {"huge_page_bytes", r.huge_page_bytes}};
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = r.first_answer;
     ctx.emit(bench_json("migrate", {r.timeline}, extra));
     return;

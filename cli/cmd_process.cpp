@@ -25,13 +25,15 @@ struct StagingFlags {
   void add(CLI::App* c, const std::string& what) {
     dir_opt = c->add_option("--staging", dir, what + " (implies --staging-mode staged)");
     c->add_option("--staging-mode", mode,
-                  "stream (default): CRIU's images flow through gpuckpt's streamer, no copy of "
-                  "the process's memory in tmpfs; staged: through a directory under --staging")
-        ->check(CLI::IsMember({"stream", "staged"}));
+                  "stream: CRIU's images flow through gpuckpt's streamer, no copy of the "
+                  "process's memory in tmpfs; staged: through a directory under --staging; "
+                  "auto (default): staged for a snapshot (--leave-running) when --staging has "
+                  "room, which shortens the time the process is frozen, else stream")
+        ->check(CLI::IsMember({"stream", "staged", "auto"}));
   }
   StagingMode resolve() const {
     if (!mode.empty()) return parse_staging_mode(mode);
-    return dir_opt && dir_opt->count() > 0 ? StagingMode::kStaged : StagingMode::kStream;
+    return dir_opt && dir_opt->count() > 0 ? StagingMode::kStaged : StagingMode::kAuto;
   }
 };
 
@@ -77,6 +79,8 @@ void run_dump(const DumpArgs& o, Context& ctx) {
               {"tree", r.tree},
               {"tcp_established", d.tcp_established},
               {"staging_mode", staging_mode_name(r.staging_mode)},
+              {"staging_note", r.staging_note},
+              {"frozen_seconds", r.frozen_seconds},
               {"timeline", to_json(r.timeline)}});
     return;
   }
@@ -87,6 +91,10 @@ void run_dump(const DumpArgs& o, Context& ctx) {
       d.output.c_str(), human_bytes(r.image_bytes).c_str(), human_bytes(r.checkpoint_bytes).c_str(),
       r.gpu ? ", with CUDA state" : "",
       d.leave_running ? "; the process continues" : "; the process has ended");
+  if (d.leave_running)
+    print_header("frozen for %s (%s images%s)", format_seconds(r.frozen_seconds).c_str(),
+                 staging_mode_name(r.staging_mode),
+                 r.staging_note.empty() ? "" : ("; " + r.staging_note).c_str());
   print_stages(r.timeline);
 }
 
@@ -124,10 +132,15 @@ void add_dump(CLI::App& app, Context& ctx) {
   c->callback([o, &ctx] { run_dump(*o, ctx); });
 }
 
+// --no-huge-pages, for restore and migrate.
+constexpr const char* kNoHugePagesHelp =
+    "Fill the restored memory with 4 KiB pages, as upstream CRIU does (default: dense private "
+    "anonymous memory is read into transparent huge pages, docs/CRIU.md \"Huge-page fill\")";
+
 struct RestoreArgs {
   std::string checkpoint, gpu_map, spool;
   StagingFlags staging;
-  bool new_pidns = false, take_endpoints = false, await_commit = false;
+  bool new_pidns = false, take_endpoints = false, await_commit = false, no_huge_pages = false;
   ProbeFlags probe;
   CriuFlags criu;
   TrustFlags trust;
@@ -144,6 +157,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.probe = o.probe.probe();
   r.new_pid_ns = o.new_pidns;
   r.take_endpoints = o.take_endpoints;
+  r.huge_pages = !o.no_huge_pages;
   r.criu = o.criu.settings();
   r.trust = o.trust.options();
   auto result_json = [&r](const RestoreResult& res) {
@@ -153,7 +167,8 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
                      {"gpu", res.gpu},
                      {"tree", res.tree},
                      {"timeline", to_json(res.timeline)},
-                     {"staging_mode", staging_mode_name(res.staging_mode)}};
+                     {"staging_mode", staging_mode_name(res.staging_mode)},
+                     {"huge_page_bytes", res.huge_page_bytes}};
     if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
     if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
     return j;
@@ -211,6 +226,7 @@ void add_restore(CLI::App& app, Context& ctx) {
   o->staging.add(c, "Where the images are unpacked for CRIU (tmpfs)");
   c->add_flag("--new-pidns", o->new_pidns,
               "Restore into a new pid namespace (the checkpointed pid may be in use here)");
+  c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
   o->probe.add(c);
   o->criu.add(c);
   o->trust.add(c);
@@ -222,7 +238,7 @@ struct MigrateArgs {
   std::string to, gpu_map, handoff = "auto", ssh_config, remote_gpuckpt = "gpuckpt", spool,
                            remote_spool;
   StagingFlags staging;
-  bool keep = false, tcp_established = false;
+  bool keep = false, tcp_established = false, no_huge_pages = false;
   int level = 1;
   int lock_timeout_ms = 10000;
   ProbeFlags probe;
@@ -248,6 +264,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.pack.progress = ctx.progress();
   m.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
   m.tcp_established = o.tcp_established;
+  m.huge_pages = !o.no_huge_pages;
   m.handoff = o.handoff == "frozen"    ? MigrateHandoff::kFrozen
               : o.handoff == "release" ? MigrateHandoff::kRelease
                                        : MigrateHandoff::kAuto;
@@ -320,6 +337,7 @@ void add_migrate(CLI::App& app, Context& ctx) {
   c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
   c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
       ->check(CLI::PositiveNumber);
+  c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
   o->probe.add(c);
   o->criu.add(c);
   o->sign.add(c);

@@ -16,6 +16,10 @@ struct RooflineArgs {
   bool quick = false;
   unsigned threads = 0;
   int gpu = 0;
+  // --transient: the checkpoint path's ceilings too (floors of the transient report).
+  bool transient = false;
+  std::string dir = "/var/tmp", sample, bytes = "1G";
+  int level = 1;
 };
 
 std::string sig3(double v) {
@@ -53,6 +57,22 @@ void print_human(const Ceilings& c, const std::optional<RooflinePlacement>& p,
   }
 }
 
+void print_path(const PathCeilings& p) {
+  std::printf("checkpoint path (%s, %u cores):\n", p.dir.c_str(), p.cores);
+  std::printf("  %-20s write %s GB/s (durable), read %s GB/s\n", "disk (O_DIRECT)",
+              sig3(p.disk_write_gbps).c_str(), sig3(p.disk_read_gbps).c_str());
+  std::printf("  %-20s %s GB/s (4 KiB pages), %s GB/s (huge pages)\n", "memory fill",
+              sig3(p.fill_gbps).c_str(), sig3(p.fill_huge_gbps).c_str());
+  std::printf("  %-20s %s GB/s (one core)\n", "memcpy", sig3(p.memcpy_gbps).c_str());
+  std::printf("  %-20s level %d: compress %s GB/s, decompress %s GB/s per core, ratio %.2f\n",
+              "zstd", p.zstd_level, sig3(p.zstd_compress_gbps).c_str(),
+              sig3(p.zstd_decompress_gbps).c_str(), p.zstd_ratio);
+  std::printf("  %-20s %s\n", "zstd sample", p.sample.c_str());
+  if (p.pcie_h2d_gbps && p.pcie_d2h_gbps)
+    std::printf("  %-20s H2D %s GB/s, D2H %s GB/s\n", "PCIe (pinned)",
+                sig3(*p.pcie_h2d_gbps).c_str(), sig3(*p.pcie_d2h_gbps).c_str());
+}
+
 void run_roofline(const RooflineArgs& a, Context& ctx) {
   const RooflineTarget target = parse_roofline_target(a.target);
   if (!a.kernel.empty() && a.intensity)
@@ -77,10 +97,22 @@ void run_roofline(const RooflineArgs& a, Context& ctx) {
   } else if (a.intensity) {
     placement = place_on_roofline(c, *a.intensity, a.achieved);
   }
-  if (ctx.json)
-    ctx.emit(roofline_json(c, placement, kernel));
-  else
+  std::optional<PathCeilings> path;
+  if (a.transient) {
+    PathMeasureOptions po;
+    po.dir = a.dir;
+    po.sample = a.sample;
+    po.bytes = parse_bytes(a.bytes);
+    po.zstd_level = a.level;
+    path = measure_path_ceilings(po);
+    if (c.target == "gpu") path_from_gpu_ceilings(c, *path);
+  }
+  if (ctx.json) {
+    ctx.emit(roofline_json(c, placement, kernel, path));
+  } else {
     print_human(c, placement, kernel);
+    if (path) print_path(*path);
+  }
 }
 
 }  // namespace
@@ -104,6 +136,19 @@ void add_roofline_commands(CLI::App& app, Context& ctx) {
   cmd->add_option("--threads", args->threads, "CPU threads (default: every allowed CPU)");
   cmd->add_option("--gpu", args->gpu, "CUDA device index to measure")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--transient", args->transient,
+                "Also measure the checkpoint path's ceilings, the floors of the transient "
+                "report: durable O_DIRECT write and read on --dir, memory fill (4 KiB and huge "
+                "pages), memcpy, zstd per core on --sample (and PCIe from a GPU roofline)");
+  cmd->add_option("--dir", args->dir,
+                  "--transient: a directory on the checkpoints' filesystem (a scratch file of "
+                  "--bytes is written there and removed)");
+  cmd->add_option("--sample", args->sample,
+                  "--transient: zstd's sample, a checkpoint or any file (default: generated, "
+                  "half incompressible, half fp16-like)");
+  cmd->add_option("--bytes", args->bytes, "--transient: bytes written and read back (e.g. 1G)");
+  cmd->add_option("--level", args->level, "--transient: zstd level, as dump --level")
+      ->check(CLI::Range(-7, 22));
   cmd->fallthrough();  // global flags (--json, -q) may also follow the command
   cmd->callback([args, &ctx] { run_roofline(*args, ctx); });
 }

@@ -8,7 +8,10 @@
 # Result (PREFIX = $GPUCKPT_CRIU_PREFIX, default /opt/gpuckpt-criu):
 #   PREFIX/bin/criu                    criu, a native build (system loader, system libraries)
 #   PREFIX/include/criu/criu-plugin.h  plugin header of the same CRIU version (and criu-log.h)
-#   PREFIX/share/gpuckpt-criu/build.txt   source version, tarball hash, compiler, glibc
+#   PREFIX/share/gpuckpt-criu/build.txt   source version, tarball hash, patches, compiler, glibc
+#
+# gpuckpt's own patches in scripts/criu-patches/*.patch are applied, in name order, before the
+# build (docs/CRIU.md, "Huge-page fill"); a changed patch set rebuilds CRIU.
 #
 # How: a private apt configuration (PREFIX/var/apt: its own sources list naming only the deb-src
 # lines of forky and sid, its own lists and an empty dpkg status) downloads the source package's
@@ -38,7 +41,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 # criu binary needs; documentation and the Python library are not built).
 build_deps=(build-essential pkg-config libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev
   protobuf-compiler python3-protobuf libnl-3-dev libnet1-dev libcap-dev libbsd-dev
-  libgnutls28-dev uuid-dev libnftables-dev xz-utils)
+  libgnutls28-dev uuid-dev libnftables-dev xz-utils patch)
 
 die() {
   echo "$me: $*" >&2
@@ -82,8 +85,20 @@ quiet() {
 stamp=$prefix/share/gpuckpt-criu/build.txt
 binary=$prefix/bin/criu
 
+patches=()
+for p in "$here"/scripts/criu-patches/*.patch; do [ -f "$p" ] && patches+=("$p"); done
+# One hash over the patches' names and contents: what build.txt records and compares.
+patch_set() {
+  local p
+  for p in "${patches[@]}"; do
+    basename "$p"
+    cat "$p"
+  done | sha256sum | cut -d' ' -f1
+}
+
 installed_version() {
   [ -f "$stamp" ] && [ -x "$binary" ] && [ -f "$prefix/include/criu/criu-plugin.h" ] || return 1
+  [ "$(awk '$1 == "patches" { print $2 }' "$stamp")" = "$(patch_set)" ] || return 1
   awk '$1 == "source" { print $2 }' "$stamp"
 }
 
@@ -159,6 +174,10 @@ else
   grep -q 'family == AF_UNIX || family == AF_NETLINK' "$srcdir/criu/sockets.c" \
     || die "criu=$version lacks the SO_PASSCRED/SO_PASSSEC family check (TCP dumps fail on >= 6.16)"
 
+  for p in "${patches[@]}"; do
+    quiet "applying $(basename "$p") to criu=$version" patch -p1 --forward -d "$srcdir" -i "$p"
+  done
+
   jobs=$(nproc)
   # CRIU's own Makefile; WERROR=0 because a newer compiler's new warnings are not our failure.
   quiet "building criu=$version (make criu)" make -C "$srcdir" -j "$jobs" WERROR=0 criu
@@ -173,6 +192,7 @@ else
   {
     echo "source criu $version"
     echo "tarball $(basename "$tarball") sha256 $(sha256sum "$tarball" | cut -d' ' -f1)"
+    echo "patches $(patch_set) ${patches[*]##*/}"
     echo "compiler $(cc --version | head -n1)"
     echo "glibc $(dpkg-query -W -f='${Version}' libc6)"
     echo "built $(date -u +%Y-%m-%dT%H:%M:%SZ)"

@@ -4,12 +4,14 @@
 // any of its bytes.
 #include "image/stream_pack.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
@@ -132,6 +134,55 @@ TEST_F(StreamPack, DamagedChunkIsRefusedBeforeAnyOfItsBytesAreWritten) {
   }
   // Only the chunks before the damaged one reached the reader.
   EXPECT_LE(fd_contents(fd.get()).size(), 3u * opts_.chunk_bytes);
+}
+
+// Into a pipe the chunks are spliced by reference: a chunk's buffer may be reused only once the
+// reader has taken its bytes. A small pipe and a reader taking little at a time make the
+// pipeline wait on that; any buffer reused early would show as different bytes.
+TEST_F(StreamPack, PagesSplicedIntoAPipeArriveExactlyThoughTheReaderLags) {
+  files_ = {{"pages-1.img", random_bytes(3 * 1024 * 1024 + 4321, 9, false)}};
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  image::CheckpointSource src(ckpt);
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd rd(p[0]), wr(p[1]);
+  ASSERT_GT(::fcntl(wr.get(), F_SETPIPE_SZ, 4096), 0);
+  std::string got;
+  std::thread reader([&] {
+    char buf[1000];
+    for (ssize_t n; (n = ::read(rd.get(), buf, sizeof buf)) > 0;)
+      got.append(buf, static_cast<std::size_t>(n));
+  });
+  const bool whole = src.write_to(*src.find("pages-1.img"), wr.get());
+  wr.reset();
+  reader.join();
+  EXPECT_TRUE(whole);
+  EXPECT_EQ(got.size(), files_[0].second.size());
+  EXPECT_TRUE(got == files_[0].second) << "the bytes read from the pipe differ";
+}
+
+// CRIU may close an image before its end (it needed no more of it): not an error.
+TEST_F(StreamPack, AReaderClosingThePipeEarlyEndsTheFileWithoutAnError) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  image::CheckpointSource src(ckpt);
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd rd(p[0]), wr(p[1]);
+  std::thread reader([&] {
+    char buf[4096];
+    for (std::size_t total = 0; total < 100000;) {
+      const ssize_t n = ::read(rd.get(), buf, sizeof buf);
+      if (n <= 0) break;
+      total += static_cast<std::size_t>(n);
+    }
+    rd.reset();
+  });
+  bool whole = true;
+  EXPECT_NO_THROW(whole = src.write_to(*src.find("pages-1.img"), wr.get()));
+  reader.join();
+  EXPECT_FALSE(whole);
 }
 
 TEST_F(StreamPack, AbandonedCheckpointLeavesNothing) {

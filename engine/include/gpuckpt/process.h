@@ -60,9 +60,15 @@ enum class StagingMode {
   // is then packed; restore unpacks there first. Needs as much free space as the process has
   // memory.
   kStaged,
+  // The default: what minimises what matters for the operation (docs/PERFORMANCE.md). A
+  // snapshot (--leave-running) is staged when the staging directory has room, since CRIU
+  // writes memory faster than it can be compressed and stored, and the process runs again
+  // as soon as CRIU is done; everything else streams, which is shorter from decision to a
+  // durable checkpoint (or a restored process) and needs no memory for a copy.
+  kAuto,
 };
-const char* staging_mode_name(StagingMode m);  // "stream", "staged"
-// "stream" | "staged"; throws Error(kUsage).
+const char* staging_mode_name(StagingMode m);  // "stream", "staged", "auto"
+// "stream" | "staged" | "auto"; throws Error(kUsage).
 StagingMode parse_staging_mode(const std::string& s);
 
 struct DumpOptions {
@@ -80,7 +86,7 @@ struct DumpOptions {
   bool leave_running = false;
   std::filesystem::path staging_root = "/dev/shm";  // CRIU writes its images here first
   // Streaming falls back to kStaged (saying why) when a CRIU option needs image files on disk.
-  StagingMode staging_mode = StagingMode::kStream;
+  StagingMode staging_mode = StagingMode::kAuto;
   PackOptions pack;  // pack.force replaces an existing checkpoint; pack.progress is also used
                      // for the CRIU stages
   std::chrono::milliseconds lock_timeout{10000};  // cuCheckpointProcessLock timeout
@@ -102,7 +108,9 @@ struct DumpResult {
   std::string comm;                                 // the process's name
   std::vector<pid_t> tree;                          // every dumped process, root first
   StagingMode staging_mode = StagingMode::kStream;  // the one used
-  std::string staging_note;  // why a streaming dump was staged instead ("" otherwise)
+  std::string staging_note;  // why this staging mode was used, when it was not asked for
+  // How long the tree was stopped (CRIU's frozen time): for a snapshot, what its service lost.
+  double frozen_seconds = 0;
 };
 
 DumpResult dump(const DumpOptions& opts);
@@ -118,7 +126,7 @@ struct RestoreOptions {
   std::filesystem::path spool_root;  // "" = $TMPDIR or /var/tmp
   GpuMap gpu_map;
   std::filesystem::path staging_root = "/dev/shm";
-  StagingMode staging_mode = StagingMode::kStream;  // as in DumpOptions
+  StagingMode staging_mode = StagingMode::kAuto;  // as in DumpOptions (kAuto streams)
   UnpackOptions unpack;  // unpack.progress is also used for the CRIU stages
   ReadinessProbe probe;  // if set, "first_answer" is timed as the last stage
   // Restore into a fresh pid namespace, so that the checkpointed pid may still be in use on
@@ -128,6 +136,10 @@ struct RestoreOptions {
   // With new_pid_ns: a live process still serving a unix socket path of the checkpoint is
   // refused (the restored copy would silently take the path over); true hands it over.
   bool take_endpoints = false;
+  // Dense private anonymous memory is read into transparent huge pages (gpuckpt's CRIU build,
+  // docs/CRIU.md "Huge-page fill"): one page fault per 2 MiB instead of 512. false: CRIU fills
+  // 4 KiB pages, as upstream CRIU does.
+  bool huge_pages = true;
   CriuSettings criu;
   TrustOptions trust;  // who may have written the checkpoint (check_trust, gpuckpt/image.h)
   // If set, called once the copy is restored (and has answered the probe): true keeps it;
@@ -145,6 +157,8 @@ struct RestoreResult {
   std::string first_answer;
   bool gpu = false;                                 // the plugin restored CUDA state
   StagingMode staging_mode = StagingMode::kStream;  // the one used
+  // Memory of the restored tree mapped by huge pages right after the restore (AnonHugePages).
+  std::uint64_t huge_page_bytes = 0;
 };
 
 RestoreResult restore(const RestoreOptions& opts);
@@ -177,9 +191,10 @@ struct MigrateOptions {
   bool keep_checkpoint = false;
   PackOptions pack;
   std::filesystem::path staging_root = "/dev/shm";
-  StagingMode staging_mode = StagingMode::kStream;  // for the dump and the restore
+  StagingMode staging_mode = StagingMode::kAuto;  // for the dump and the restore (kAuto streams)
   std::chrono::milliseconds lock_timeout{10000};
   bool tcp_established = false;  // as in DumpOptions
+  bool huge_pages = true;        // as in RestoreOptions
   // How the endpoints pass from the original to the copy on this host (docs/PROCESS.md):
   MigrateHandoff handoff = MigrateHandoff::kAuto;
   CriuSettings criu;
@@ -194,6 +209,8 @@ struct MigrateResult {
   Timeline timeline;                               // dump stages, then restore stages, on one clock
   std::filesystem::path checkpoint;                // kept (keep_checkpoint) or already removed
   std::string first_answer;
+  std::uint64_t image_bytes = 0, checkpoint_bytes = 0;  // CRIU's images; on storage
+  std::uint64_t huge_page_bytes = 0;                    // as RestoreResult's, of the copy
 };
 
 // Same-host migration (docs/PROCESS.md): the old process is dumped and kept frozen, the

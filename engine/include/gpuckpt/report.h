@@ -18,8 +18,43 @@
 
 namespace gpuckpt {
 
+// ---- Floors: each transient number, and each stage that moves bytes, against the path ----
+
+// What a timeline's bytes went through, beyond its stages: how much its image bytes compressed
+// on the way to storage (0: the path's zstd sample ratio), and whether the restore filled
+// huge pages (RestoreResult::huge_page_bytes > 0).
+struct FloorContext {
+  double zstd_ratio = 0;
+  bool huge_pages = false;
+};
+
+struct Floor {
+  double seconds = 0;  // the stage's (or transient's) bytes through the slowest ceiling
+  std::string bound;   // which: "disk write", "disk read", "zstd", "memory fill", "memcpy", ...
+  // floor / measured time: 100% is at the floor.
+  double percent_of(double measured_seconds) const {
+    return measured_seconds > 0 ? 100 * seconds / measured_seconds : 0;
+  }
+};
+
+// A stage's floor, from its name and bytes: compress_write (durable disk write of the stored
+// bytes, or zstd on every core), criu_dump/memdump/memwrite (memcpy), read_decompress (disk
+// read, or zstd decompression on every core), criu_restore_tasks (memory fill), transfer,
+// receive, upload, download (network), device_checkpoint/device_restore (PCIe). nullopt for
+// stages that move no bytes or whose ceiling was not measured.
+std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const FloorContext& c = {});
+// A transient's floor. Streaming overlaps the stages of a dump (CRIU, zstd, the disk, the
+// network), and those of a restore (the disk, zstd, the fill): each group is bounded by its
+// slowest. A restore cannot begin before its dump has ended (CRIU reads inventory.img, which
+// the dump writes last), so for a migration the two groups add. nullopt without byte stages.
+std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
+                                     const FloorContext& c = {});
+
 struct TransientReport {
   Ceilings ceilings;  // target empty: not measured (the chart says so)
+  // The checkpoint path's ceilings (`gpuckpt roofline --transient`): each number's floor.
+  std::optional<PathCeilings> path;
+  FloorContext cold_start_context, restore_context, migration_context;
   std::optional<RooflinePlacement> workload;
   std::optional<Timeline> cold_start;  // decision -> first token
   std::optional<Timeline> restore;     // interruption -> serving
@@ -49,9 +84,11 @@ void write_report_output(const std::filesystem::path& path, const std::string& c
 
 // `gpuckpt roofline --json`: {"kind":"roofline","ceilings":{...},"placement":{...}|null,
 // "kernel":{...}|null}.
+// With `path` (`gpuckpt roofline --transient`): "path":{...}, the checkpoint path's ceilings.
 nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
-                             const std::optional<KernelMeasurement>& kernel = {});
-// Reads a roofline document into r.ceilings and r.workload.
+                             const std::optional<KernelMeasurement>& kernel = {},
+                             const std::optional<PathCeilings>& path = {});
+// Reads a roofline document into r.ceilings, r.workload and (if present) r.path.
 void load_roofline_json(const std::string& text, TransientReport& r,
                         const std::string& source = "roofline");
 

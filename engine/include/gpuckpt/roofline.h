@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -52,6 +53,45 @@ struct RooflinePlacement {
 // Throws Error(kUsage) for a non-positive intensity or a negative achieved rate.
 RooflinePlacement place_on_roofline(const Ceilings& c, double intensity,
                                     std::optional<double> achieved_gflops = {});
+
+// ---- The checkpoint path's own ceilings (docs/PERFORMANCE.md, "Floors") -------------------
+//
+// A roofline bounds a workload that runs; a transient is bounded by the path its bytes take:
+// the disk (durable writes, cold reads), zstd on this machine's cores, the memory a restore
+// fills, the network to a migration target and, on a GPU, the copy engines. Each transient
+// number's floor is its bytes through the slowest of these (gpuckpt/report.h, floors).
+struct PathCeilings {
+  std::string dir;                  // the filesystem measured (where checkpoints are written)
+  unsigned cores = 0;               // CPUs this process may use: zstd's parallelism
+  double disk_write_gbps = 0;       // O_DIRECT writes, then fdatasync: durable bytes per second
+  double disk_read_gbps = 0;        // O_DIRECT reads (no page cache of this host)
+  double fill_gbps = 0;             // first touch of fresh anonymous memory, 4 KiB pages
+  double fill_huge_gbps = 0;        // the same into transparent huge pages (0: THP off here)
+  double memcpy_gbps = 0;           // one core, between touched buffers
+  double zstd_compress_gbps = 0;    // one core, raw bytes per second, at zstd_level
+  double zstd_decompress_gbps = 0;  // one core, raw bytes per second
+  double zstd_ratio = 1;            // raw / stored bytes of the sample
+  int zstd_level = 1;
+  std::string sample;                                  // what zstd was measured on
+  std::optional<double> network_gbps;                  // to a migration target, when known
+  std::optional<double> pcie_h2d_gbps, pcie_d2h_gbps;  // pinned host<->GPU copies, on a GPU
+};
+
+struct PathMeasureOptions {
+  std::filesystem::path dir;  // a directory on the checkpoints' filesystem (a temporary file)
+  // zstd's sample: a checkpoint (chunks of its largest file) or any file; "" = generated
+  // content, half incompressible and half fp16-like (SampleContent).
+  std::filesystem::path sample;
+  std::uint64_t bytes = 1ull << 30;  // written and read back; fills use up to 512 MiB
+  int zstd_level = 1;
+};
+
+// Measures the ceilings above (not the network; PCIe comes from a GPU roofline's details:
+// path_from_gpu_ceilings). Throws Error(kInvalidInput) for a missing directory or sample,
+// Error(kIo) when the disk cannot be written.
+PathCeilings measure_path_ceilings(const PathMeasureOptions& opts);
+// The GPU roofline's pinned copy rates (details h2d_pinned_gbps, d2h_pinned_gbps) into `p`.
+void path_from_gpu_ceilings(const Ceilings& gpu, PathCeilings& p);
 
 // A built-in CPU kernel run to completion, to place on the CPU roofline.
 struct KernelMeasurement {

@@ -1,7 +1,9 @@
 // Small jobs the CLI shares with the engine, so that each has one implementation.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -21,5 +23,19 @@ int run_shell(const std::string& command);
 std::string shell_quote(std::string_view s);
 // This machine's host name (gethostname), "" if it has none.
 std::string host_name();
+
+// Bytes like a serving process's memory, for benchmarks and the path ceilings' zstd sample:
+// incompressible (weights in a compressed format, random state), or fp16 activations and KV
+// values of similar magnitude (shared exponent, 7 random bits per value), which zstd
+// compresses about 1.8:1. Deterministic for a seed, and fast: a fraction of a second per GiB.
+class SampleContent {
+ public:
+  explicit SampleContent(std::uint64_t seed);
+  void fill(std::span<std::byte> out, bool incompressible);
+
+ private:
+  std::uint64_t next();
+  std::uint64_t s_[4];
+};
 
 }  // namespace gpuckpt

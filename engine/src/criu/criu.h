@@ -18,6 +18,9 @@ namespace gpuckpt::criu {
 
 // File name of gpuckpt's CRIU plugin inside its plugin directory (criu --libdir).
 inline constexpr const char* kPluginFile = "gpuckpt_criu_plugin.so";
+// "1" in criu restore's environment turns on the huge-page fill of gpuckpt's CRIU build
+// (scripts/criu-patches, docs/CRIU.md); any other CRIU ignores it.
+inline constexpr const char* kEnvThpFill = "GPUCKPT_CRIU_THP_FILL";
 
 struct Installation {
   std::filesystem::path binary;      // criu (the prefix's wrapper script)

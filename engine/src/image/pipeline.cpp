@@ -143,6 +143,7 @@ class PipelineRun {
       while (next < ranges_.size() && !io.full()) {
         auto id = free_.try_pop();
         if (!id) break;
+        if (cfg_.await_range) cfg_.await_range(ranges_[next]);
         if (next == 0) stats_.read_first = Clock::now();
         submit_read(io, st, next, slots_[*id]);
         ++next;
@@ -335,6 +336,15 @@ void SinkIo::submit(IoRequest r) {
   while (io_.full()) io_.reap(true, completed_);
   if (r.slot >= 0) run_.slots_[r.slot].pending++;
   io_.submit(r);
+}
+
+void SinkIo::hold(Slot& s) {
+  s.pending++;
+}
+
+void SinkIo::release(unsigned slot) {
+  Slot& s = run_.slots_.at(slot);
+  if (--s.pending == 0 && !s.consuming) run_.release(s);
 }
 
 void SinkIo::dispatch() {

@@ -92,6 +92,10 @@ class SinkIo {
   void submit(IoRequest r);
   // Waits until no request is in flight, dispatching completions to the sink.
   void drain();
+  // Keeps slot `s` from going back to the reader when consume() returns: its buffers are still
+  // read from outside the pipeline (pages spliced into a pipe). release() hands it back.
+  void hold(Slot& s);
+  void release(unsigned slot);
 
  private:
   friend class PipelineRun;
@@ -112,6 +116,9 @@ struct PipelineConfig {
   std::uint64_t total_bytes = 0;  // for progress
   ProgressFn progress;
   Errc short_read_errc = Errc::kIo;  // a source ending before a range does
+  // Called on the reader thread before each range is read: a source still being written (a
+  // checkpoint arriving over the network) waits there for the range's bytes.
+  std::function<void(const ReadRange&)> await_range;
 };
 
 struct PipelineStats {

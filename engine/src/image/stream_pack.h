@@ -145,6 +145,8 @@ class CheckpointSource {
   // before the end of the file (EPIPE: it did not need the rest). Throws Error(kCorrupt) on a
   // damaged chunk, before any of its bytes are written, and on a whole-file mismatch.
   bool write_to(const ManifestEntry& e, int fd) const;
+  // The raw bytes of chunk `k` of `e`, checked (zstd's sample for the path ceilings).
+  std::vector<std::byte> raw_chunk(const ManifestEntry& e, std::size_t k) const;
   // Bytes read from the blobs and bytes written out, so far (any thread).
   std::uint64_t stored_read() const { return stored_read_.load(); }
   std::uint64_t raw_written() const { return raw_written_.load(); }
@@ -152,6 +154,8 @@ class CheckpointSource {
  private:
   const std::byte* decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
                           AlignedBuffer& out, Decompressor& dec) const;
+  // Error(kCorrupt) naming chunk `k` of `e`, its blob and offset.
+  Error corrupt(const ManifestEntry& e, std::size_t k, const std::string& why) const;
   std::filesystem::path ckpt_;
   const BlobArrival* arrival_ = nullptr;
   unsigned threads_ = 1;  // decompression workers per large file

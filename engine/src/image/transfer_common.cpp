@@ -180,4 +180,20 @@ void check_blobs(const Manifest& m, const fs::path& ckpt) {
   }
 }
 
+const std::byte* check_and_decode(const ChunkRecord& rec, const std::byte* stored, std::byte* out,
+                                  Decompressor& dec,
+                                  const std::function<void(const std::string&)>& corrupt) {
+  auto fail = [&](const std::string& why) {
+    corrupt(why);
+    throw Error(Errc::kCorrupt, why);  // corrupt() is meant to throw its own, naming the chunk
+  };
+  if (xxh3(stored, rec.stored) != rec.xxh3) fail("stored bytes fail their xxh3 checksum");
+  if (rec.has_blake2b && blake2b(stored, rec.stored) != rec.blake2b)
+    fail("stored bytes fail their blake2b digest");
+  if (rec.codec != Codec::kZstd) return stored;
+  const std::string err = dec.decompress(stored, rec.stored, out, rec.raw);
+  if (!err.empty()) fail(err);
+  return out;
+}
+
 }  // namespace gpuckpt::image

@@ -3,10 +3,12 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "gpuckpt/image.h"
 #include "gpuckpt/timing.h"
+#include "image/chunk_codec.h"
 #include "image/manifest.h"
 #include "image/pipeline.h"
 
@@ -53,6 +55,14 @@ void check_pack_output(const std::filesystem::path& output, bool force);
 // Writes `data` to dir/name (mode 0600, fsynced) through a temporary name and a rename.
 void write_private_file(const std::filesystem::path& dir, const char* name,
                         const std::string& data);
+
+// One stored chunk, checked and decoded: its stored bytes against their xxh3 (and BLAKE2b when
+// the record has one) before zstd ever sees them, then decompressed into `out` (room for
+// rec.raw bytes) if the chunk is compressed. Returns where the raw bytes are (`stored` itself
+// for a raw chunk); a failed check throws corrupt(why), which must throw.
+const std::byte* check_and_decode(const ChunkRecord& rec, const std::byte* stored, std::byte* out,
+                                  Decompressor& dec,
+                                  const std::function<void(const std::string&)>& corrupt);
 
 // Shared by unpack, verify and the streaming reader: missing, truncated or oversized blobs
 // are reported up front, by name (Error(kCorrupt)).

@@ -84,20 +84,11 @@ class UnpackWorker : public ChunkWorker {
   void process(Slot& s) override {
     const UnpackChunk& c = plan_.chunks[s.seq];
     const ChunkRecord& r = *c.rec;
-    // Checksum the stored bytes before zstd ever sees them.
-    if (xxh3(s.chunk(), s.in_len) != r.xxh3)
-      chunk_corrupt(ckpt_, m_, c, "stored bytes fail their xxh3 checksum");
-    if (r.has_blake2b && blake2b(s.chunk(), s.in_len) != r.blake2b)
-      chunk_corrupt(ckpt_, m_, c, "stored bytes fail their blake2b digest");
-    if (r.codec == Codec::kRaw) {
-      s.data = s.chunk();
-      s.data_index = s.in_index();
-    } else {
-      const std::string err = dec_.decompress(s.chunk(), s.in_len, s.out, r.raw);
-      if (!err.empty()) chunk_corrupt(ckpt_, m_, c, err);
-      s.data = s.out;
-      s.data_index = s.out_index();
-    }
+    const std::byte* d = check_and_decode(r, s.chunk(), s.out, dec_, [&](const std::string& why) {
+      chunk_corrupt(ckpt_, m_, c, why);
+    });
+    s.data = d == s.out ? s.out : s.chunk();
+    s.data_index = d == s.out ? s.out_index() : s.in_index();
     s.data_len = r.raw;
     s.codec = r.codec;
   }

@@ -150,7 +150,17 @@ void choose_staging(DumpState& d) {
   // CRIU would find out after freezing the tree for as long as it took to fill the tmpfs.
   // The checkpoint moves the tree's VRAM into its host memory first: stage that too.
   d.need = d.target.memory_bytes + gpu_memory_of(d.target.tree);
+  const std::uint64_t free_bytes = fs::space(o.staging_root).available;
   d.stream = o.staging_mode == StagingMode::kStream;
+  if (o.staging_mode == StagingMode::kAuto) {
+    // What a snapshot loses is its frozen time, which staging shortens; a staging directory
+    // without room for the tree streams instead.
+    d.stream = !o.leave_running || d.need + (64ull << 20) > free_bytes;
+    if (o.leave_running)
+      d.out.result.staging_note =
+          d.stream ? "a snapshot streams: the staging directory has too little room for the tree"
+                   : "a snapshot stages its images: the process runs again sooner";
+  }
   if (d.stream) {
     // The longest images path make_staging() creates: gpuckpt-dump-<guard pid>-XXXXXX.
     const std::string why = criu::stream_unsupported_reason(
@@ -164,7 +174,6 @@ void choose_staging(DumpState& d) {
   }
   d.out.result.staging_mode = d.stream ? StagingMode::kStream : StagingMode::kStaged;
   // Streaming stages nothing but CRIU's log and stats.
-  const std::uint64_t free_bytes = fs::space(o.staging_root).available;
   if (!d.stream && d.need > free_bytes)
     throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
                                std::to_string(free_bytes >> 20) + " MiB free, but the tree of " +
@@ -321,6 +330,7 @@ void collect_dump(DumpState& d) {
   rec.cuda_pids = cuda_pids_of(plugin);
   if (!o.leave_running) d.guard.cuda(rec.cuda_pids);
   add_dump_stages(result.timeline, d.run, result.image_bytes, stats, plugin);
+  if (const Stage* f = result.timeline.find("frozen")) result.frozen_seconds = f->seconds;
   rec.cuda = plugin && plugin->cuda;
   result.gpu = rec.cuda;
   result.gpu_uuids = rec.gpu_uuids;
@@ -391,13 +401,14 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
 }  // namespace process
 
 const char* staging_mode_name(StagingMode m) {
-  return m == StagingMode::kStream ? "stream" : "staged";
+  return m == StagingMode::kStream ? "stream" : m == StagingMode::kStaged ? "staged" : "auto";
 }
 
 StagingMode parse_staging_mode(const std::string& s) {
   if (s == "stream") return StagingMode::kStream;
   if (s == "staged") return StagingMode::kStaged;
-  throw Error(Errc::kUsage, "staging mode must be 'stream' or 'staged', not '" + s + "'");
+  if (s == "auto") return StagingMode::kAuto;
+  throw Error(Errc::kUsage, "staging mode must be 'stream', 'staged' or 'auto', not '" + s + "'");
 }
 
 DumpResult dump(const DumpOptions& opts) {

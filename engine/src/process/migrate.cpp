@@ -158,6 +158,8 @@ MigrateResult migrate(const MigrateOptions& o) {
   // On failure the original already runs again.
   DumpOutcome dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard);
   res.timeline = dumped.result.timeline;
+  res.image_bytes = dumped.result.image_bytes;
+  res.checkpoint_bytes = dumped.result.checkpoint_bytes;
   const bool release = res.handoff == MigrateHandoff::kRelease;
   std::optional<SocketPathsAside> aside;
   if (release) {
@@ -176,6 +178,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   r.probe = o.probe;
   r.new_pid_ns = !release;
   r.take_endpoints = true;  // the copy is meant to take the original's socket paths
+  r.huge_pages = o.huge_pages;
   r.criu = o.criu;
   r.criu.check = false;  // checked by the dump a moment ago
   r.trust = o.trust;
@@ -191,6 +194,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   res.timeline.append(restored.timeline);
   res.new_pid = restored.pid;
   res.first_answer = restored.first_answer;
+  res.huge_page_bytes = restored.huge_page_bytes;
 
   if (!release) {
     // The copy answers (or, without a probe, was restored): the original may end.

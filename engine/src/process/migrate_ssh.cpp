@@ -121,7 +121,9 @@ std::string remote_restore_command(const MigrateOptions& o, bool release) {
   if (!release) c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());
   if (!o.gpu_map.empty()) c += " --gpu-map " + shell_quote(o.gpu_map.to_string());
-  c += " --staging-mode " + std::string(staging_mode_name(o.staging_mode));
+  if (o.staging_mode != StagingMode::kAuto)
+    c += " --staging-mode " + std::string(staging_mode_name(o.staging_mode));
+  if (!o.huge_pages) c += " --no-huge-pages";
   if (o.probe.kind != ReadinessProbe::Kind::kNone) {
     c += " --probe " + shell_quote(describe_probe(o.probe));
     if (!o.probe.request.empty()) c += " --request " + shell_quote(o.probe.request);
@@ -202,6 +204,8 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   // On failure the original already runs again.
   DumpOutcome dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard);
   res.timeline.append(dumped.result.timeline);
+  res.image_bytes = dumped.result.image_bytes;
+  res.checkpoint_bytes = dumped.result.checkpoint_bytes;
   if (release) release_original(o, dumped, res.checkpoint, guard, res.timeline);
 
   auto argv = ssh;
@@ -286,6 +290,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   }
   res.new_pid = answer.value("pid", 0);
   res.first_answer = answer.value("first_answer", std::string());
+  res.huge_page_bytes = answer.value("huge_page_bytes", std::uint64_t{0});
   res.target_result = std::move(answer);
   return res;
 }

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "gpuckpt/error.h"
@@ -76,11 +77,26 @@ std::optional<ProcInfo> read_proc(pid_t pid) {
   return p;
 }
 
-std::uint64_t peak_rss_bytes(pid_t pid) {
-  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/status"));
+namespace {
+
+// A "Key:   N kB" line of a /proc/PID file, in bytes; 0 if the process or the line is gone.
+std::uint64_t kib_field(pid_t pid, const char* file, std::string_view key) {
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/" + file));
   for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoull(line.substr(6)) << 10;
+    if (line.size() > key.size() && line.compare(0, key.size(), key) == 0 &&
+        line[key.size()] == ':')
+      return std::stoull(line.substr(key.size() + 1)) << 10;
   return 0;
+}
+
+}  // namespace
+
+std::uint64_t peak_rss_bytes(pid_t pid) {
+  return kib_field(pid, "status", "VmHWM");
+}
+
+std::uint64_t huge_page_bytes(pid_t pid) {
+  return kib_field(pid, "smaps_rollup", "AnonHugePages");
 }
 
 bool alive(pid_t pid) {

@@ -28,6 +28,8 @@ std::optional<ProcInfo> read_proc(pid_t pid);
 
 // Peak resident memory (VmHWM) of a live process in bytes; 0 if it is gone.
 std::uint64_t peak_rss_bytes(pid_t pid);
+// Anonymous memory mapped by transparent huge pages (AnonHugePages) in bytes; 0 if it is gone.
+std::uint64_t huge_page_bytes(pid_t pid);
 
 // Alive = exists and is not a zombie.
 bool alive(pid_t pid);

@@ -194,7 +194,7 @@ void prepare_criu(RestoreState& r) {
 
 void choose_staging(RestoreState& r) {
   const RestoreOptions& o = r.o;
-  r.stream = o.staging_mode == StagingMode::kStream;
+  r.stream = o.staging_mode != StagingMode::kStaged;
   if (r.stream) {
     const std::string why = criu::stream_unsupported_reason(
         o.staging_root / "gpuckpt-restore-4194304-XXXXXX" / "images", o.criu.extra_args);
@@ -256,7 +256,8 @@ void build_criu_args(RestoreState& r) {
   };
   r.report_path = r.staging.path() / criu::kRestoreReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
-           std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string()};
+           std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
+           std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
   for (auto& e : plugin_device_env(r.rec.cuda_pids)) a.env.push_back(std::move(e));
 }
 
@@ -335,6 +336,7 @@ void check_restored(RestoreState& r) {
   if (r.guard) r.guard->criu_finished();
   if (r.guard && r.provisional) r.guard->kill_on_recovery(out.pid, out.pidns_init);
   out.tree = process_tree(out.pid);
+  for (pid_t p : out.tree) out.huge_page_bytes += huge_page_bytes(p);
   const auto plugin = criu::read_plugin_report(r.report_path);
   add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin);
   out.gpu = plugin && plugin->cuda;

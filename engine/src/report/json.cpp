@@ -134,18 +134,102 @@ RooflinePlacement placement_from_json(const Json& j, const std::string& source) 
   return p;
 }
 
-Json runs_json(const std::optional<Timeline>& t, const std::vector<double>& runs) {
+Json opt(const std::optional<double>& v) {
+  return v ? Json(*v) : Json(nullptr);
+}
+
+Json path_to_json(const PathCeilings& p) {
+  return {{"dir", p.dir},
+          {"cores", p.cores},
+          {"disk_write_gbps", p.disk_write_gbps},
+          {"disk_read_gbps", p.disk_read_gbps},
+          {"fill_gbps", p.fill_gbps},
+          {"fill_huge_gbps", p.fill_huge_gbps},
+          {"memcpy_gbps", p.memcpy_gbps},
+          {"zstd_compress_gbps", p.zstd_compress_gbps},
+          {"zstd_decompress_gbps", p.zstd_decompress_gbps},
+          {"zstd_ratio", p.zstd_ratio},
+          {"zstd_level", p.zstd_level},
+          {"sample", p.sample},
+          {"network_gbps", opt(p.network_gbps)},
+          {"pcie_h2d_gbps", opt(p.pcie_h2d_gbps)},
+          {"pcie_d2h_gbps", opt(p.pcie_d2h_gbps)}};
+}
+
+PathCeilings path_from_json(const Json& j, const std::string& source) {
+  if (!j.is_object()) bad(source, "'path' is not an object");
+  PathCeilings p;
+  p.dir = string(j, "dir");
+  p.cores = static_cast<unsigned>(number(j, "cores", source, false, 1));
+  p.disk_write_gbps = number(j, "disk_write_gbps", source);
+  p.disk_read_gbps = number(j, "disk_read_gbps", source);
+  p.fill_gbps = number(j, "fill_gbps", source);
+  p.fill_huge_gbps = number(j, "fill_huge_gbps", source, false, 0);
+  p.memcpy_gbps = number(j, "memcpy_gbps", source);
+  p.zstd_compress_gbps = number(j, "zstd_compress_gbps", source);
+  p.zstd_decompress_gbps = number(j, "zstd_decompress_gbps", source);
+  p.zstd_ratio = number(j, "zstd_ratio", source, false, 1);
+  p.zstd_level = static_cast<int>(number(j, "zstd_level", source, false, 1));
+  p.sample = string(j, "sample");
+  const auto optional = [&](const char* key) -> std::optional<double> {
+    if (!j.contains(key) || j[key].is_null()) return std::nullopt;
+    return number(j, key, source);
+  };
+  p.network_gbps = optional("network_gbps");
+  p.pcie_h2d_gbps = optional("pcie_h2d_gbps");
+  p.pcie_d2h_gbps = optional("pcie_d2h_gbps");
+  for (double v : {p.disk_write_gbps, p.disk_read_gbps, p.fill_gbps, p.fill_huge_gbps,
+                   p.memcpy_gbps, p.zstd_compress_gbps, p.zstd_decompress_gbps})
+    if (v < 0) bad(source, "path ceilings must not be negative");
+  return p;
+}
+
+Json context_to_json(const FloorContext& c) {
+  return {{"zstd_ratio", c.zstd_ratio}, {"huge_pages", c.huge_pages}};
+}
+
+FloorContext context_from_json(const Json& j, const std::string& source) {
+  FloorContext c;
+  if (!j.is_object()) return c;
+  c.zstd_ratio = number(j, "zstd_ratio", source, false, 0);
+  c.huge_pages = j.value("huge_pages", false);
+  return c;
+}
+
+Json floor_json(const std::optional<Floor>& f, double seconds) {
+  if (!f) return nullptr;
+  return {{"seconds", f->seconds}, {"bound", f->bound}, {"percent", f->percent_of(seconds)}};
+}
+
+// Each number and each of its byte stages beside its floor (when the path was measured).
+Json floors_json(const Timeline& t, const TransientReport& r, const FloorContext& c) {
+  if (!r.path) return nullptr;
+  Json stages = Json::array();
+  for (const auto& s : t.stages())
+    if (const auto f = stage_floor(s, *r.path, c))
+      stages.push_back(
+          {{"name", s.name}, {"seconds", s.seconds}, {"floor", floor_json(f, s.seconds)}});
+  return {{"floor", floor_json(transient_floor(t, *r.path, c), t.total_seconds())},
+          {"stages", stages}};
+}
+
+Json runs_json(const std::optional<Timeline>& t, const std::vector<double>& runs,
+               const TransientReport& r, const FloorContext& c) {
   if (!t) return nullptr;
-  return {{"timeline", Json(timeline_json(*t))}, {"runs", runs}};
+  return {{"timeline", Json(timeline_json(*t))},
+          {"runs", runs},
+          {"context", context_to_json(c)},
+          {"floors", floors_json(*t, r, c)}};
 }
 
 void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
-                    std::vector<double>& runs, const std::string& source) {
+                    std::vector<double>& runs, FloorContext& ctx, const std::string& source) {
   if (!j.contains(key) || j[key].is_null()) return;
   const Json& m = j[key];
   if (!m.is_object() || !m.contains("timeline"))
     bad(source, std::string("'") + key + "' lacks a timeline");
   t = timeline_from_json(m["timeline"], source + " " + key);
+  if (m.contains("context")) ctx = context_from_json(m["context"], source);
   runs.clear();
   if (m.contains("runs") && m["runs"].is_array())
     for (const auto& v : m["runs"])
@@ -155,12 +239,14 @@ void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
 }  // namespace
 
 nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
-                             const std::optional<KernelMeasurement>& kernel) {
+                             const std::optional<KernelMeasurement>& kernel,
+                             const std::optional<PathCeilings>& path) {
   Json j = {{"ok", true},
             {"kind", "roofline"},
             {"ceilings", ceilings_to_json(c)},
             {"placement", placement ? placement_to_json(*placement) : Json(nullptr)},
-            {"kernel", nullptr}};
+            {"kernel", nullptr},
+            {"path", path ? path_to_json(*path) : Json(nullptr)}};
   if (kernel)
     j["kernel"] = {{"name", kernel->name},           {"description", kernel->description},
                    {"intensity", kernel->intensity}, {"achieved_gflops", kernel->achieved_gflops},
@@ -178,6 +264,7 @@ void load_roofline_json(const std::string& text, TransientReport& r, const std::
   r.workload.reset();
   if (j.contains("placement") && !j["placement"].is_null())
     r.workload = placement_from_json(j["placement"], source);
+  if (j.contains("path") && !j["path"].is_null()) r.path = path_from_json(j["path"], source);
 }
 
 const Timeline& median_run(const std::vector<Timeline>& runs) {
@@ -237,13 +324,22 @@ std::string load_bench_json(const std::string& text, TransientReport& r,
     for (const auto& run : j["runs"])
       totals.push_back(timeline_from_json(run, source).total_seconds());
   if (totals.empty()) totals.push_back(t.total_seconds());
+  // What the floors need beyond the stages (bench restore/migrate write these).
+  FloorContext ctx;
+  const double image = number(j, "image_bytes", source, false, 0);
+  const double stored = number(j, "checkpoint_bytes", source, false, 0);
+  if (image > 0 && stored > 0) ctx.zstd_ratio = image / stored;
+  ctx.huge_pages = number(j, "huge_page_bytes", source, false, 0) > 0;
   if (kind == "coldstart") {
+    r.cold_start_context = ctx;
     r.cold_start = std::move(t);
     r.cold_start_runs = std::move(totals);
   } else if (kind == "restore") {
+    r.restore_context = ctx;
     r.restore = std::move(t);
     r.restore_runs = std::move(totals);
   } else {
+    r.migration_context = ctx;
     r.migration = std::move(t);
     r.migration_runs = std::move(totals);
   }
@@ -256,9 +352,10 @@ std::string render_json(const TransientReport& r) {
             {"kind", "transient_report"},
             {"ceilings", r.ceilings.target.empty() ? Json(nullptr) : ceilings_to_json(r.ceilings)},
             {"workload", r.workload ? placement_to_json(*r.workload) : Json(nullptr)},
-            {"cold_start", runs_json(r.cold_start, r.cold_start_runs)},
-            {"restore", runs_json(r.restore, r.restore_runs)},
-            {"migration", runs_json(r.migration, r.migration_runs)},
+            {"path", r.path ? path_to_json(*r.path) : Json(nullptr)},
+            {"cold_start", runs_json(r.cold_start, r.cold_start_runs, r, r.cold_start_context)},
+            {"restore", runs_json(r.restore, r.restore_runs, r, r.restore_context)},
+            {"migration", runs_json(r.migration, r.migration_runs, r, r.migration_context)},
             {"restore_speedup", speedup ? Json(*speedup) : Json(nullptr)}};
   return j.dump(2);
 }
@@ -273,9 +370,10 @@ TransientReport parse_report_json(const std::string& text, const std::string& so
     r.ceilings = ceilings_from_json(j["ceilings"], source);
   if (j.contains("workload") && !j["workload"].is_null())
     r.workload = placement_from_json(j["workload"], source);
-  runs_from_json(j, "cold_start", r.cold_start, r.cold_start_runs, source);
-  runs_from_json(j, "restore", r.restore, r.restore_runs, source);
-  runs_from_json(j, "migration", r.migration, r.migration_runs, source);
+  if (j.contains("path") && !j["path"].is_null()) r.path = path_from_json(j["path"], source);
+  runs_from_json(j, "cold_start", r.cold_start, r.cold_start_runs, r.cold_start_context, source);
+  runs_from_json(j, "restore", r.restore, r.restore_runs, r.restore_context, source);
+  runs_from_json(j, "migration", r.migration, r.migration_runs, r.migration_context, source);
   return r;
 }
 

@@ -26,8 +26,16 @@ std::string lpad(const std::string& s, size_t w) {
   return s.size() >= w ? s : std::string(w - s.size(), ' ') + s;
 }
 
+// "floor 1.20 s (disk write), 65% of it": the floor and how close the measured time came.
+std::string floor_text(const std::optional<Floor>& f, double seconds) {
+  if (!f) return "";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f%%", f->percent_of(seconds));
+  return "floor " + format_seconds(f->seconds) + " (" + f->bound + "), at " + b + " of it";
+}
+
 void transient(std::ostringstream& o, const char* title, const std::optional<Timeline>& t,
-               const std::vector<double>& runs) {
+               const std::vector<double>& runs, const TransientReport& r, const FloorContext& ctx) {
   if (!t) {
     o << title << ": not measured\n";
     return;
@@ -40,6 +48,10 @@ void transient(std::ostringstream& o, const char* title, const std::optional<Tim
       << format_seconds(s.back()) << ")";
   }
   o << "\n";
+  if (r.path) {
+    const auto f = transient_floor(*t, *r.path, ctx);
+    o << "  " << (f ? floor_text(f, t->total_seconds()) : "floor: no stage moves bytes") << "\n";
+  }
   for (const auto& st : t->stages()) {
     o << "  " << pad(st.name, 24) << lpad(format_seconds(st.seconds), 10) << "  at "
       << lpad(format_seconds(st.start_offset), 9);
@@ -48,9 +60,33 @@ void transient(std::ostringstream& o, const char* title, const std::optional<Tim
       std::snprintf(b, sizeof b, "  %.1f MiB", static_cast<double>(st.bytes) / (1 << 20));
       o << b;
       if (st.seconds > 0) o << "  " << fmt_gbps(st.gbps());
+      if (r.path)
+        if (const auto f = stage_floor(st, *r.path, ctx)) o << "  " << floor_text(f, st.seconds);
     }
     o << "\n";
   }
+}
+
+void path_ceilings(std::ostringstream& o, const PathCeilings& p) {
+  char b[160];
+  o << "checkpoint path (" << p.dir << ", " << p.cores << " cores):\n";
+  std::snprintf(b, sizeof b, "  %-22s write %s (durable), read %s\n", "disk (O_DIRECT)",
+                fmt_gbps(p.disk_write_gbps).c_str(), fmt_gbps(p.disk_read_gbps).c_str());
+  o << b;
+  std::snprintf(b, sizeof b, "  %-22s %s (4 KiB pages), %s (huge pages)\n", "memory fill",
+                fmt_gbps(p.fill_gbps).c_str(), fmt_gbps(p.fill_huge_gbps).c_str());
+  o << b;
+  o << "  " << pad("memcpy", 22) << fmt_gbps(p.memcpy_gbps) << " (one core)\n";
+  std::snprintf(b, sizeof b, "  %-22s level %d: compress %s, decompress %s per core, ratio %.2f\n",
+                "zstd", p.zstd_level, fmt_gbps(p.zstd_compress_gbps).c_str(),
+                fmt_gbps(p.zstd_decompress_gbps).c_str(), p.zstd_ratio);
+  o << b;
+  if (!p.sample.empty()) o << "  " << pad("zstd sample", 22) << p.sample << "\n";
+  if (p.network_gbps) o << "  " << pad("network", 22) << fmt_gbps(*p.network_gbps) << "\n";
+  if (p.pcie_h2d_gbps || p.pcie_d2h_gbps)
+    o << "  " << pad("PCIe (pinned)", 22) << "H2D "
+      << (p.pcie_h2d_gbps ? fmt_gbps(*p.pcie_h2d_gbps) : "-") << ", D2H "
+      << (p.pcie_d2h_gbps ? fmt_gbps(*p.pcie_d2h_gbps) : "-") << "\n";
 }
 
 }  // namespace
@@ -86,10 +122,14 @@ std::string render_table(const TransientReport& r) {
     }
     o << "\n";
   }
+  if (r.path) path_ceilings(o, *r.path);
   o << "\n";
-  transient(o, "cold start (decision -> first token)", r.cold_start, r.cold_start_runs);
-  transient(o, "restore (interruption -> serving)", r.restore, r.restore_runs);
-  transient(o, "migration (decision -> answering elsewhere)", r.migration, r.migration_runs);
+  transient(o, "cold start (decision -> first token)", r.cold_start, r.cold_start_runs, r,
+            r.cold_start_context);
+  transient(o, "restore (interruption -> serving)", r.restore, r.restore_runs, r,
+            r.restore_context);
+  transient(o, "migration (decision -> answering elsewhere)", r.migration, r.migration_runs, r,
+            r.migration_context);
   if (const auto s = restore_speedup(r)) o << "\n" << speedup_sentence(*s) << "\n";
   return o.str();
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <exception>
 
 #include "gpuckpt/error.h"
@@ -83,6 +84,50 @@ std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return {};
   return buf;
+}
+
+// xoshiro256**, splitmix64-seeded.
+SampleContent::SampleContent(std::uint64_t seed) {
+  for (auto& w : s_) {
+    seed += 0x9e3779b97f4a7c15ull;
+    std::uint64_t z = seed;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    w = z ^ (z >> 31);
+  }
+}
+
+std::uint64_t SampleContent::next() {
+  auto rotl = [](std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); };
+  const std::uint64_t r = rotl(s_[1] * 5, 7) * 9, t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = rotl(s_[3], 45);
+  return r;
+}
+
+void SampleContent::fill(std::span<std::byte> out, bool incompressible) {
+  std::size_t i = 0;
+  if (incompressible) {
+    for (; i + 8 <= out.size(); i += 8) {
+      const std::uint64_t r = next();
+      std::memcpy(out.data() + i, &r, 8);
+    }
+  } else {
+    for (; i + 16 <= out.size(); i += 16) {
+      std::uint64_t r = next();
+      std::uint16_t h[8];
+      for (auto& v : h) {
+        v = static_cast<std::uint16_t>(0x3c00 | ((r & 0x40) << 9) | (r & 0x3f));
+        r >>= 7;
+      }
+      std::memcpy(out.data() + i, h, sizeof h);
+    }
+  }
+  for (; i < out.size(); ++i) out[i] = static_cast<std::byte>(next());
 }
 
 }  // namespace gpuckpt

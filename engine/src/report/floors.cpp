@@ -1,0 +1,94 @@
+// Floors (gpuckpt/report.h): the bytes of each stage through the path ceilings they need.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gpuckpt/report.h"
+
+namespace gpuckpt {
+
+namespace {
+
+enum class Side { kNone, kDump, kRestore };
+
+// "target:read_decompress" (the target of an ssh migration) and "device_lock@1234" (one
+// process of a tree) are the stages read_decompress and device_lock.
+std::string base_name(std::string n) {
+  if (const auto c = n.find(':'); c != std::string::npos) n = n.substr(c + 1);
+  if (const auto a = n.find('@'); a != std::string::npos) n = n.substr(0, a);
+  return n;
+}
+
+Side side_of(const std::string& name) {
+  static const char* const dump[] = {"compress_write", "criu_dump", "criu_memdump",
+                                     "criu_memwrite",  "transfer",  "upload",
+                                     "send",           "device_checkpoint"};
+  static const char* const restore[] = {"read_decompress", "criu_restore_tasks", "receive",
+                                        "download", "device_restore"};
+  for (const char* d : dump)
+    if (name == d) return Side::kDump;
+  for (const char* r : restore)
+    if (name == r) return Side::kRestore;
+  return Side::kNone;
+}
+
+// The larger of candidate floors; a ceiling of 0 (not measured) gives none.
+struct Slowest {
+  std::optional<Floor> f;
+  void add(double bytes, double gbps, const char* bound) {
+    if (!(gbps > 0) || !(bytes > 0)) return;
+    const double s = bytes / (gbps * 1e9);
+    if (!f || s > f->seconds) f = Floor{s, bound};
+  }
+};
+
+}  // namespace
+
+std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const FloorContext& c) {
+  if (s.bytes == 0) return std::nullopt;
+  const std::string n = base_name(s.name);
+  const double raw = static_cast<double>(s.bytes);
+  const double ratio = c.zstd_ratio > 0 ? c.zstd_ratio : std::max(1.0, p.zstd_ratio);
+  const double cores = std::max(1u, p.cores);
+  Slowest w;
+  if (n == "compress_write") {
+    w.add(raw / ratio, p.disk_write_gbps, "disk write");
+    w.add(raw, p.zstd_compress_gbps * cores, "zstd");
+  } else if (n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite") {
+    w.add(raw, p.memcpy_gbps, "memcpy");
+  } else if (n == "read_decompress") {
+    w.add(raw / ratio, p.disk_read_gbps, "disk read");
+    w.add(raw, p.zstd_decompress_gbps * cores, "zstd");
+  } else if (n == "criu_restore_tasks") {
+    if (c.huge_pages && p.fill_huge_gbps > 0)
+      w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
+    else
+      w.add(raw, p.fill_gbps, "memory fill");
+  } else if (n == "transfer" || n == "receive" || n == "upload" || n == "download" ||
+             n == "send") {
+    if (p.network_gbps) w.add(raw, *p.network_gbps, "network");
+  } else if (n == "device_checkpoint") {
+    if (p.pcie_d2h_gbps) w.add(raw, *p.pcie_d2h_gbps, "PCIe D2H");
+  } else if (n == "device_restore") {
+    if (p.pcie_h2d_gbps) w.add(raw, *p.pcie_h2d_gbps, "PCIe H2D");
+  }
+  return w.f;
+}
+
+std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
+                                     const FloorContext& c) {
+  std::optional<Floor> dump, restore;
+  for (const auto& s : t.stages()) {
+    const Side side = side_of(base_name(s.name));
+    if (side == Side::kNone) continue;
+    const auto f = stage_floor(s, p, c);
+    if (!f) continue;
+    auto& group = side == Side::kDump ? dump : restore;
+    if (!group || f->seconds > group->seconds) group = f;
+  }
+  if (!dump) return restore;
+  if (!restore) return dump;
+  return Floor{dump->seconds + restore->seconds, dump->bound + " + " + restore->bound};
+}
+
+}  // namespace gpuckpt

@@ -1,0 +1,153 @@
+// The huge-page fill of gpuckpt's CRIU build (docs/CRIU.md, "Huge-page fill"), end to end with
+// real CRIU: a process with a dense and a sparse private anonymous region comes back with the
+// dense one in transparent huge pages, the sparse one as it was (no memory added), the same
+// address space as a 4 KiB restore (--no-huge-pages), and every byte of both regions intact.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "probe/probe.h"
+#include "process/proc_info.h"
+#include "test_support.h"
+#include "util/fs.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::uint64_t kDenseMiB = 192, kSparseMiB = 256;
+
+// python3 (stdlib only): a dense region with every page written, a sparse one with one page in
+// each 2 MiB written, both MAP_PRIVATE|MAP_ANONYMOUS; "HASH" answers the SHA-256 of both.
+const char* kTarget = R"(import hashlib, mmap, os, socket, sys
+dense = mmap.mmap(-1, int(sys.argv[2]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+sparse = mmap.mmap(-1, int(sys.argv[3]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+block = hashlib.sha256(b"gpuckpt").digest() * 128
+for off in range(0, len(dense), len(block)):
+    dense[off:off + len(block)] = bytes(b ^ (off >> 12 & 0xff) for b in block[:64]) + block[64:]
+for off in range(0, len(sparse), 2 << 20):
+    sparse[off:off + 8] = off.to_bytes(8, "little")
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1])
+s.listen(4)
+print("READY", flush=True)
+while True:
+    c, _ = s.accept()
+    if c.recv(64).strip() == b"HASH":
+        c.sendall(hashlib.sha256(dense[:] + sparse[:]).hexdigest().encode() + b"\n")
+    c.close()
+)";
+
+std::string thp_mode() {
+  std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  std::getline(in, line);
+  const std::smatch m = [&] {
+    std::smatch r;
+    std::regex_search(line, r, std::regex(R"(\[(\w+)\])"));
+    return r;
+  }();
+  return m.size() > 1 ? m[1].str() : "";
+}
+
+std::uint64_t rss_bytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) << 10;
+  return 0;
+}
+
+// Address ranges and permissions: what a restore must give back, whatever its page size.
+std::string layout(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
+  std::string out;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string range, perms;
+    f >> range >> perms;
+    out += range + " " + perms + "\n";
+  }
+  return out;
+}
+
+json run_json(const std::vector<std::string>& args) {
+  const test::CliResult r = test::run_cli(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  try {
+    return json::parse(r.out);
+  } catch (const json::exception&) {
+    ADD_FAILURE() << "not JSON: " << r.out << r.err;
+    return json::object();
+  }
+}
+
+void end(pid_t pid) {
+  ::kill(pid, SIGKILL);
+  test::wait_until([&] { return !process::alive(pid); }, std::chrono::seconds(10));
+}
+
+class HugePageFill : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    test::close_inherited_fds();
+    std::ofstream(dir_.path() / "target.py") << kTarget;
+  }
+  TempDir dir_ = test::scratch_dir("gpuckpt-hugepage");
+  fs::path sock_ = dir_.path() / "t.sock";
+};
+
+TEST_F(HugePageFill, DenseMemoryComesBackInHugePagesAndSparseMemoryAddsNothing) {
+  const std::string mode = thp_mode();
+  if (mode != "madvise" && mode != "always")
+    GTEST_SKIP() << "transparent huge pages are '" << mode << "' on this kernel";
+
+  SpawnOptions so;
+  so.stdout_file = dir_.path() / "target.out";
+  so.stderr_file = dir_.path() / "target.err";
+  so.new_session = true;  // no terminal: CRIU dumps it without --shell-job
+  Child target = spawn({"python3", (dir_.path() / "target.py").string(), sock_.string(),
+                        std::to_string(kDenseMiB), std::to_string(kSparseMiB)},
+                       so);
+  ASSERT_TRUE(test::wait_until([&] { return read_file(so.stdout_file).rfind("READY", 0) == 0; },
+                               std::chrono::seconds(60)))
+      << read_file(so.stderr_file);
+  const pid_t pid = target.pid();
+  const std::string hash = ask_unix_line(sock_, "HASH");
+  const std::uint64_t rss_before = rss_bytes(pid);
+  ASSERT_GT(rss_before, kDenseMiB << 20);
+
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  json d = run_json({"--json", "dump", "--pid", std::to_string(pid), "-o", ckpt.string()});
+  ASSERT_EQ(d.value("ok", false), true);
+  target.wait();
+
+  // 4 KiB pages, as upstream CRIU restores them.
+  json plain = run_json({"--json", "restore", ckpt.string(), "--no-huge-pages", "--probe",
+                         "unix:" + sock_.string()});
+  ASSERT_EQ(plain.value("ok", false), true);
+  const pid_t p1 = plain["pid"].get<pid_t>();
+  EXPECT_EQ(plain["huge_page_bytes"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash);
+  const std::string plain_layout = layout(p1);
+  end(p1);
+
+  // The default: the dense region in huge pages.
+  json huge = run_json({"--json", "restore", ckpt.string(), "--probe", "unix:" + sock_.string()});
+  ASSERT_EQ(huge.value("ok", false), true);
+  const pid_t p2 = huge["pid"].get<pid_t>();
+  EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the restored memory differs";
+  EXPECT_GE(huge["huge_page_bytes"].get<std::uint64_t>(), (kDenseMiB - 4) << 20)
+      << "the dense region was not filled with huge pages";
+  EXPECT_EQ(layout(p2), plain_layout) << "the address space differs from a 4 KiB restore";
+  // A huge page per touched 2 MiB of the sparse region would add about kSparseMiB.
+  EXPECT_LT(rss_bytes(p2), rss_before + (32u << 20))
+      << "RSS before " << (rss_before >> 20) << " MiB, after " << (rss_bytes(p2) >> 20) << " MiB";
+  end(p2);
+}
+
+}  // namespace

@@ -1,0 +1,178 @@
+// Floors (gpuckpt/report.h): each stage's bytes through the path ceiling it needs, each
+// transient bounded by its slowest overlapping stage (a migration's dump and restore add),
+// carried through the report's JSON and table; and the path ceilings measured for real.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "gpuckpt/error.h"
+#include "gpuckpt/report.h"
+#include "gpuckpt/roofline.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+
+namespace {
+
+PathCeilings path() {
+  PathCeilings p;
+  p.dir = "/ckpt";
+  p.cores = 2;
+  p.disk_write_gbps = 0.5;
+  p.disk_read_gbps = 2.0;
+  p.fill_gbps = 0.25;
+  p.fill_huge_gbps = 10.0;
+  p.memcpy_gbps = 10.0;
+  p.zstd_compress_gbps = 0.5;
+  p.zstd_decompress_gbps = 2.0;
+  p.zstd_ratio = 2.0;
+  return p;
+}
+
+Stage stage(const std::string& name, double seconds, std::uint64_t bytes) {
+  Stage s;
+  s.name = name;
+  s.seconds = seconds;
+  s.bytes = bytes;
+  return s;
+}
+
+constexpr std::uint64_t kGB = 1000000000;
+
+TEST(Floors, ADumpIsBoundByTheSlowerOfDurableWritesAndZstdOnEveryCore) {
+  // 2 GB raw, 1 GB stored: 2.0 s of writes at 0.5 GB/s, 2.0 s of zstd at 2 x 0.5 GB/s.
+  auto f = stage_floor(stage("compress_write", 4.0, 2 * kGB), path());
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 2.0, 1e-9);
+  EXPECT_NEAR(f->percent_of(4.0), 50.0, 1e-9);
+  // A checkpoint that compressed 4:1: zstd is the bound now.
+  f = stage_floor(stage("compress_write", 4.0, 2 * kGB), path(), {.zstd_ratio = 4.0});
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->bound, "zstd");
+  EXPECT_NEAR(f->seconds, 2.0, 1e-9);
+  PathCeilings fast = path();
+  fast.zstd_compress_gbps = 5;
+  f = stage_floor(stage("compress_write", 4.0, 2 * kGB), fast);
+  EXPECT_EQ(f->bound, "disk write");
+}
+
+TEST(Floors, ARestoreFillIsBoundByThePageSizeItFilled) {
+  const Stage s = stage("criu_restore_tasks", 3.0, 2 * kGB);
+  const auto small = stage_floor(s, path());
+  const auto huge = stage_floor(s, path(), {.huge_pages = true});
+  ASSERT_TRUE(small && huge);
+  EXPECT_NEAR(small->seconds, 8.0, 1e-9);
+  EXPECT_EQ(small->bound, "memory fill");
+  EXPECT_NEAR(huge->seconds, 0.2, 1e-9);
+  EXPECT_EQ(huge->bound, "memory fill (huge pages)");
+}
+
+TEST(Floors, StagesWithoutBytesOrAMeasuredCeilingHaveNoFloor) {
+  EXPECT_FALSE(stage_floor(stage("preflight", 0.1, 0), path()));
+  EXPECT_FALSE(stage_floor(stage("first_answer", 0.1, 0), path()));
+  EXPECT_FALSE(stage_floor(stage("transfer", 5, 2 * kGB), path()));  // no network measured
+  PathCeilings p = path();
+  p.network_gbps = 0.4;
+  const auto f = stage_floor(stage("target:receive", 6, 2 * kGB), p);
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 5.0, 1e-9);
+  EXPECT_EQ(f->bound, "network");
+}
+
+Timeline timeline(const std::vector<Stage>& stages) {
+  Timeline t;
+  for (const auto& s : stages) t.add_measured(s.name, s.seconds, s.bytes);
+  return t;
+}
+
+TEST(Floors, ARestoreIsBoundByItsSlowestOverlappingStage) {
+  // Read 1 GB stored at 2 GB/s = 0.5 s; decompress 2 GB at 4 GB/s = 0.5 s; fill 8 s.
+  const Timeline t = timeline({stage("preflight", 0.1, 0), stage("read_decompress", 9, 2 * kGB),
+                               stage("criu_restore_tasks", 9, 2 * kGB)});
+  const auto f = transient_floor(t, path());
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 8.0, 1e-9);
+  EXPECT_EQ(f->bound, "memory fill");
+}
+
+TEST(Floors, AMigrationAddsItsDumpAndItsRestoreBecauseCriuReadsInventoryLast) {
+  const Timeline t = timeline({stage("compress_write", 5, 2 * kGB),
+                               stage("read_decompress", 2, 2 * kGB),
+                               stage("criu_restore_tasks", 2, 2 * kGB)});
+  const auto f = transient_floor(t, path(), {.huge_pages = true});
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 2.0 + 0.5, 1e-9);
+  EXPECT_EQ(f->bound, "disk write + disk read");
+  EXPECT_FALSE(transient_floor(timeline({stage("spawn", 1, 0)}), path()));
+}
+
+TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
+  TransientReport r;
+  r.path = path();
+  r.restore = timeline({stage("read_decompress", 1, 2 * kGB), stage("criu_restore_tasks", 1, 2 * kGB)});
+  r.restore_runs = {1.0};
+  r.restore_context.huge_pages = true;
+  const auto j = nlohmann::json::parse(render_json(r));
+  ASSERT_TRUE(j["path"].is_object());
+  EXPECT_DOUBLE_EQ(j["path"]["disk_write_gbps"].get<double>(), 0.5);
+  const auto& floor = j["restore"]["floors"]["floor"];
+  EXPECT_NEAR(floor["seconds"].get<double>(), 0.5, 1e-9);
+  EXPECT_EQ(floor["bound"], "disk read");
+  EXPECT_GT(floor["percent"].get<double>(), 0);
+  EXPECT_EQ(j["restore"]["floors"]["stages"].size(), 2u);
+
+  const TransientReport back = parse_report_json(render_json(r), "test");
+  ASSERT_TRUE(back.path);
+  EXPECT_DOUBLE_EQ(back.path->fill_huge_gbps, 10.0);
+  EXPECT_TRUE(back.restore_context.huge_pages);
+  const std::string table = render_table(back);
+  EXPECT_NE(table.find("floor 500.0 ms (disk read)"), std::string::npos) << table;
+  EXPECT_NE(table.find("checkpoint path"), std::string::npos) << table;
+}
+
+TEST(PathCeilings, AreMeasuredOnTheGivenFilesystemAndLeaveNothingThere) {
+  const auto dir = test::scratch_dir("gpuckpt-floors");
+  PathMeasureOptions o;
+  o.dir = dir.path();
+  o.bytes = 16u << 20;
+  const PathCeilings p = measure_path_ceilings(o);
+  EXPECT_GT(p.disk_write_gbps, 0);
+  EXPECT_GT(p.disk_read_gbps, 0);
+  EXPECT_GT(p.fill_gbps, 0);
+  EXPECT_GT(p.memcpy_gbps, 0);
+  EXPECT_GT(p.zstd_compress_gbps, 0);
+  EXPECT_GT(p.zstd_decompress_gbps, 0);
+  EXPECT_GT(p.zstd_ratio, 1.1);  // the generated sample is half fp16-like
+  EXPECT_GE(p.cores, 1u);
+  EXPECT_TRUE(fs::is_empty(dir.path()));
+}
+
+TEST(PathCeilings, AMissingDirectoryOrSampleIsRefused) {
+  PathMeasureOptions o;
+  o.dir = "/nonexistent/gpuckpt";
+  try {
+    measure_path_ceilings(o);
+    FAIL() << "a missing directory was measured";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kInvalidInput);
+  }
+  const auto dir = test::scratch_dir("gpuckpt-floors");
+  o.dir = dir.path();
+  o.bytes = 8u << 20;
+  o.sample = dir.path() / "missing.bin";
+  EXPECT_THROW(measure_path_ceilings(o), Error);
+}
+
+TEST(PathCeilings, RooflineTransientPrintsThemAsJson) {
+  const auto dir = test::scratch_dir("gpuckpt-floors");
+  const auto r = test::run_cli({"--json", "roofline", "--target", "cpu", "--quick", "--transient",
+                                "--dir", dir.path().string(), "--bytes", "8M"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_TRUE(j["path"].is_object()) << r.out;
+  EXPECT_GT(j["path"]["disk_write_gbps"].get<double>(), 0);
+  EXPECT_EQ(j["path"]["sample"], "generated: half incompressible, half fp16-like");
+}
+
+}  // namespace
