@@ -27,50 +27,100 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
   o.runs = a.runs;
   o.criu = a.criu.settings();
   o.log = [](const std::string& line) { spdlog::info("{}", line); };
+  // The floors, measured in the same run, on the same disk, before the methods.
+  PathMeasureOptions po;
+  po.dir = a.dir;
+  po.bytes = std::min<std::uint64_t>(o.size, 2ull << 30);
+  const PathCeilings path = measure_path_ceilings(po);
   const DumpRestoreBenchResult r = bench_dump_restore(o);
   const DumpRestoreBenchMethod* criu = nullptr;
   for (const auto& m : r.methods)
     if (m.name == "criu") criu = &m;
   auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+  // gpuckpt's floors: its images, as compressed in this run, through the path's ceilings; a
+  // restore into huge pages (the default) or 4 KiB ones (stream-4k, criu).
+  FloorContext ctx_huge, ctx_small;
+  if (r.checkpoint_bytes.count("stream") && r.checkpoint_bytes.at("stream") > 0)
+    ctx_huge.zstd_ratio = ctx_small.zstd_ratio =
+        static_cast<double>(r.process_bytes) / static_cast<double>(r.checkpoint_bytes.at("stream"));
+  ctx_huge.huge_pages = true;
+  Timeline dump_tl, restore_tl;
+  dump_tl.add_measured("compress_write", 0, r.process_bytes);
+  restore_tl.add_measured("read_decompress", 0, r.process_bytes);
+  restore_tl.add_measured("criu_restore_tasks", 0, r.process_bytes);
+  const auto dump_floor = transient_floor(dump_tl, path, ctx_huge);
+  const auto restore_floor = transient_floor(restore_tl, path, ctx_huge);
+  const auto restore_floor_4k = transient_floor(restore_tl, path, ctx_small);
+  auto restore_floor_of = [&](const std::string& m) {
+    return m == "stream" || m == "staged" ? restore_floor : restore_floor_4k;
+  };
+  auto floor_json = [](const std::optional<Floor>& f) {
+    return f ? nlohmann::json{{"seconds", f->seconds}, {"bound", f->bound}} : nlohmann::json();
+  };
+  auto pct = [](const std::optional<Floor>& f, double s) { return f ? f->percent_of(s) : 0.0; };
   if (ctx.json) {
     nlohmann::json methods = nlohmann::json::array();
     for (const auto& m : r.methods)
-      methods.push_back({{"name", m.name},
-                         {"dump_seconds", m.dump_seconds},
-                         {"restore_seconds", m.restore_seconds},
-                         {"dump_extra_bytes", m.dump_extra_bytes},
-                         {"restore_extra_bytes", m.restore_extra_bytes},
-                         {"dump_median_seconds", m.dump_median},
-                         {"restore_median_seconds", m.restore_median},
-                         {"dump_extra_median_bytes", m.dump_extra_median},
-                         {"restore_extra_median_bytes", m.restore_extra_median},
-                         {"dump_time_vs_criu", ratio(m.dump_median, criu->dump_median)},
-                         {"restore_time_vs_criu", ratio(m.restore_median, criu->restore_median)},
-                         {"checkpoint_bytes",
-                          r.checkpoint_bytes.count(m.name) ? r.checkpoint_bytes.at(m.name) : 0}});
+      methods.push_back(
+          {{"name", m.name},
+           {"dump_seconds", m.dump_seconds},
+           {"restore_seconds", m.restore_seconds},
+           {"dump_extra_bytes", m.dump_extra_bytes},
+           {"restore_extra_bytes", m.restore_extra_bytes},
+           {"dump_median_seconds", m.dump_median},
+           {"restore_median_seconds", m.restore_median},
+           {"dump_extra_median_bytes", m.dump_extra_median},
+           {"restore_extra_median_bytes", m.restore_extra_median},
+           {"dump_time_vs_criu", ratio(m.dump_median, criu->dump_median)},
+           {"restore_time_vs_criu", ratio(m.restore_median, criu->restore_median)},
+           {"dump_percent_of_floor", pct(dump_floor, m.dump_median)},
+           {"restore_percent_of_floor", pct(restore_floor_of(m.name), m.restore_median)},
+           {"checkpoint_bytes",
+            r.checkpoint_bytes.count(m.name) ? r.checkpoint_bytes.at(m.name) : 0}});
     ctx.emit({{"bench", "dump"},
               {"process_bytes", r.process_bytes},
               {"content", a.content},
               {"runs", a.runs},
+              {"floors",
+               {{"dump", floor_json(dump_floor)},
+                {"restore", floor_json(restore_floor)},
+                {"restore_4k", floor_json(restore_floor_4k)}}},
+              {"path", path_json(path)},
               {"methods", methods}});
     return;
   }
   std::printf("dump and restore of a %s process (%s weights), median of %u runs, on %s:\n",
               human_bytes(r.process_bytes).c_str(), a.content.c_str(), a.runs, a.dir.c_str());
-  std::printf("%-8s %10s %8s %12s %7s   %10s %8s %12s %7s %11s\n", "method", "dump", "vs criu",
-              "extra mem", "of proc", "restore", "vs criu", "extra mem", "of proc", "on disk");
+  std::printf("%-9s %10s %8s %8s %12s %7s   %10s %8s %8s %12s %7s %11s\n", "method", "dump",
+              "vs criu", "of floor", "extra mem", "of proc", "restore", "vs criu", "of floor",
+              "extra mem", "of proc", "on disk");
   for (const auto& m : r.methods) {
     const double pb = static_cast<double>(r.process_bytes);
     std::printf(
-        "%-8s %10s %7.2fx %12s %6.1f%%   %10s %7.2fx %12s %6.1f%% %11s\n", m.name.c_str(),
-        format_seconds(m.dump_median).c_str(), ratio(m.dump_median, criu->dump_median),
+        "%-9s %10s %7.2fx %7.0f%% %12s %6.1f%%   %10s %7.2fx %7.0f%% %12s %6.1f%% %11s\n",
+        m.name.c_str(), format_seconds(m.dump_median).c_str(),
+        ratio(m.dump_median, criu->dump_median), pct(dump_floor, m.dump_median),
         human_bytes(m.dump_extra_median).c_str(),
         100.0 * static_cast<double>(m.dump_extra_median) / pb,
         format_seconds(m.restore_median).c_str(), ratio(m.restore_median, criu->restore_median),
+        pct(restore_floor_of(m.name), m.restore_median),
         human_bytes(m.restore_extra_median).c_str(),
         100.0 * static_cast<double>(m.restore_extra_median) / pb,
         human_bytes(r.checkpoint_bytes.count(m.name) ? r.checkpoint_bytes.at(m.name) : 0).c_str());
   }
+  auto floor_line = [](const char* what, const std::optional<Floor>& f) {
+    if (f)
+      std::printf("  %-30s %s (%s)\n", what, format_seconds(f->seconds).c_str(), f->bound.c_str());
+  };
+  std::printf(
+      "floors (this run's path ceilings on %s: write %.2f, read %.2f, fill %.2f / %.2f "
+      "huge, zstd %.2f / %.2f GB/s per core x %u):\n",
+      path.dir.c_str(), path.disk_write_gbps, path.disk_read_gbps, path.fill_gbps,
+      path.fill_huge_gbps, path.zstd_compress_gbps, path.zstd_decompress_gbps, path.cores);
+  floor_line("dump (decision -> durable)", dump_floor);
+  floor_line("restore, huge pages", restore_floor);
+  floor_line("restore, 4 KiB pages", restore_floor_4k);
+  std::printf("of floor = floor / time: 100%% is at the floor\n");
 }
 
 }  // namespace

@@ -18,7 +18,7 @@ struct RooflineArgs {
   int gpu = 0;
   // --transient: the checkpoint path's ceilings too (floors of the transient report).
   bool transient = false;
-  std::string dir = "/var/tmp", sample, bytes = "1G";
+  std::string dir = "/var/tmp", sample, bytes = "1G", network, ssh_config;
   int level = 1;
 };
 
@@ -68,6 +68,8 @@ void print_path(const PathCeilings& p) {
               "zstd", p.zstd_level, sig3(p.zstd_compress_gbps).c_str(),
               sig3(p.zstd_decompress_gbps).c_str(), p.zstd_ratio);
   std::printf("  %-20s %s\n", "zstd sample", p.sample.c_str());
+  if (p.network_gbps)
+    std::printf("  %-20s %s GB/s (ssh into /dev/null)\n", "network", sig3(*p.network_gbps).c_str());
   if (p.pcie_h2d_gbps && p.pcie_d2h_gbps)
     std::printf("  %-20s H2D %s GB/s, D2H %s GB/s\n", "PCIe (pinned)",
                 sig3(*p.pcie_h2d_gbps).c_str(), sig3(*p.pcie_d2h_gbps).c_str());
@@ -104,6 +106,8 @@ void run_roofline(const RooflineArgs& a, Context& ctx) {
     po.sample = a.sample;
     po.bytes = parse_bytes(a.bytes);
     po.zstd_level = a.level;
+    po.network = a.network;
+    po.ssh_config = a.ssh_config;
     path = measure_path_ceilings(po);
     if (c.target == "gpu") path_from_gpu_ceilings(c, *path);
   }
@@ -149,6 +153,10 @@ void add_roofline_commands(CLI::App& app, Context& ctx) {
   cmd->add_option("--bytes", args->bytes, "--transient: bytes written and read back (e.g. 1G)");
   cmd->add_option("--level", args->level, "--transient: zstd level, as dump --level")
       ->check(CLI::Range(-7, 22));
+  cmd->add_option("--network", args->network,
+                  "--transient: a migration target, ssh://[USER@]HOST[:PORT]: up to 512 MiB "
+                  "through one OpenSSH connection into /dev/null there (the link's ceiling)");
+  cmd->add_option("--ssh-config", args->ssh_config, "--network: ssh configuration file (ssh -F)");
   cmd->fallthrough();  // global flags (--json, -q) may also follow the command
   cmd->callback([args, &ctx] { run_roofline(*args, ctx); });
 }

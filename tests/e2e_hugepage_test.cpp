@@ -127,8 +127,8 @@ TEST_F(HugePageFill, DenseMemoryComesBackInHugePagesAndSparseMemoryAddsNothing) 
   target.wait();
 
   // 4 KiB pages, as upstream CRIU restores them.
-  json plain = run_json({"--json", "restore", ckpt.string(), "--no-huge-pages", "--probe",
-                         "unix:" + sock_.string()});
+  json plain = run_json(
+      {"--json", "restore", ckpt.string(), "--no-huge-pages", "--probe", "unix:" + sock_.string()});
   ASSERT_EQ(plain.value("ok", false), true);
   const pid_t p1 = plain["pid"].get<pid_t>();
   EXPECT_EQ(plain["huge_page_bytes"].get<std::uint64_t>(), 0u);

@@ -233,3 +233,21 @@ TEST_F(E2eSsh, AfterTheHostIsGoneTheSpareRestoresTheCheckpointFromObjectStorage)
             test::vllm_complete(ref.port, "s", "after the outage"));
   EXPECT_TRUE(spool_empty(remote_spool_));
 }
+
+// The link's ceiling for the report's migration floor: bytes through one ssh connection into
+// /dev/null on the other host.
+TEST_F(E2eSsh, RooflineTransientMeasuresTheNetworkToTheTarget) {
+  const auto r = test::run_cli({"--json", "roofline", "--target", "cpu", "--quick", "--transient",
+                                "--dir", dir_.path().string(), "--bytes", "32M", "--network",
+                                ssh_->url(), "--ssh-config", ssh_->config().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json j = json::parse(r.out);
+  ASSERT_TRUE(j.at("path").at("network_gbps").is_number()) << r.out;
+  EXPECT_GT(j.at("path").at("network_gbps").get<double>(), 0);
+
+  const auto bad = test::run_cli({"roofline", "--target", "cpu", "--quick", "--transient", "--dir",
+                                  dir_.path().string(), "--bytes", "8M", "--network",
+                                  "ssh://nohost.invalid", "--ssh-config", ssh_->config().string()});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("nohost.invalid"), std::string::npos) << bad.err;
+}

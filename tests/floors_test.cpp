@@ -97,9 +97,9 @@ TEST(Floors, ARestoreIsBoundByItsSlowestOverlappingStage) {
 }
 
 TEST(Floors, AMigrationAddsItsDumpAndItsRestoreBecauseCriuReadsInventoryLast) {
-  const Timeline t = timeline({stage("compress_write", 5, 2 * kGB),
-                               stage("read_decompress", 2, 2 * kGB),
-                               stage("criu_restore_tasks", 2, 2 * kGB)});
+  const Timeline t =
+      timeline({stage("compress_write", 5, 2 * kGB), stage("read_decompress", 2, 2 * kGB),
+                stage("criu_restore_tasks", 2, 2 * kGB)});
   const auto f = transient_floor(t, path(), {.huge_pages = true});
   ASSERT_TRUE(f);
   EXPECT_NEAR(f->seconds, 2.0 + 0.5, 1e-9);
@@ -110,7 +110,8 @@ TEST(Floors, AMigrationAddsItsDumpAndItsRestoreBecauseCriuReadsInventoryLast) {
 TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
   TransientReport r;
   r.path = path();
-  r.restore = timeline({stage("read_decompress", 1, 2 * kGB), stage("criu_restore_tasks", 1, 2 * kGB)});
+  r.restore =
+      timeline({stage("read_decompress", 1, 2 * kGB), stage("criu_restore_tasks", 1, 2 * kGB)});
   r.restore_runs = {1.0};
   r.restore_context.huge_pages = true;
   const auto j = nlohmann::json::parse(render_json(r));

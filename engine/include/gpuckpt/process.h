@@ -257,7 +257,7 @@ struct DumpRestoreBenchOptions {
 };
 
 struct DumpRestoreBenchMethod {
-  std::string name;  // "stream", "staged", "criu"
+  std::string name;  // "stream", "stream-4k" (restored without huge pages), "staged", "criu"
   std::vector<double> dump_seconds, restore_seconds;
   std::vector<std::uint64_t> dump_extra_bytes, restore_extra_bytes;
   double dump_median = 0, restore_median = 0;

@@ -88,6 +88,8 @@ void write_report_output(const std::filesystem::path& path, const std::string& c
 nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
                              const std::optional<KernelMeasurement>& kernel = {},
                              const std::optional<PathCeilings>& path = {});
+// The "path" member of those documents.
+nlohmann::json path_json(const PathCeilings& p);
 // Reads a roofline document into r.ceilings, r.workload and (if present) r.path.
 void load_roofline_json(const std::string& text, TransientReport& r,
                         const std::string& source = "roofline");

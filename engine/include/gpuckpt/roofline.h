@@ -84,11 +84,16 @@ struct PathMeasureOptions {
   std::filesystem::path sample;
   std::uint64_t bytes = 1ull << 30;  // written and read back; fills use up to 512 MiB
   int zstd_level = 1;
+  // A migration target, ssh://[USER@]HOST[:PORT] (with ssh's -F `ssh_config`): up to 512 MiB
+  // of incompressible bytes through one OpenSSH connection into /dev/null there, as
+  // `migrate --to ssh://` sends a checkpoint. "": the network is not measured.
+  std::string network;
+  std::filesystem::path ssh_config;
 };
 
-// Measures the ceilings above (not the network; PCIe comes from a GPU roofline's details:
+// Measures the ceilings above (PCIe comes from a GPU roofline's details:
 // path_from_gpu_ceilings). Throws Error(kInvalidInput) for a missing directory or sample,
-// Error(kIo) when the disk cannot be written.
+// Error(kIo) when the disk cannot be written or the target cannot be reached.
 PathCeilings measure_path_ceilings(const PathMeasureOptions& opts);
 // The GPU roofline's pinned copy rates (details h2d_pinned_gbps, d2h_pinned_gbps) into `p`.
 void path_from_gpu_ceilings(const Ceilings& gpu, PathCeilings& p);

@@ -11,9 +11,13 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
+#include <map>
+#include <optional>
 #include <set>
 
+#include "device/nvml.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/dump_impl.h"
@@ -82,11 +86,45 @@ json target_devices(const std::vector<std::string>& ssh, const MigrateOptions& o
   }
 }
 
-// Every GPU the tree uses must land on a GPU of the same chip on the target: the one the map
-// names, else the same UUID. Checked before anything is frozen (cuda-checkpoint#44: a restore
-// that does not fit leaves the process stuck).
-void check_target_gpus(const std::set<std::string>& used, const json& devices, const GpuMap& map,
+// The VRAM the tree holds on `uuid` must fit in what GPU `to` on the target has free (its
+// `gpuckpt devices`: total_memory - used_memory). Unknown on either side: said, not guessed.
+void check_target_vram(const std::string& uuid, const std::string& to, const json& remote,
+                       const std::optional<std::map<std::string, std::uint64_t>>& held,
                        const std::string& where) {
+  const json* gpu = nullptr;
+  for (const auto& g : remote)
+    if (g.value("uuid", "") == to) gpu = &g;
+  std::string lower = uuid;
+  for (auto& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  const auto need =
+      held ? held->find(lower) : std::map<std::string, std::uint64_t>::const_iterator{};
+  if (!held || need == held->end() || !gpu || !gpu->contains("used_memory") ||
+      !(*gpu)["used_memory"].is_number() || !gpu->contains("total_memory")) {
+    spdlog::warn(
+        "the free VRAM of GPU {} on {} could not be compared with what the process "
+        "holds on {}: checked at restore there instead",
+        to, where, uuid);
+    return;
+  }
+  const auto total = (*gpu)["total_memory"].get<std::uint64_t>();
+  const auto used_there = (*gpu)["used_memory"].get<std::uint64_t>();
+  const std::uint64_t free_there = total > used_there ? total - used_there : 0;
+  if (need->second > free_there)
+    throw Error(Errc::kNoDevice, "GPU " + to + " on " + where + " has " +
+                                     std::to_string(free_there >> 20) +
+                                     " MiB of VRAM free, but the process holds " +
+                                     std::to_string(need->second >> 20) + " MiB on GPU " + uuid +
+                                     "; nothing was frozen");
+}
+
+}  // namespace
+
+// Every GPU the tree uses must land on a GPU of the same chip on the target, the one the map
+// names (else the same UUID), with room there for the VRAM the tree holds on it. Checked before
+// anything is frozen (cuda-checkpoint#44: a restore that does not fit leaves the process stuck).
+void check_target_gpus(const std::set<std::string>& used, const json& devices, const GpuMap& map,
+                       const std::string& where,
+                       const std::optional<std::map<std::string, std::uint64_t>>& held) {
   const DeviceList local = list_devices();
   auto name_of = [](const json& gpus, const std::string& uuid) -> std::optional<std::string> {
     for (const auto& g : gpus)
@@ -111,8 +149,11 @@ void check_target_gpus(const std::set<std::string>& used, const json& devices, c
                                        where + " is a " + *there +
                                        ": CUDA state restores only onto the same chip; nothing "
                                        "was frozen");
+    check_target_vram(uuid, to, remote, held, where);
   }
 }
+
+namespace {
 
 std::string remote_restore_command(const MigrateOptions& o, bool release) {
   std::string c = shell_quote(o.remote_gpuckpt) + " --json restore - --await-commit";
@@ -192,7 +233,9 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   {
     auto scope = res.timeline.scope("target_preflight");
     const json devices = target_devices(ssh, o, where);
-    if (!used.empty()) check_target_gpus(used, devices, o.gpu_map, where);
+    if (!used.empty())
+      check_target_gpus(used, devices, o.gpu_map, where,
+                        device::nvml_process_memory(process_tree(o.pid)));
   }
 
   Guard guard("migrate");

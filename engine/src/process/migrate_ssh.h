@@ -3,7 +3,13 @@
 // (process/migrate.cpp).
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
 
 #include "gpuckpt/process.h"
 #include "process/dump_impl.h"
@@ -12,6 +18,14 @@
 namespace gpuckpt::process {
 
 MigrateResult migrate_over_ssh(const MigrateOptions& o);
+
+// Before anything is frozen: every GPU in `used` (UUIDs the tree has open) must map (`map`, else
+// the same UUID) to a GPU of the same chip among the target's (`devices`, its `gpuckpt --json
+// devices`), with at least as much VRAM free there as the tree holds on it (`held`, per UUID in
+// lower case; nullopt: unknown here, said in a warning). Error(kNoDevice) otherwise.
+void check_target_gpus(const std::set<std::string>& used, const nlohmann::json& devices,
+                       const GpuMap& map, const std::string& where,
+                       const std::optional<std::map<std::string, std::uint64_t>>& held);
 
 // The dump of a migration: to `output`, the tree kept stopped (dump_keep_stopped).
 DumpOptions migration_dump(const MigrateOptions& o, const std::filesystem::path& output);

@@ -20,8 +20,8 @@ std::string base_name(std::string n) {
 }
 
 Side side_of(const std::string& name) {
-  static const char* const dump[] = {"compress_write", "criu_dump", "criu_memdump",
-                                     "criu_memwrite",  "transfer",  "upload",
+  static const char* const dump[] = {"compress_write", "criu_dump",        "criu_memdump",
+                                     "criu_memwrite",  "transfer",         "upload",
                                      "send",           "device_checkpoint"};
   static const char* const restore[] = {"read_decompress", "criu_restore_tasks", "receive",
                                         "download", "device_restore"};
@@ -64,8 +64,7 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
       w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
     else
       w.add(raw, p.fill_gbps, "memory fill");
-  } else if (n == "transfer" || n == "receive" || n == "upload" || n == "download" ||
-             n == "send") {
+  } else if (n == "transfer" || n == "receive" || n == "upload" || n == "download" || n == "send") {
     if (p.network_gbps) w.add(raw, *p.network_gbps, "network");
   } else if (n == "device_checkpoint") {
     if (p.pcie_d2h_gbps) w.add(raw, *p.pcie_d2h_gbps, "PCIe D2H");

@@ -255,6 +255,10 @@ nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlac
   return nlohmann::json(j);
 }
 
+nlohmann::json path_json(const PathCeilings& p) {
+  return nlohmann::json(path_to_json(p));
+}
+
 void load_roofline_json(const std::string& text, TransientReport& r, const std::string& source) {
   const Json j = parse(text, source);
   reject_error_document(j, source);

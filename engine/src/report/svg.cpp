@@ -273,6 +273,7 @@ void roofline_panel(Svg& s, const TransientReport& r) {
 struct Row {
   std::string title;
   const std::optional<Timeline>* timeline;
+  const FloorContext* context;
 };
 
 // Stage colours: fixed for the stages every bar shares, then by first appearance, so one name
@@ -332,9 +333,10 @@ double nice_step(double span) {
 
 double bars_panel(Svg& s, const TransientReport& r) {
   s.text(kRx0, kPy0 - 16, "time to serve (wall clock, per stage)", 15, " font-weight=\"bold\"");
-  const std::vector<Row> rows = {{"cold start: decision \u2192 first token", &r.cold_start},
-                                 {"restore: interruption \u2192 serving", &r.restore},
-                                 {"migration: decision \u2192 answering elsewhere", &r.migration}};
+  const std::vector<Row> rows = {
+      {"cold start: decision \u2192 first token", &r.cold_start, &r.cold_start_context},
+      {"restore: interruption \u2192 serving", &r.restore, &r.restore_context},
+      {"migration: decision \u2192 answering elsewhere", &r.migration, &r.migration_context}};
   double tmax = 0;
   for (const auto& row : rows)
     if (*row.timeline) tmax = std::max(tmax, (*row.timeline)->total_seconds());
@@ -346,7 +348,17 @@ double bars_panel(Svg& s, const TransientReport& r) {
   std::vector<std::string> legend;  // stage names in order of appearance
   double yrow = kPy0 + 8;
   for (const auto& row : rows) {
-    s.text(kRx0, yrow, row.title, 13);
+    // The floor: the number's bytes through the path's slowest ceiling (a dashed mark).
+    std::optional<Floor> floor;
+    if (r.path && *row.timeline) floor = transient_floor(**row.timeline, *r.path, *row.context);
+    std::string title = row.title;
+    if (floor) {
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%.0f%%", floor->percent_of((*row.timeline)->total_seconds()));
+      title +=
+          "  (floor " + format_seconds(floor->seconds) + ", " + floor->bound + "; at " + pct + ")";
+    }
+    s.text(kRx0, yrow, title, 13);
     const double bar_y = yrow + 8;
     if (!*row.timeline) {
       s.rect(kRx0, bar_y, bar_w, kBarH, "#fafafa", " stroke=\"#dddddd\" stroke-dasharray=\"4 3\"");
@@ -373,6 +385,10 @@ double bars_panel(Svg& s, const TransientReport& r) {
     }
     s.text(kRx0 + total * scale + 6, bar_y + 19, format_seconds(total), 13,
            " font-weight=\"bold\"");
+    if (floor) {
+      const double fx = kRx0 + std::min(floor->seconds, tmax) * scale;
+      s.line(fx, bar_y - 4, fx, bar_y + kBarH + 4, "#a00000", 2, " stroke-dasharray=\"3 2\"");
+    }
     yrow = bar_y + kBarH + (lanes - 1) * (kLaneH + kLaneGap) + 34;
   }
 

@@ -18,6 +18,9 @@
 #include "image/async_io.h"
 #include "image/chunk_codec.h"
 #include "image/stream_pack.h"
+#include "remote/ssh.h"
+#include "util/no_sigpipe.h"
+#include "util/subprocess.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -169,7 +172,8 @@ std::vector<std::vector<std::byte>> sample_chunks(const fs::path& sample, std::s
   UniqueFd fd(::open(sample.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) throw_errno(Errc::kInvalidInput, "open the zstd sample ", sample);
   const off_t size = ::lseek(fd.get(), 0, SEEK_END);
-  if (size <= 0) throw Error(Errc::kInvalidInput, "the zstd sample " + sample.string() + " is empty");
+  if (size <= 0)
+    throw Error(Errc::kInvalidInput, "the zstd sample " + sample.string() + " is empty");
   const std::size_t take =
       std::max<std::size_t>(1, std::min(kChunks, static_cast<std::size_t>(size) / kBlock));
   for (std::size_t i = 0; i < take; ++i) {
@@ -216,14 +220,51 @@ void measure_zstd(PathCeilings& p, const fs::path& sample, int level) {
   p.zstd_decompress_gbps = td > 0 ? static_cast<double>(raw) / td / 1e9 : 0;
 }
 
+// Bytes from memory through ssh into /dev/null on the target: the link's ceiling, encryption
+// included, as a migration's checkpoint travels.
+double network_gbps(const PathMeasureOptions& o) {
+  auto argv = remote::ssh_command(remote::parse_ssh_url(o.network), o.ssh_config);
+  argv.push_back("cat > /dev/null");
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
+  UniqueFd rd(p[0]), wr(p[1]);
+  SpawnOptions so;
+  so.stdin_fd = rd.get();
+  Child ssh = spawn(argv, so);
+  rd.reset();
+  std::vector<std::byte> buf(kBlock);
+  SampleContent(13).fill(buf, true);
+  const std::uint64_t bytes = std::min<std::uint64_t>(o.bytes, 512u << 20);
+  NoSigpipe nosig;
+  const auto t0 = Clock::now();
+  for (std::uint64_t sent = 0; sent < bytes;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, bytes - sent));
+    for (std::size_t off = 0; off < n;) {
+      const ssize_t w = ::write(wr.get(), buf.data() + off, n - off);
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) {
+        const int err = errno;
+        wr.reset();
+        const ExitStatus st = ssh.wait();
+        throw_syserr(Errc::kIo, err, "send to ", o.network, " (ssh ", st.describe(), ")");
+      }
+      off += static_cast<std::size_t>(w);
+    }
+    sent += n;
+  }
+  wr.reset();
+  const ExitStatus st = ssh.wait();
+  if (!st.ok()) throw Error(Errc::kIo, "ssh to " + o.network + " failed: " + st.describe());
+  return static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+}
+
 }  // namespace
 
 PathCeilings measure_path_ceilings(const PathMeasureOptions& o) {
   std::error_code ec;
   if (!fs::is_directory(o.dir, ec))
     throw Error(Errc::kInvalidInput, "directory " + o.dir.string() + " does not exist");
-  if (o.bytes < kBlock)
-    throw Error(Errc::kUsage, "the disk measurement needs at least 4 MiB");
+  if (o.bytes < kBlock) throw Error(Errc::kUsage, "the disk measurement needs at least 4 MiB");
   PathCeilings p;
   p.dir = fs::absolute(o.dir).lexically_normal().string();
   p.cores = allowed_cores();
@@ -246,10 +287,12 @@ PathCeilings measure_path_ceilings(const PathMeasureOptions& o) {
   p.fill_huge_gbps = fill_gbps(fill, true);
   p.memcpy_gbps = memcpy_gbps(std::min<std::size_t>(fill, 256u << 20));
   measure_zstd(p, o.sample, o.zstd_level);
-  spdlog::debug("path ceilings of {}: write {:.2f}, read {:.2f}, fill {:.2f} / {:.2f} huge, "
-                "memcpy {:.2f}, zstd {:.2f} / {:.2f} GB/s per core, ratio {:.2f}",
-                p.dir, p.disk_write_gbps, p.disk_read_gbps, p.fill_gbps, p.fill_huge_gbps,
-                p.memcpy_gbps, p.zstd_compress_gbps, p.zstd_decompress_gbps, p.zstd_ratio);
+  if (!o.network.empty()) p.network_gbps = network_gbps(o);
+  spdlog::debug(
+      "path ceilings of {}: write {:.2f}, read {:.2f}, fill {:.2f} / {:.2f} huge, "
+      "memcpy {:.2f}, zstd {:.2f} / {:.2f} GB/s per core, ratio {:.2f}",
+      p.dir, p.disk_write_gbps, p.disk_read_gbps, p.fill_gbps, p.fill_huge_gbps, p.memcpy_gbps,
+      p.zstd_compress_gbps, p.zstd_decompress_gbps, p.zstd_ratio);
   return p;
 }
 
