@@ -11,6 +11,7 @@
 
 #include <fstream>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "gpuckpt/error.h"
@@ -35,6 +36,15 @@ std::string fd_contents(int fd) {
   char buf[65536];
   for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) out.append(buf, static_cast<size_t>(n));
   return out;
+}
+
+struct Pipe {
+  UniqueFd rd, wr;
+};
+Pipe make_pipe() {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  return {UniqueFd(p[0]), UniqueFd(p[1])};
 }
 
 class StreamPack : public ::testing::Test {
@@ -144,9 +154,8 @@ TEST_F(StreamPack, PagesSplicedIntoAPipeArriveExactlyThoughTheReaderLags) {
   const fs::path ckpt = dir_.path() / "c.ckpt";
   write(ckpt);
   image::CheckpointSource src(ckpt);
-  int p[2];
-  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
-  UniqueFd rd(p[0]), wr(p[1]);
+  Pipe pipe = make_pipe();
+  UniqueFd &rd = pipe.rd, &wr = pipe.wr;
   ASSERT_GT(::fcntl(wr.get(), F_SETPIPE_SZ, 4096), 0);
   std::string got;
   std::thread reader([&] {
@@ -167,9 +176,8 @@ TEST_F(StreamPack, AReaderClosingThePipeEarlyEndsTheFileWithoutAnError) {
   const fs::path ckpt = dir_.path() / "c.ckpt";
   write(ckpt);
   image::CheckpointSource src(ckpt);
-  int p[2];
-  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
-  UniqueFd rd(p[0]), wr(p[1]);
+  Pipe pipe = make_pipe();
+  UniqueFd &rd = pipe.rd, &wr = pipe.wr;
   std::thread reader([&] {
     char buf[4096];
     for (std::size_t total = 0; total < 100000;) {
