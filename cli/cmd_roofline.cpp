@@ -57,24 +57,6 @@ void print_human(const Ceilings& c, const std::optional<RooflinePlacement>& p,
   }
 }
 
-void print_path(const PathCeilings& p) {
-  std::printf("checkpoint path (%s, %u cores):\n", p.dir.c_str(), p.cores);
-  std::printf("  %-20s write %s GB/s (durable), read %s GB/s\n", "disk (O_DIRECT)",
-              sig3(p.disk_write_gbps).c_str(), sig3(p.disk_read_gbps).c_str());
-  std::printf("  %-20s %s GB/s (4 KiB pages), %s GB/s (huge pages)\n", "memory fill",
-              sig3(p.fill_gbps).c_str(), sig3(p.fill_huge_gbps).c_str());
-  std::printf("  %-20s %s GB/s (one core)\n", "memcpy", sig3(p.memcpy_gbps).c_str());
-  std::printf("  %-20s level %d: compress %s GB/s, decompress %s GB/s per core, ratio %.2f\n",
-              "zstd", p.zstd_level, sig3(p.zstd_compress_gbps).c_str(),
-              sig3(p.zstd_decompress_gbps).c_str(), p.zstd_ratio);
-  std::printf("  %-20s %s\n", "zstd sample", p.sample.c_str());
-  if (p.network_gbps)
-    std::printf("  %-20s %s GB/s (ssh into /dev/null)\n", "network", sig3(*p.network_gbps).c_str());
-  if (p.pcie_h2d_gbps && p.pcie_d2h_gbps)
-    std::printf("  %-20s H2D %s GB/s, D2H %s GB/s\n", "PCIe (pinned)",
-                sig3(*p.pcie_h2d_gbps).c_str(), sig3(*p.pcie_d2h_gbps).c_str());
-}
-
 void run_roofline(const RooflineArgs& a, Context& ctx) {
   const RooflineTarget target = parse_roofline_target(a.target);
   if (!a.kernel.empty() && a.intensity)
@@ -115,7 +97,7 @@ void run_roofline(const RooflineArgs& a, Context& ctx) {
     ctx.emit(roofline_json(c, placement, kernel, path));
   } else {
     print_human(c, placement, kernel);
-    if (path) print_path(*path);
+    if (path) std::printf("%s", render_path(*path).c_str());
   }
 }
 

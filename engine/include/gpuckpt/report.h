@@ -68,6 +68,8 @@ struct TransientReport {
 std::optional<double> restore_speedup(const TransientReport& r);
 
 std::string render_table(const TransientReport& r);
+// The checkpoint path's ceilings as the table prints them (also `gpuckpt roofline --transient`).
+std::string render_path(const PathCeilings& p);
 std::string render_json(const TransientReport& r);
 std::string render_svg(const TransientReport& r);
 std::string render_html(const TransientReport& r);  // self-contained, embeds the SVG

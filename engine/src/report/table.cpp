@@ -67,29 +67,32 @@ void transient(std::ostringstream& o, const char* title, const std::optional<Tim
   }
 }
 
-void path_ceilings(std::ostringstream& o, const PathCeilings& p) {
+}  // namespace
+
+std::string render_path(const PathCeilings& p) {
+  std::ostringstream o;
   char b[160];
   o << "checkpoint path (" << p.dir << ", " << p.cores << " cores):\n";
-  std::snprintf(b, sizeof b, "  %-22s write %s (durable), read %s\n", "disk (O_DIRECT)",
+  std::snprintf(b, sizeof b, "  %-21s write %s (durable), read %s\n", "disk (O_DIRECT)",
                 fmt_gbps(p.disk_write_gbps).c_str(), fmt_gbps(p.disk_read_gbps).c_str());
   o << b;
-  std::snprintf(b, sizeof b, "  %-22s %s (4 KiB pages), %s (huge pages)\n", "memory fill",
+  std::snprintf(b, sizeof b, "  %-21s %s (4 KiB pages), %s (huge pages)\n", "memory fill",
                 fmt_gbps(p.fill_gbps).c_str(), fmt_gbps(p.fill_huge_gbps).c_str());
   o << b;
   o << "  " << pad("memcpy", 22) << fmt_gbps(p.memcpy_gbps) << " (one core)\n";
-  std::snprintf(b, sizeof b, "  %-22s level %d: compress %s, decompress %s per core, ratio %.2f\n",
+  std::snprintf(b, sizeof b, "  %-21s level %d: compress %s, decompress %s per core, ratio %.2f\n",
                 "zstd", p.zstd_level, fmt_gbps(p.zstd_compress_gbps).c_str(),
                 fmt_gbps(p.zstd_decompress_gbps).c_str(), p.zstd_ratio);
   o << b;
   if (!p.sample.empty()) o << "  " << pad("zstd sample", 22) << p.sample << "\n";
-  if (p.network_gbps) o << "  " << pad("network", 22) << fmt_gbps(*p.network_gbps) << "\n";
+  if (p.network_gbps)
+    o << "  " << pad("network", 22) << fmt_gbps(*p.network_gbps) << " (ssh into /dev/null)\n";
   if (p.pcie_h2d_gbps || p.pcie_d2h_gbps)
     o << "  " << pad("PCIe (pinned)", 22) << "H2D "
       << (p.pcie_h2d_gbps ? fmt_gbps(*p.pcie_h2d_gbps) : "-") << ", D2H "
       << (p.pcie_d2h_gbps ? fmt_gbps(*p.pcie_d2h_gbps) : "-") << "\n";
+  return o.str();
 }
-
-}  // namespace
 
 std::string render_table(const TransientReport& r) {
   std::ostringstream o;
@@ -122,7 +125,7 @@ std::string render_table(const TransientReport& r) {
     }
     o << "\n";
   }
-  if (r.path) path_ceilings(o, *r.path);
+  if (r.path) o << render_path(*r.path);
   o << "\n";
   transient(o, "cold start (decision -> first token)", r.cold_start, r.cold_start_runs, r,
             r.cold_start_context);
