@@ -561,6 +561,21 @@ namespace {
 // CRIU closed its end of the pipe before the end of the file: it needed no more of it.
 struct ReaderClosed {};
 
+// Writes `len` bytes to `fd`, counting them in `written`; false if the reader closed its end
+// (EPIPE).
+bool write_all(int fd, const std::byte* data, std::uint32_t len, const std::string& path,
+               std::atomic<std::uint64_t>& written) {
+  for (std::uint32_t off = 0; off < len;) {
+    const ssize_t w = ::write(fd, data + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0 && errno == EPIPE) return false;
+    if (w < 0) throw_errno(Errc::kIo, "write '", path, "'");
+    off += static_cast<std::uint32_t>(w);
+    written += static_cast<std::uint64_t>(w);
+  }
+  return true;
+}
+
 // The capacity of `fd` if it is a pipe, else 0.
 std::size_t pipe_capacity(int fd) {
   struct stat st {};
@@ -580,18 +595,10 @@ class DescriptorSink : public ChunkSink {
       : fd_(fd), path_(path), written_(written), splice_(pipe_capacity(fd) > 0) {}
   std::uint64_t consume(Slot& s, SinkIo& io) override {
     hash.update(s.data, s.data_len);
-    if (splice_) {
+    if (splice_)
       splice_out(s, io);
-    } else {
-      for (std::uint32_t off = 0; off < s.data_len;) {
-        const ssize_t w = ::write(fd_, s.data + off, s.data_len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && errno == EPIPE) throw ReaderClosed{};
-        if (w < 0) throw_errno(Errc::kIo, "write '", path_, "'");
-        off += static_cast<std::uint32_t>(w);
-        written_ += static_cast<std::uint64_t>(w);
-      }
-    }
+    else if (!write_all(fd_, s.data, s.data_len, path_, written_))
+      throw ReaderClosed{};
     return s.data_len;
   }
   void on_complete(const IoResult&, SinkIo&) override {}
@@ -653,14 +660,7 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
       const std::byte* data = decode(e, k, in, out, dec);
       const std::uint32_t len = e.chunks[k].raw;
       hash.update(data, len);
-      for (std::uint32_t off = 0; off < len;) {
-        const ssize_t w = ::write(fd, data + off, len - off);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0 && errno == EPIPE) return false;
-        if (w < 0) throw_errno(Errc::kIo, "write '", e.path, "'");
-        off += static_cast<std::uint32_t>(w);
-        raw_written_ += static_cast<std::uint64_t>(w);
-      }
+      if (!write_all(fd, data, len, e.path, raw_written_)) return false;
     }
     digest = hash.digest();
   } else {
