@@ -35,15 +35,24 @@ nlohmann::json gpu_json(const GpuInfo& g) {
   return j;
 }
 
+}  // namespace
+
+nlohmann::json devices_json(const DeviceList& list) {
+  const bool none = !list.driver.loaded || list.gpus.empty();
+  nlohmann::json gpus = nlohmann::json::array();
+  for (const auto& g : list.gpus) gpus.push_back(gpu_json(g));
+  nlohmann::json j = {{"ok", !none}, {"driver", driver_json(list.driver)}, {"gpus", gpus}};
+  if (none) j["reason"] = "no NVIDIA GPU: " + list.driver.error;
+  return j;
+}
+
+namespace {
+
 void run_devices(Context& ctx) {
   const DeviceList list = list_devices();
   const bool none = !list.driver.loaded || list.gpus.empty();
   if (ctx.json) {
-    nlohmann::json gpus = nlohmann::json::array();
-    for (const auto& g : list.gpus) gpus.push_back(gpu_json(g));
-    nlohmann::json j = {{"ok", !none}, {"driver", driver_json(list.driver)}, {"gpus", gpus}};
-    if (none) j["reason"] = "no NVIDIA GPU: " + list.driver.error;
-    ctx.emit(j);
+    ctx.emit(devices_json(list));
   } else if (none) {
     std::cerr << "no NVIDIA GPU: " << list.driver.error << "\n";
   } else {

@@ -174,8 +174,16 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
     return j;
   };
   if (o.await_commit) {
-    // The target side of a migration (docs/PROCESS.md): the result goes out as one line, and
-    // the copy stays only if "commit" comes back on stdin.
+    // The target side of a migration (docs/PROCESS.md): first a line saying it is receiving,
+    // with this host's GPUs (the controller checks them before it freezes anything); then the
+    // result as one line, and the copy stays only if "commit" comes back on stdin.
+    r.on_receiving = [] {
+      std::printf("%s\n",
+                  nlohmann::json{{"receiving", true}, {"devices", devices_json(list_devices())}}
+                      .dump()
+                      .c_str());
+      std::fflush(stdout);
+    };
     r.confirm = [&](const RestoreResult& res) {
       std::printf("%s\n", result_json(res).dump().c_str());
       std::fflush(stdout);
@@ -316,17 +324,18 @@ void add_migrate(CLI::App& app, Context& ctx) {
                 "Where to: a directory on this host that the checkpoint is written to and "
                 "restored from, or ssh://[USER@]HOST[:PORT], another host with gpuckpt (OpenSSH, "
                 "BatchMode: keys or an agent, no prompts). Over ssh:// the checkpoint streams "
-                "over one connection into `gpuckpt restore -` on HOST, which restores and probes "
-                "it; the original, kept frozen meanwhile, ends only after that, and any failure "
-                "resumes it here and kills the copy there. The target's GPUs are checked "
+                "over one connection into `gpuckpt restore -` on HOST while it is written, and "
+                "HOST restores as soon as the manifest is in and probes the copy; the original, "
+                "kept frozen meanwhile, ends only after that, and any failure resumes it here "
+                "and kills the copy there. The target's GPUs (chip, free VRAM) are checked "
                 "before anything is frozen")
       ->required();
   c->add_option("--ssh-config", o->ssh_config, "ssh:// only: ssh configuration file (ssh -F)");
   c->add_option("--remote-gpuckpt", o->remote_gpuckpt,
                 "ssh:// only: the gpuckpt command on the target (default: gpuckpt on its PATH)");
   c->add_option("--spool", o->spool,
-                "ssh:// only: local directory for the checkpoint before it is sent (default "
-                "$TMPDIR or /var/tmp)");
+                "ssh:// only: local directory for the checkpoint, written while it is sent "
+                "(default $TMPDIR or /var/tmp)");
   c->add_option("--remote-spool", o->remote_spool,
                 "ssh:// only: the target's directory for the checkpoint it receives");
   c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");

@@ -15,4 +15,7 @@ void add_bench_commands(CLI::App& app, Context& ctx);     // bench io|coldstart|
 void add_report_commands(CLI::App& app, Context& ctx);    // report
 void add_keygen_command(CLI::App& app, Context& ctx);     // keygen
 
+// What `gpuckpt --json devices` prints; also the target's first line in a migration.
+nlohmann::json devices_json(const DeviceList& list);
+
 }  // namespace gpuckpt::cli

@@ -107,6 +107,25 @@ TEST(Floors, AMigrationAddsItsDumpAndItsRestoreBecauseCriuReadsInventoryLast) {
   EXPECT_FALSE(transient_floor(timeline({stage("spawn", 1, 0)}), path()));
 }
 
+TEST(Floors, AMigrationsNetworkOverlapsItsDumpAndRestoreSoOnlyTheLongerCounts) {
+  PathCeilings p = path();
+  p.network_gbps = 0.4;  // 2 GB: 5 s, longer than disk write + disk read (2.5 s)
+  const std::vector<Stage> local = {stage("compress_write", 5, 2 * kGB),
+                                    stage("read_decompress", 2, 2 * kGB)};
+  auto with = local;
+  with.push_back(stage("transfer", 9, 2 * kGB));
+  with.push_back(stage("target:receive", 9, 2 * kGB));
+  const auto f = transient_floor(timeline(with), p);
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 5.0, 1e-9);
+  EXPECT_EQ(f->bound, "network");
+  p.network_gbps = 4.0;  // 0.5 s: the dump and the restore bound it again
+  const auto g = transient_floor(timeline(with), p);
+  ASSERT_TRUE(g);
+  EXPECT_NEAR(g->seconds, 2.5, 1e-9);
+  EXPECT_EQ(g->bound, "disk write + disk read");
+}
+
 TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
   TransientReport r;
   r.path = path();

@@ -10,13 +10,16 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <map>
 #include <random>
 #include <stdexcept>
 #include <thread>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "remote/ssh.h"
 #include "test_support.h"
+#include "util/fs.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -60,8 +63,8 @@ class StreamPack : public ::testing::Test {
     opts_.max_blob_bytes = 256u << 10;  // several blobs
   }
   // Writes every file through a StreamPacker, interleaved, in uneven pieces.
-  TransferResult write(const fs::path& out) {
-    image::StreamPacker p(out, opts_, dir_.path());
+  TransferResult write(const fs::path& out, image::PackCopy copy = {}) {
+    image::StreamPacker p(out, opts_, dir_.path(), copy);
     std::vector<image::StreamPacker::FileId> ids;
     std::vector<std::size_t> done(files_.size(), 0);
     for (const auto& [name, data] : files_) ids.push_back(p.open(name));
@@ -206,6 +209,116 @@ TEST_F(StreamPack, AbandonedCheckpointLeavesNothing) {
   }
   for (const auto& e : fs::directory_iterator(dir_.path()))
     ADD_FAILURE() << "left behind: " << e.path();
+}
+
+// The stream of `migrate --to ssh://` (remote/ssh.h), through a real pipe: the sender follows
+// the packer's writes, the receiver restores from what has arrived.
+TEST_F(StreamPack, ACheckpointSentWhileItIsWrittenIsReadAsItArrivesAndExactly) {
+  const fs::path ckpt = dir_.path() / "c.ckpt", there = dir_.path() / "there";
+  fs::create_directory(there);
+  Pipe p = make_pipe();
+  std::map<std::string, std::string> got;
+  std::uint64_t received = 0;
+  std::exception_ptr failed;
+  std::thread target([&] {
+    try {
+      remote::StreamReceiver rx(p.rd.get(), there);
+      rx.start();
+      image::CheckpointSource src(there, &rx.arrival());
+      for (const auto& [name, data] : files_) {
+        UniqueFd out(::memfd_create(name.c_str(), MFD_CLOEXEC));
+        EXPECT_TRUE(src.write_to(*src.find(name), out.get()));
+        got[name] = fd_contents(out.get());
+      }
+      received = rx.join();
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  });
+  std::uint64_t sent = 0;
+  {
+    remote::StreamSender sender(p.wr.get());
+    write(ckpt, {&sender, true});
+    sent = sender.finish(ckpt);
+  }
+  target.join();
+  if (failed) std::rethrow_exception(failed);
+  for (const auto& [name, data] : files_) EXPECT_TRUE(got[name] == data) << name;
+  EXPECT_EQ(sent, received);
+  EXPECT_EQ(test::run_cli({"verify", there.string()}).exit_code, 0);
+}
+
+// Writes a stream by hand into a file and returns a descriptor reading it from the start.
+class HandStream {
+ public:
+  explicit HandStream(const fs::path& file) : path_(file) { text_ = "GPUCKPT-STREAM 2\n"; }
+  HandStream& piece(const std::string& blob, std::uint64_t off, const std::string& bytes) {
+    text_ += nlohmann::json{{"blob", blob}, {"offset", off}, {"size", bytes.size()}}.dump() + "\n";
+    text_ += bytes;
+    return *this;
+  }
+  HandStream& file(const std::string& name, const std::string& bytes) {
+    text_ += nlohmann::json{{"name", name}, {"size", bytes.size()}}.dump() + "\n" + bytes;
+    return *this;
+  }
+  UniqueFd open() {
+    std::ofstream(path_, std::ios::binary) << text_;
+    return UniqueFd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
+  }
+
+ private:
+  fs::path path_;
+  std::string text_;
+};
+
+TEST_F(StreamPack, AStreamCutShortOrOutOfPlaceIsRefused) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  const std::string seal = read_file(ckpt / "manifest.seal");
+  const std::string manifest = read_file(ckpt / "manifest.json");
+  const std::string blob = read_file(ckpt / "blob-000000.bin");
+  auto expect = [&](HandStream& h, Errc code, const std::string& what) {
+    const fs::path there = dir_.path() / ("there-" + std::to_string(static_cast<int>(code)) + "-" +
+                                          std::to_string(what.size()));
+    fs::create_directory(there);
+    UniqueFd fd = h.open();
+    try {
+      remote::StreamReceiver rx(fd.get(), there);
+      rx.start();
+      rx.join();
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), code) << what << ": " << e.what();
+    }
+  };
+  {  // the connection lost after the manifest: the blobs never complete
+    HandStream h(dir_.path() / "cut");
+    h.piece("blob-000000.bin", 0, blob.substr(0, 4096)).file("manifest.seal", seal);
+    h.file("manifest.json", manifest);
+    expect(h, Errc::kIo, "cut short");
+  }
+  {  // a piece that does not follow the last one
+    HandStream h(dir_.path() / "gap");
+    h.piece("blob-000000.bin", 4096, blob.substr(4096, 4096));
+    expect(h, Errc::kCorrupt, "a gap");
+  }
+  {  // a blob its manifest does not list
+    HandStream h(dir_.path() / "stray");
+    h.piece("blob-999999.bin", 0, "x").file("manifest.seal", seal).file("manifest.json", manifest);
+    expect(h, Errc::kCorrupt, "a stray blob");
+  }
+  {  // a manifest that is not the one its seal was made for
+    std::string other = manifest;
+    other[other.size() / 2] ^= 1;
+    HandStream h(dir_.path() / "forged");
+    h.file("manifest.seal", seal).file("manifest.json", other);
+    expect(h, Errc::kCorrupt, "a changed manifest");
+  }
+  {  // a path for a name
+    HandStream h(dir_.path() / "escape");
+    h.piece("../blob-000000.bin", 0, "x");
+    expect(h, Errc::kCorrupt, "a path");
+  }
 }
 
 }  // namespace

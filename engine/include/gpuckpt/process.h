@@ -146,6 +146,9 @@ struct RestoreOptions {
   // false, or an exception, kills it again and fails the restore (a migration's two-phase
   // handoff: the controller commits only once it is sure).
   std::function<bool(const RestoreResult&)> confirm;
+  // A stream ("-") only: called once its spool is ready, just before the stream is read (a
+  // migration's controller starts the dump only then, so no frozen time waits on this start).
+  std::function<void()> on_receiving;
 };
 
 struct RestoreResult {

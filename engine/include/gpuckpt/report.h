@@ -46,7 +46,9 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
 // A transient's floor. Streaming overlaps the stages of a dump (CRIU, zstd, the disk, the
 // network), and those of a restore (the disk, zstd, the fill): each group is bounded by its
 // slowest. A restore cannot begin before its dump has ended (CRIU reads inventory.img, which
-// the dump writes last), so for a migration the two groups add. nullopt without byte stages.
+// the dump writes last), so for a migration the two groups add. The network (a transfer, an
+// upload or download) streams beside both: the floor is the larger of that sum and the network
+// stage. nullopt without byte stages.
 std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
                                      const FloorContext& c = {});
 

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <set>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/gpuckpt.h"
@@ -77,6 +78,7 @@ struct StreamPacker::Job {
   Digest digest{};
   // Set by the writer.
   ChunkRecord rec;
+  std::uint64_t write_seq = 0;  // the write's place in submission order
 };
 
 struct StreamPacker::OpenFile {
@@ -89,8 +91,9 @@ struct StreamPacker::OpenFile {
   bool open = true;
 };
 
-StreamPacker::StreamPacker(const fs::path& output, const PackOptions& opts, const fs::path& source)
-    : output_(output), opts_(opts) {
+StreamPacker::StreamPacker(const fs::path& output, const PackOptions& opts, const fs::path& source,
+                           PackCopy copy)
+    : output_(output), opts_(opts), copy_(copy) {
   validate_pack_options(opts_);
   if (output.empty()) throw Error(Errc::kUsage, "no output path given");
   check_pack_output(output, opts_.force);
@@ -311,12 +314,18 @@ void StreamPacker::writer_loop() {
   struct Blob {
     UniqueFd fd;
     std::uint64_t pos = 0, end = 0;
+    // Writes in flight in submission (= offset) order: write_seq, end of its chunk. The
+    // completed prefix is what a tap may read.
+    std::deque<std::pair<std::uint64_t, std::uint64_t>> inflight;
   };
   std::vector<Blob> blobs;
   // Jobs whose writes are in flight, by tag; declared before `io` so that io's destructor
   // (which waits for the kernel) runs first.
   std::vector<std::unique_ptr<Job>> pending;
   std::vector<std::uint64_t> free_tags;
+  // Writes completed behind an earlier one of their blob, by write_seq.
+  std::set<std::uint64_t> done_writes;
+  std::uint64_t next_write = 0;
   try {
     AsyncIo::Config cfg;
     cfg.depth = opts_.queue_depth;
@@ -332,6 +341,16 @@ void StreamPacker::writer_loop() {
         auto& job = pending[r.req.tag];
         if (r.res < 0)
           throw_syserr(Errc::kIo, -r.res, "write ", (tmp_.path() / blob_name(job->rec.blob)));
+        if (copy_.tap) {
+          Blob& b = blobs[job->rec.blob];
+          done_writes.insert(job->write_seq);
+          std::uint64_t end = 0;
+          while (!b.inflight.empty() && done_writes.erase(b.inflight.front().first)) {
+            end = b.inflight.front().second;
+            b.inflight.pop_front();
+          }
+          if (end) copy_.tap->blob_written(job->rec.blob, end);
+        }
         pool_->put(std::move(job->raw));
         pool_->put(std::move(job->out));
         {
@@ -379,6 +398,7 @@ void StreamPacker::writer_loop() {
         if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", p);
         if (direct) direct_used_ = true;
         blobs.push_back(std::move(b));
+        if (copy_.tap) copy_.tap->blob_created(index, p);
       }
       Blob& b = blobs.back();
       // Deterministic zero padding up to the next aligned chunk (the buffers are page-sized).
@@ -407,6 +427,8 @@ void StreamPacker::writer_loop() {
       pending[w.tag] = std::move(job);
       b.end = b.pos + pending[w.tag]->data_len;
       b.pos += padded;
+      pending[w.tag]->write_seq = next_write++;
+      if (copy_.tap) b.inflight.emplace_back(pending[w.tag]->write_seq, b.end);
       io.submit(w);
       io.flush();
       io.reap(false, done);
@@ -420,7 +442,7 @@ void StreamPacker::writer_loop() {
       const fs::path p = tmp_.path() / blob_name(i);
       if (::ftruncate(blobs[i].fd.get(), static_cast<off_t>(blobs[i].end)) != 0)
         throw_errno(Errc::kIo, "truncate ", p);
-      if (::fsync(blobs[i].fd.get()) != 0) throw_errno(Errc::kIo, "fsync ", p);
+      if (copy_.durable && ::fsync(blobs[i].fd.get()) != 0) throw_errno(Errc::kIo, "fsync ", p);
       m_blobs_.push_back({blob_name(i), blobs[i].end});
     }
     last_write = Timeline::Clock::now();

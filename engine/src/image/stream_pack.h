@@ -29,6 +29,7 @@
 #include "gpuckpt/image.h"
 #include "image/aligned_buffer.h"
 #include "image/arrival.h"
+#include "image/blob_tap.h"
 #include "image/chunk_codec.h"
 #include "image/manifest.h"
 #include "util/fs.h"
@@ -40,6 +41,14 @@ class SigningKey;
 
 namespace gpuckpt::image {
 
+// Where else a StreamPacker's checkpoint goes while it is written.
+struct PackCopy {
+  BlobTap* tap = nullptr;  // sees every chunk's stored bytes as they are placed
+  // false: the local checkpoint is a transit copy that need not survive a crash of the host
+  // (a frozen migration's spool), so it is not flushed to the disk.
+  bool durable = true;
+};
+
 class StreamPacker {
  public:
   using FileId = std::uint32_t;
@@ -48,7 +57,7 @@ class StreamPacker {
   // calling opts.on_temp_path) and starts the workers. `source` is recorded as the manifest's
   // informational source path.
   StreamPacker(const std::filesystem::path& output, const PackOptions& opts,
-               const std::filesystem::path& source);
+               const std::filesystem::path& source, PackCopy copy = {});
   // Unfinished: stops the threads and removes the temporary checkpoint.
   ~StreamPacker();
   StreamPacker(const StreamPacker&) = delete;
@@ -91,6 +100,7 @@ class StreamPacker {
 
   std::filesystem::path output_;
   PackOptions opts_;
+  PackCopy copy_;
   Manifest m_;
   TempDir tmp_;
   std::unique_ptr<BufferPool> pool_;

@@ -121,6 +121,7 @@ struct DumpState {
   const DumpOptions& o;
   Guard& guard;
   const Target& target;
+  image::PackCopy copy;
   DumpOutcome out;
   criu::Installation inst;
   std::uint64_t need = 0;
@@ -250,7 +251,7 @@ void start_streaming(DumpState& d) {
       guard.remove_on_recovery(p);
       fault_point("compress_write");
     };
-    d.packer.emplace(d.o.output, po, d.images);
+    d.packer.emplace(d.o.output, po, d.images, d.copy);
     d.streamer.emplace(d.images, *d.packer);
   } catch (...) {
     d.packer.reset();
@@ -364,11 +365,11 @@ void publish_checkpoint(DumpState& d) {
 
 }  // namespace
 
-DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard) {
+DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCopy copy) {
   const Target target = preflight_target(o.pid);
   preflight_output(o);
 
-  DumpState d{o, guard, target};
+  DumpState d{o, guard, target, copy};
   {
     Timeline::Scope preflight(d.out.result.timeline, "preflight");
     prepare_criu(d);

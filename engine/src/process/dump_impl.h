@@ -3,6 +3,7 @@
 #pragma once
 
 #include "gpuckpt/process.h"
+#include "image/stream_pack.h"
 #include "process/record.h"
 
 namespace gpuckpt::process {
@@ -17,6 +18,8 @@ class Guard;
 // On any failure the tree is running again when this throws (the guard has resumed it), and
 // the message says so. On success the checkpoint is durable and the tree still stopped (or
 // running, for a snapshot): the caller decides its end and tells the guard.
-DumpOutcome dump_keep_stopped(const DumpOptions& opts, Guard& guard);
+// `copy`: where else a streamed dump's checkpoint goes while it is written (a staged dump,
+// result.staging_mode kStaged, ignores it: its checkpoint is whole only at the end).
+DumpOutcome dump_keep_stopped(const DumpOptions& opts, Guard& guard, image::PackCopy copy = {});
 
 }  // namespace gpuckpt::process

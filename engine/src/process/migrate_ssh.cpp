@@ -1,8 +1,10 @@
-// migrate --to ssh://HOST: the tree is dumped into a local spool and kept stopped, the
-// checkpoint streams over one SSH connection into `gpuckpt restore -` on HOST, which restores
-// it, probes it, and reports; only then does the original end, and only after the controller's
-// commit does the target keep its copy. Any failure before that resumes the original here and
-// leaves nothing on HOST (remote/ssh.h describes the protocol).
+// migrate --to ssh://HOST: one SSH connection to `gpuckpt restore -` on HOST is opened before
+// anything is frozen; the tree is dumped into a local spool and kept stopped, and each chunk
+// of the checkpoint goes out over the connection as it is written, so the transfer runs beside
+// the dump. HOST restores once the manifest (written last) arrives, probes, and reports; only
+// then does the original end, and only after the controller's commit does the target keep its
+// copy. Any failure before that resumes the original here and leaves nothing on HOST
+// (remote/ssh.h describes the protocol).
 #include "process/migrate_ssh.h"
 
 #include <fcntl.h>
@@ -64,25 +66,6 @@ std::optional<std::string> read_line_until(int fd, std::chrono::steady_clock::ti
     if (n == 0) return s.empty() ? std::nullopt : std::optional<std::string>(s);
     if (c == '\n') return s;
     s += c;
-  }
-}
-
-// `gpuckpt --json devices` on the target: whether gpuckpt runs there, and its GPUs.
-json target_devices(const std::vector<std::string>& ssh, const MigrateOptions& o,
-                    const std::string& where) {
-  auto argv = ssh;
-  argv.push_back(shell_quote(o.remote_gpuckpt) + " --json devices");
-  const RunResult r = run_capture(argv, std::chrono::seconds(60));
-  const int code = r.status.exited ? r.status.code : -1;
-  if (code != 0 && code != 7)  // 7: a host without GPUs answers too
-    throw Error(Errc::kIo, "cannot run " + o.remote_gpuckpt + " on " + where +
-                               " (ssh: " + r.status.describe() + "; " + r.output.substr(0, 300) +
-                               "); nothing was frozen");
-  try {
-    return json::parse(r.output);
-  } catch (const json::exception&) {
-    throw Error(Errc::kIo, o.remote_gpuckpt + " on " + where +
-                               " did not answer with JSON: " + r.output.substr(0, 300));
   }
 }
 
@@ -176,6 +159,26 @@ std::string remote_restore_command(const MigrateOptions& o, bool release) {
   return c;
 }
 
+// The target's own stages, on our clock. Its gpuckpt printed its answer as its last stage
+// ended, so its timeline ends at `answered` (less the answer's trip back, which is small
+// beside the stages; its start is not known here as well: ssh's handshake precedes it).
+void add_target_stages(Timeline& tl, const json& answer, Timeline::Clock::time_point answered) {
+  if (!answer.contains("timeline")) return;
+  const json stages = answer.at("timeline").value("stages", json::array());
+  double total = 0;
+  for (const auto& s : stages)
+    total = std::max(total, s.value("start", 0.0) + s.value("seconds", 0.0));
+  auto at = [&](double seconds) {
+    return answered - std::chrono::duration_cast<Timeline::Clock::duration>(
+                          std::chrono::duration<double>(total - seconds));
+  };
+  for (const auto& s : stages) {
+    const double start = s.value("start", 0.0);
+    tl.add("target:" + s.value("name", std::string("?")), at(start),
+           at(start + s.value("seconds", 0.0)), s.value("bytes", std::uint64_t{0}));
+  }
+}
+
 // The ssh connection carrying the checkpoint out and the target's answers back.
 class Connection {
  public:
@@ -213,6 +216,26 @@ class Connection {
   Child child_;
 };
 
+// The target's first line: its gpuckpt runs, its spool is ready, and it is reading the stream;
+// with its GPUs (`gpuckpt --json devices`). Anything else fails the migration before anything
+// is frozen.
+json await_receiving(Connection& c, const MigrateOptions& o, const std::string& where) {
+  const auto line = read_line_until(
+      c.out(), std::chrono::steady_clock::now() + std::chrono::seconds(60), "the target " + where);
+  json j;
+  if (line) j = json::parse(*line, nullptr, false);
+  if (line && j.is_object() && j.value("receiving", false)) return j;
+  std::string why;
+  if (!line)
+    why = "ssh: " + c.wait(std::chrono::seconds(10)).describe();
+  else if (j.is_object() && j.contains("error") && j["error"].is_object())
+    why = j["error"].value("message", *line);
+  else
+    why = "it answered: " + line->substr(0, 300);
+  throw Error(Errc::kIo, "cannot run " + o.remote_gpuckpt + " restore on " + where + " (" + why +
+                             "); nothing was frozen");
+}
+
 }  // namespace
 
 MigrateResult migrate_over_ssh(const MigrateOptions& o) {
@@ -226,15 +249,21 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
       o.handoff == MigrateHandoff::kRelease ? MigrateHandoff::kRelease : MigrateHandoff::kFrozen;
   const bool release = res.handoff == MigrateHandoff::kRelease;
 
-  // Before anything is frozen: the target runs gpuckpt, and has GPUs for the ones used here.
+  // Before anything is frozen: one connection to the target, whose gpuckpt is then ready to
+  // receive (ssh's handshake and its start are not frozen time), with GPUs there for the ones
+  // used here. The checkpoint goes out over it while it is written (remote/ssh.h).
   std::set<std::string> used;
   for (pid_t q : process_tree(o.pid))
     for (auto& u : nvidia_gpu_uuids(q)) used.insert(std::move(u));
+  auto argv = ssh;
+  argv.push_back(remote_restore_command(o, release));
+  std::optional<Connection> conn;
   {
     auto scope = res.timeline.scope("target_preflight");
-    const json devices = target_devices(ssh, o, where);
+    conn.emplace(argv);
+    const json ready = await_receiving(*conn, o, where);
     if (!used.empty())
-      check_target_gpus(used, devices, o.gpu_map, where,
+      check_target_gpus(used, ready.value("devices", json::object()), o.gpu_map, where,
                         device::nvml_process_memory(process_tree(o.pid)));
   }
 
@@ -244,31 +273,34 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   guard.remove_on_recovery(spool.path());
   res.checkpoint = spool.path() / "checkpoint";
 
-  // On failure the original already runs again.
-  DumpOutcome dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard);
-  res.timeline.append(dumped.result.timeline);
-  res.image_bytes = dumped.result.image_bytes;
-  res.checkpoint_bytes = dumped.result.checkpoint_bytes;
-  if (release) release_original(o, dumped, res.checkpoint, guard, res.timeline);
-
-  auto argv = ssh;
-  argv.push_back(remote_restore_command(o, release));
-  json answer;
-  std::optional<Connection> conn;
+  remote::StreamSender sender(conn->in());
+  // The local copy is what a release's rollback restores, so it must be durable; a frozen
+  // original is simply resumed, and its spool is only a transit copy.
+  const image::PackCopy copy{&sender, release || o.keep_checkpoint};
+  std::optional<DumpOutcome> dumped;
   try {
-    conn.emplace(argv);
-    const auto t0 = Timeline::Clock::now();
-    std::uint64_t sent = 0;
-    {
-      NoSigpipe nosig;
-      fault_point("transfer");
-      sent = remote::send_checkpoint(res.checkpoint, conn->in(), o.pack.progress);
-    }
+    // On failure the original already runs again; the target sees its stream end early.
+    dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard, copy);
+  } catch (...) {
+    conn->close();
+    rethrow_with_context("migration to " + where + " failed: ", "");
+  }
+  res.timeline.append(dumped->result.timeline);
+  res.image_bytes = dumped->result.image_bytes;
+  res.checkpoint_bytes = dumped->result.checkpoint_bytes;
+
+  json answer;
+  try {
+    if (release) release_original(o, *dumped, res.checkpoint, guard, res.timeline);
+    fault_point("transfer");
+    // The manifest, then what is still unsent (all of it, if the dump was staged).
+    const std::uint64_t sent = sender.finish(res.checkpoint, o.pack.progress);
     const auto t1 = Timeline::Clock::now();
-    res.timeline.add("transfer", t0, t1, sent);
+    res.timeline.add("transfer", sender.first_byte(), t1, sent);
     // The target restores and probes: bounded by its probe, plus CRIU's own bound.
     const auto deadline = std::chrono::steady_clock::now() + o.probe.timeout + o.criu.timeout;
     const auto line = read_line_until(conn->out(), deadline, "the target " + where);
+    const auto answered = Timeline::Clock::now();
     if (!line) {
       const ExitStatus st = conn->wait(std::chrono::seconds(10));
       throw Error(Errc::kIo, "the connection to " + where + " ended before the target answered (" +
@@ -284,17 +316,8 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
       throw Error(errc_from_name(err.value("code", "internal")),
                   "the restore on " + where + " failed: " + err.value("message", *line));
     }
-    res.timeline.add("target_restore", t1, Timeline::Clock::now());
-    // The target's own stages, on our clock (its gpuckpt started about when the transfer did).
-    if (answer.contains("timeline"))
-      for (const auto& s : answer.at("timeline").value("stages", json::array())) {
-        const auto start = t0 + std::chrono::duration_cast<Timeline::Clock::duration>(
-                                    std::chrono::duration<double>(s.value("start", 0.0)));
-        const auto end = start + std::chrono::duration_cast<Timeline::Clock::duration>(
-                                     std::chrono::duration<double>(s.value("seconds", 0.0)));
-        res.timeline.add("target:" + s.value("name", std::string("?")), start, end,
-                         s.value("bytes", std::uint64_t{0}));
-      }
+    res.timeline.add("target_restore", t1, answered);
+    add_target_stages(res.timeline, answer, answered);
     fault_point("commit");
     // Commit: the target keeps its copy once it reads this line, and exits 0.
     {
@@ -308,7 +331,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
       throw Error(Errc::kIo, "the target " + where + " did not confirm the commit (" +
                                  st.describe() + "); its copy is killed there");
   } catch (...) {
-    if (conn) conn->close();  // the target kills an uncommitted copy when its input closes
+    conn->close();  // the target kills an uncommitted copy when its input closes
     const std::string undone = guard.abort();
     rethrow_with_context("migration to " + where + " failed: ", "\nrollback: " + undone);
   }
@@ -316,14 +339,15 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   // the guard resume it: two copies, never none.)
   if (!release) {
     auto scope = res.timeline.scope("end_original");
-    if (const auto left = end_tree(dumped.record.tree); !left.empty())
+    if (const auto left = end_tree(dumped->record.tree); !left.empty())
       spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
   }
   guard.keep_copy();
   guard.disarm();
   if (o.keep_checkpoint) {
     // Out of the spool, which the next run would sweep: beside it, under --spool.
-    const fs::path kept = spool_root / (dumped.record.comm + "-" + std::to_string(o.pid) + ".ckpt");
+    const fs::path kept =
+        spool_root / (dumped->record.comm + "-" + std::to_string(o.pid) + ".ckpt");
     std::error_code ec;
     fs::rename(res.checkpoint, kept, ec);
     if (ec)

@@ -417,7 +417,9 @@ RestoreResult restore(const RestoreOptions& opts) {
       RestoreOptions local = opts;
       local.checkpoint = remote->local();
       if (opts.checkpoint == "-") {
-        // A stream: the manifest comes first, and the restore reads each chunk as it arrives.
+        // A stream: its blobs come while the dump runs on the other host, its manifest as
+        // soon as that is written, and the restore reads each chunk once it has arrived.
+        if (opts.on_receiving) opts.on_receiving();
         const auto t0 = Timeline::Clock::now();
         remote::StreamReceiver rx(STDIN_FILENO, remote->local());
         rx.start();
@@ -432,7 +434,7 @@ RestoreResult restore(const RestoreOptions& opts) {
           throw;
         }
         const std::uint64_t received = rx.join();  // to the end marker: a commit line may follow
-        tl.add("receive", t0, Timeline::Clock::now(), received);
+        tl.add("receive", t0, rx.ended(), received);
       } else {
         remote->download(tl, opts.unpack.progress);
         process::restore_into(local, r, &guard, provisional);

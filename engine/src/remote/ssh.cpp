@@ -9,11 +9,16 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
 #include "gpuckpt/error.h"
 #include "image/manifest.h"
+#include "util/fs.h"
+#include "util/no_sigpipe.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -28,9 +33,10 @@ void widen_pipe(int fd) {
   ::fcntl(fd, F_SETPIPE_SZ, 1 << 20);
 }
 
-constexpr std::string_view kMagic = "GPUCKPT-STREAM 1";
+constexpr std::string_view kMagic = "GPUCKPT-STREAM 2";
 constexpr std::size_t kMaxHeader = 4096;
 constexpr std::uint64_t kMaxFile = 1ull << 40;
+constexpr std::size_t kMaxBlobs = 1u << 16;  // 64 TiB of 1 GiB blobs: a stream with more lies
 
 void write_all(int fd, const char* p, std::size_t n, const char* what) {
   while (n > 0) {
@@ -40,6 +46,11 @@ void write_all(int fd, const char* p, std::size_t n, const char* what) {
     p += w;
     n -= static_cast<std::size_t>(w);
   }
+}
+
+void write_line(int fd, const nlohmann::json& j) {
+  const std::string line = j.dump() + "\n";
+  write_all(fd, line.data(), line.size(), "send the checkpoint to the target");
 }
 
 // One '\n'-terminated line, read a byte at a time so that nothing past it is consumed (the
@@ -66,8 +77,9 @@ bool valid_name(const std::string& n) {
 
 struct Header {
   bool end = false;
+  bool blob = false;  // a piece of a blob, else a whole file (the seal, the manifest)
   std::string name;
-  std::uint64_t size = 0;
+  std::uint64_t offset = 0, size = 0;
 };
 
 Header parse_header(const std::string& line) {
@@ -79,11 +91,17 @@ Header parse_header(const std::string& line) {
   }
   if (!h.is_object()) throw Error(Errc::kCorrupt, "checkpoint stream: bad header");
   Header out;
-  out.end = h.value("end", false);
-  if (out.end) return out;
-  out.name = h.value("name", std::string());
-  out.size = h.value("size", std::uint64_t{0});
-  if (!valid_name(out.name) || out.size > kMaxFile)
+  try {
+    out.end = h.value("end", false);
+    if (out.end) return out;
+    out.blob = h.contains("blob");
+    out.name = h.value(out.blob ? "blob" : "name", std::string());
+    out.offset = h.value("offset", std::uint64_t{0});
+    out.size = h.value("size", std::uint64_t{0});
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(Errc::kCorrupt, std::string("checkpoint stream: bad header: ") + e.what());
+  }
+  if (!valid_name(out.name) || out.size > kMaxFile || out.offset > kMaxFile - out.size)
     throw Error(Errc::kCorrupt, "checkpoint stream: bad file '" + out.name + "'");
   return out;
 }
@@ -94,11 +112,9 @@ UniqueFd create_file(const fs::path& p) {
   return out;
 }
 
-// Copies the next `size` bytes of the stream `in` into `out`, telling `arrival` (if any) how
-// far blob `index` has come after every read.
-void copy_into(int in, int out, std::uint64_t size, const std::string& name,
-               image::BlobArrival* arrival, std::size_t index) {
-  std::vector<char> buf(1 << 20);
+// Copies the next `size` bytes of the stream `in` to `offset` of `out`.
+void copy_into(int in, int out, std::uint64_t offset, std::uint64_t size, const std::string& name,
+               std::vector<char>& buf) {
   std::uint64_t done = 0;
   while (done < size) {
     const ssize_t n = ::read(in, buf.data(), std::min<std::uint64_t>(size - done, buf.size()));
@@ -110,13 +126,12 @@ void copy_into(int in, int out, std::uint64_t size, const std::string& name,
     std::size_t off = 0;
     while (off < static_cast<std::size_t>(n)) {
       const ssize_t w = ::pwrite(out, buf.data() + off, static_cast<std::size_t>(n) - off,
-                                 static_cast<off_t>(done + off));
+                                 static_cast<off_t>(offset + done + off));
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) throw_errno(Errc::kIo, "write ", name);
       off += static_cast<std::size_t>(w);
     }
     done += static_cast<std::uint64_t>(n);
-    if (arrival) arrival->advance(index, done);
   }
 }
 
@@ -180,86 +195,263 @@ std::vector<std::string> ssh_command(const SshTarget& t, const fs::path& config)
   return a;
 }
 
-std::uint64_t send_checkpoint(const fs::path& dir, int fd, const ProgressFn& progress) {
-  std::vector<fs::path> files;
-  std::uint64_t total = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    if (!e.is_regular_file() || e.is_symlink()) continue;
-    files.push_back(e.path());
-    total += e.file_size();
+constexpr std::uint64_t kPiece = 8ull << 20;
+
+struct StreamSender::State {
+  struct Blob {
+    UniqueFd fd;
+    std::string name;
+    std::uint64_t written = 0, sent = 0;
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<Blob> blobs;  // by index
+  std::string seal, manifest;
+  bool manifest_given = false, manifest_sent = false;
+  bool stop = false, done = false;
+  std::exception_ptr error;
+  std::string why;  // the error's message, for the packer's tap calls
+  std::uint64_t sent = 0, total = 0;
+  ProgressFn progress;
+
+  void check() const {
+    if (error) throw Error(Errc::kIo, "the checkpoint could not be sent: " + why);
   }
-  // The seal and the manifest first: the receiver then knows every chunk while the blobs come.
-  std::stable_partition(files.begin(), files.end(), [](const fs::path& p) {
-    return p.filename() == image::kSealName || p.filename() == image::kManifestName;
-  });
-  widen_pipe(fd);
-  const std::string magic = std::string(kMagic) + "\n";
-  write_all(fd, magic.data(), magic.size(), "send the checkpoint");
-  std::uint64_t sent = 0;
-  const auto t0 = std::chrono::steady_clock::now();
-  for (const auto& p : files) {
-    UniqueFd in(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!in) throw_errno(Errc::kIo, "open ", p);
-    struct stat st {};
-    if (::fstat(in.get(), &st) != 0) throw_errno(Errc::kIo, "stat ", p);
-    const std::string hdr = nlohmann::json{{"name", p.filename().string()},
-                                           {"size", static_cast<std::uint64_t>(st.st_size)},
-                                           {"mode", st.st_mode & 07777}}
-                                .dump() +
-                            "\n";
-    write_all(fd, hdr.data(), hdr.size(), "send the checkpoint");
-    off_t off = 0;
-    while (off < st.st_size) {
-      const ssize_t n = ::sendfile(
-          fd, in.get(), &off, static_cast<std::size_t>(std::min<off_t>(st.st_size - off, 8 << 20)));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) throw_errno(Errc::kIo, "send ", p.filename(), " to the target");
-      if (n == 0) throw Error(Errc::kIo, p.string() + " shrank while it was sent");
-      sent += static_cast<std::uint64_t>(n);
-      if (progress)
-        progress({"transfer", sent, total,
-                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()});
-    }
-  }
-  const std::string end = "{\"end\":true}\n";
-  write_all(fd, end.data(), end.size(), "send the checkpoint");
-  return sent;
+};
+
+StreamSender::StreamSender(int fd) : fd_(fd), st_(std::make_unique<State>()) {
+  thread_ = std::thread([this] { run(); });
 }
 
-StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir) {
+StreamSender::~StreamSender() {
+  {
+    std::lock_guard lock(st_->mu);
+    st_->stop = true;
+  }
+  st_->cv.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StreamSender::blob_created(std::uint32_t blob, const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) throw_errno(Errc::kIo, "open ", path, " to send it");
+  {
+    std::lock_guard lock(st_->mu);
+    st_->check();
+    if (st_->blobs.size() <= blob) st_->blobs.resize(blob + 1);
+    st_->blobs[blob].fd = std::move(fd);
+    st_->blobs[blob].name = path.filename().string();
+  }
+  st_->cv.notify_all();
+}
+
+void StreamSender::blob_written(std::uint32_t blob, std::uint64_t end) {
+  {
+    std::lock_guard lock(st_->mu);
+    st_->check();
+    st_->blobs.at(blob).written = std::max(st_->blobs.at(blob).written, end);
+  }
+  st_->cv.notify_all();
+}
+
+void StreamSender::run() {
+  NoSigpipe nosig;  // a closed connection is an error here, not the end of gpuckpt
+  State& st = *st_;
+  try {
+    widen_pipe(fd_);
+    const std::string magic = std::string(kMagic) + "\n";
+    write_all(fd_, magic.data(), magic.size(), "send the checkpoint to the target");
+    std::unique_lock lock(st.mu);
+    // An index, not a pointer: blob_created() may grow the vector while a piece is sent.
+    auto unsent = [&]() -> std::optional<std::size_t> {
+      for (std::size_t i = 0; i < st.blobs.size(); ++i)
+        if (st.blobs[i].sent < st.blobs[i].written) return i;
+      return std::nullopt;
+    };
+    for (;;) {
+      st.cv.wait(lock, [&] {
+        return st.stop || (st.manifest_given && !st.manifest_sent) || unsent().has_value() ||
+               st.manifest_sent;
+      });
+      if (st.stop) return;
+      if (first_ == std::chrono::steady_clock::time_point{})
+        first_ = std::chrono::steady_clock::now();
+      if (st.manifest_given && !st.manifest_sent) {
+        // As soon as it exists: the target's restore starts on it while the rest comes.
+        lock.unlock();
+        for (const auto& [name, text] :
+             {std::pair{image::kSealName, &st.seal}, {image::kManifestName, &st.manifest}}) {
+          write_line(fd_, {{"name", name}, {"size", text->size()}});
+          write_all(fd_, text->data(), text->size(), "send the checkpoint to the target");
+        }
+        lock.lock();
+        st.manifest_sent = true;
+        st.sent += st.seal.size() + st.manifest.size();
+        continue;
+      }
+      const auto next = unsent();
+      if (!next) {  // the manifest is out, and every byte it lists
+        lock.unlock();
+        write_line(fd_, {{"end", true}});
+        lock.lock();
+        st.done = true;
+        st.cv.notify_all();
+        return;
+      }
+      const int in = st.blobs[*next].fd.get();
+      const std::string name = st.blobs[*next].name;
+      const std::uint64_t off = st.blobs[*next].sent;
+      const std::uint64_t len = std::min(st.blobs[*next].written - off, kPiece);
+      lock.unlock();
+      write_line(fd_, {{"blob", name}, {"offset", off}, {"size", len}});
+      for (off_t pos = static_cast<off_t>(off); pos < static_cast<off_t>(off + len);) {
+        const ssize_t n = ::sendfile(
+            fd_, in, &pos, static_cast<std::size_t>(off + len - static_cast<std::uint64_t>(pos)));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno(Errc::kIo, "send ", name, " to the target");
+        if (n == 0) throw Error(Errc::kIo, name + " ended before its written bytes were sent");
+      }
+      lock.lock();
+      st.blobs[*next].sent += len;
+      st.sent += len;
+      if (st.progress)
+        st.progress(
+            {"transfer", st.sent, st.total,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - first_).count()});
+    }
+  } catch (const std::exception& e) {
+    std::lock_guard lock(st.mu);
+    st.error = std::current_exception();
+    st.why = e.what();
+    st.cv.notify_all();
+  }
+}
+
+std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progress) {
+  const image::Manifest m = image::load_manifest(dir);
+  std::string seal = read_file(dir / image::kSealName);
+  std::string manifest = read_file(dir / image::kManifestName);
+  State& st = *st_;
+  {
+    std::unique_lock lock(st.mu);
+    st.check();
+    const bool tapped = !st.blobs.empty();
+    if (!tapped) st.blobs.resize(m.blobs.size());
+    if (st.blobs.size() != m.blobs.size())
+      throw Error(Errc::kInternal, "the checkpoint has " + std::to_string(m.blobs.size()) +
+                                       " blobs, but " + std::to_string(st.blobs.size()) +
+                                       " were written");
+    for (std::size_t i = 0; i < m.blobs.size(); ++i) {
+      State::Blob& b = st.blobs[i];
+      if (!tapped) {  // a staged dump: the blobs, whole, from the published checkpoint
+        const fs::path p = dir / m.blobs[i].name;
+        b.fd.reset(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+        if (!b.fd) throw_errno(Errc::kIo, "open ", p);
+        b.name = m.blobs[i].name;
+      }
+      if (b.name != m.blobs[i].name || b.written > m.blobs[i].size)
+        throw Error(Errc::kInternal, "blob " + b.name + " was not written as its manifest says");
+      b.written = m.blobs[i].size;  // published: all of it
+      st.total += m.blobs[i].size;
+    }
+    st.total += seal.size() + manifest.size();
+    st.seal = std::move(seal);
+    st.manifest = std::move(manifest);
+    st.manifest_given = true;
+    st.progress = progress;
+    st.cv.notify_all();
+    st.cv.wait(lock, [&] { return st.done || st.error; });
+  }
+  thread_.join();
+  if (st.error) std::rethrow_exception(st.error);
+  return st.sent;
+}
+
+struct StreamReceiver::Blob {
+  UniqueFd fd;
+  std::uint64_t arrived = 0;  // pieces come in order: bytes [0, arrived) are written
+  std::size_t index = 0;      // in the manifest (once it is in)
+  std::uint64_t size = 0;     // in the manifest
+};
+
+StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir), buf_(1 << 20) {
   widen_pipe(fd);
   if (read_line(fd) != kMagic)
     throw Error(Errc::kCorrupt,
                 "not a gpuckpt checkpoint stream (expected '" + std::string(kMagic) + "')");
-  // The seal and the manifest, then the first blob's header.
+  // The pieces that come before the manifest, then the seal and the manifest.
+  bool seal = false;
   for (;;) {
-    pending_ = read_line(fd);
-    const Header h = parse_header(pending_);
-    if (h.end || (h.name != image::kManifestName && h.name != image::kSealName)) break;
+    const Header h = parse_header(read_line(fd));
+    if (h.end) throw Error(Errc::kCorrupt, "checkpoint stream: it ended without its manifest");
+    if (h.blob) {
+      piece(h.name, h.offset, h.size);
+      continue;
+    }
+    if ((h.name != image::kSealName || seal) && h.name != image::kManifestName)
+      throw Error(Errc::kCorrupt, "checkpoint stream: unexpected file '" + h.name + "'");
     if (h.size > image::kMaxManifestBytes)
       throw Error(Errc::kCorrupt, "checkpoint stream: " + h.name + " is too large");
     UniqueFd out = create_file(dir / h.name);
-    copy_into(fd, out.get(), h.size, h.name, nullptr, 0);
+    copy_into(fd, out.get(), 0, h.size, h.name, buf_);
     received_ += h.size;
+    if (h.name == image::kManifestName) break;
+    seal = true;
   }
   const image::Manifest m = image::load_manifest(dir);  // the seal before anything else
-  for (const auto& b : m.blobs) {
-    UniqueFd out = create_file(dir / b.name);
-    if (::ftruncate(out.get(), static_cast<off_t>(b.size)) != 0)
-      throw_errno(Errc::kIo, "size ", dir / b.name);
-    blobs_.emplace_back(b.name, b.size);
+  for (std::size_t i = 0; i < m.blobs.size(); ++i) {
+    auto& b = blobs_[m.blobs[i].name];
+    if (!b) {
+      b = std::make_unique<Blob>();
+      b->fd = create_file(dir / m.blobs[i].name);
+    } else if (b->arrived > m.blobs[i].size) {
+      throw Error(Errc::kCorrupt, "checkpoint stream: blob '" + m.blobs[i].name +
+                                      "' is larger than its manifest says");
+    }
+    b->index = i;
+    b->size = m.blobs[i].size;
+    // Readers need every blob at its full size; its bytes still to come fill it in.
+    if (::ftruncate(b->fd.get(), static_cast<off_t>(b->size)) != 0)
+      throw_errno(Errc::kIo, "size ", dir / m.blobs[i].name);
+    order_.push_back(b.get());
   }
-  arrival_ = std::make_unique<image::BlobArrival>(blobs_.size());
+  if (order_.size() != blobs_.size())
+    throw Error(Errc::kCorrupt, "checkpoint stream: a blob came that its manifest does not list");
+  arrival_ = std::make_unique<image::BlobArrival>(order_.size());
+  for (std::size_t i = 0; i < order_.size(); ++i) arrival_->advance(i, order_[i]->arrived);
 }
 
 StreamReceiver::~StreamReceiver() {
   if (thread_.joinable()) thread_.join();
 }
 
+void StreamReceiver::piece(const std::string& name, std::uint64_t offset, std::uint64_t size) {
+  if (name == image::kSealName || name == image::kManifestName)
+    throw Error(Errc::kCorrupt, "checkpoint stream: a piece of '" + name + "'");
+  auto it = blobs_.find(name);
+  if (it == blobs_.end()) {
+    if (arrival_)
+      throw Error(Errc::kCorrupt,
+                  "checkpoint stream: '" + name + "' is not a blob of its manifest");
+    if (blobs_.size() >= kMaxBlobs)
+      throw Error(Errc::kCorrupt, "checkpoint stream: too many blobs");
+    auto b = std::make_unique<Blob>();
+    b->fd = create_file(dir_ / name);
+    it = blobs_.emplace(name, std::move(b)).first;
+  }
+  Blob& b = *it->second;
+  if (offset != b.arrived || (arrival_ && offset + size > b.size))
+    throw Error(Errc::kCorrupt, "checkpoint stream: a piece of '" + name + "' out of place");
+  copy_into(fd_, b.fd.get(), offset, size, name, buf_);
+  b.arrived += size;
+  received_ += size;
+  if (arrival_) arrival_->advance(b.index, b.arrived);
+}
+
 void StreamReceiver::start() {
   thread_ = std::thread([this] {
     try {
-      receive_blobs();
+      receive_rest();
       arrival_->finish();
     } catch (const std::exception& e) {
       error_ = std::current_exception();
@@ -274,21 +466,19 @@ std::uint64_t StreamReceiver::join() {
   return received_;
 }
 
-void StreamReceiver::receive_blobs() {
-  for (std::string line = pending_;; line = read_line(fd_)) {
-    const Header h = parse_header(line);
-    if (h.end) return;
-    std::size_t index = blobs_.size();
-    for (std::size_t i = 0; i < blobs_.size(); ++i)
-      if (blobs_[i].first == h.name) index = i;
-    if (index == blobs_.size() || blobs_[index].second != h.size)
-      throw Error(Errc::kCorrupt, "checkpoint stream: '" + h.name +
-                                      "' is not a blob of its manifest, or not of its size");
-    UniqueFd out(::open((dir_ / h.name).c_str(), O_WRONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!out) throw_errno(Errc::kIo, "open ", dir_ / h.name);
-    copy_into(fd_, out.get(), h.size, h.name, arrival_.get(), index);
-    received_ += h.size;
+void StreamReceiver::receive_rest() {
+  for (;;) {
+    const Header h = parse_header(read_line(fd_));
+    if (h.end) {
+      ended_ = std::chrono::steady_clock::now();
+      break;
+    }
+    if (!h.blob) throw Error(Errc::kCorrupt, "checkpoint stream: unexpected file '" + h.name + "'");
+    piece(h.name, h.offset, h.size);
   }
+  for (const Blob* b : order_)
+    if (b->arrived != b->size)
+      throw Error(Errc::kCorrupt, "checkpoint stream: it ended with a blob incomplete");
 }
 
 }  // namespace gpuckpt::remote

@@ -3,20 +3,28 @@
 //
 //   ssh [-F CONFIG] [-p PORT] [USER@]HOST REMOTE_GPUCKPT --json restore - --await-commit ...
 //
-// and writes the checkpoint to its stdin as a stream of files (below); the remote gpuckpt
-// restores it, prints its result as one JSON line, and keeps the copy only when the controller
-// then sends "commit" (a dropped connection kills the copy instead).
+// and writes the checkpoint to its stdin while it is written here: the transfer runs beside the
+// dump. The remote gpuckpt first answers one line saying it is receiving (with its GPUs, which
+// the controller checks before it freezes anything); it restores as soon as the manifest is
+// in, reading each chunk once its bytes have arrived, prints its result as one JSON line, and
+// keeps the copy only when the controller then sends "commit" (a dropped connection kills the
+// copy instead).
 //
-// Stream: the line "GPUCKPT-STREAM 1", then per file a JSON line {"name","size","mode"} and
-// exactly `size` bytes, then {"end":true}. Names are single path components. The seal and the
-// manifest come first (the checkpoint is complete before it is sent), so the receiver knows
-// every chunk at once and can restore while the blobs arrive; a chunk is read only once its
-// bytes are in, and a stream cut short fails whatever waits for the rest.
+// Stream: the line "GPUCKPT-STREAM 2"; then pieces of blobs, each a JSON line
+// {"blob","offset","size"} and exactly `size` bytes at `offset` of that blob, every blob
+// in order from offset 0 without gaps; somewhere among them, once the dump has published it,
+// the seal and then the manifest, each a JSON line {"name","size"} and its bytes; and after
+// the last piece, {"end":true}. The manifest cannot come first, as it is written last; CRIU's
+// restore could not start before it anyway (it reads inventory.img first, which the dump
+// writes last). It does not wait for the pieces still to come, which is what lets the
+// target's restore overlap the rest of the transfer.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <exception>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -25,6 +33,7 @@
 
 #include "gpuckpt/progress.h"
 #include "image/arrival.h"
+#include "image/blob_tap.h"
 
 namespace gpuckpt::remote {
 
@@ -42,35 +51,70 @@ SshTarget parse_ssh_url(std::string_view s);
 // script never waits on a password prompt; keepalives end a dead connection within ~15 s.
 std::vector<std::string> ssh_command(const SshTarget& t, const std::filesystem::path& config);
 
-// Writes every regular file of the checkpoint directory `dir` to `fd` as the stream above.
-// Returns the bytes written. Error(kIo) when the other side goes away.
-std::uint64_t send_checkpoint(const std::filesystem::path& dir, int fd,
-                              const ProgressFn& progress = {});
-// Receives one stream from `fd` into the existing, empty directory `dir` (files 0600), and no
-// byte past its end marker.
+// The sending side of one stream into `fd`. A StreamPacker tells it (image::BlobTap) how far
+// each blob is written; its own thread sends those bytes from the blob files (sendfile: no
+// memory of its own, and the dump never waits for the network), then the manifest as soon as
+// it is given, then the rest.
+class StreamSender : public image::BlobTap {
+ public:
+  explicit StreamSender(int fd);
+  ~StreamSender() override;  // stops the thread; the stream is left unfinished
+  StreamSender(const StreamSender&) = delete;
+  StreamSender& operator=(const StreamSender&) = delete;
+
+  // Throw Error(kIo) once sending has failed (the connection is gone): the dump fails early and
+  // its guard resumes the process.
+  void blob_created(std::uint32_t blob, const std::filesystem::path& path) override;
+  void blob_written(std::uint32_t blob, std::uint64_t end) override;
+  // The checkpoint is published at `dir`: its seal and manifest go next, then whatever of its
+  // blobs is still unsent (all of them after a staged dump, whose packer had no tap). Waits
+  // for the end marker to be written; returns the payload bytes sent. Rethrows the thread's
+  // error.
+  std::uint64_t finish(const std::filesystem::path& dir, const ProgressFn& progress = {});
+  // When the first byte went out (the transfer's start); valid once anything was sent.
+  std::chrono::steady_clock::time_point first_byte() const { return first_; }
+
+ private:
+  struct State;
+  void run();
+  int fd_;
+  std::unique_ptr<State> st_;
+  std::chrono::steady_clock::time_point first_{};
+  std::thread thread_;
+};
+
+// Receives one stream from `fd` into the existing, empty directory `dir` (files 0600).
 class StreamReceiver {
  public:
-  // Reads the seal and the manifest, checks them (load_manifest) and creates every blob the
-  // manifest lists at its full size. Error(kIo) on a stream cut short, Error(kCorrupt) on a
-  // malformed one.
+  // Reads up to and including the manifest, writing the pieces before it; checks the seal and
+  // manifest (load_manifest), that every piece so far belongs to a blob it lists, and gives
+  // every blob its full size. Error(kIo) on a stream cut short, Error(kCorrupt) on a malformed
+  // one.
   StreamReceiver(int fd, const std::filesystem::path& dir);
   ~StreamReceiver();  // waits for the thread
   StreamReceiver(const StreamReceiver&) = delete;
   StreamReceiver& operator=(const StreamReceiver&) = delete;
-  // Receives the blobs on a thread of its own, advancing arrival() as their bytes come in.
+  // Receives the rest on a thread of its own, advancing arrival() as the bytes come in.
   void start();
   const image::BlobArrival& arrival() const { return *arrival_; }
-  // Waits for the end marker; returns the payload bytes received. Rethrows the thread's error.
+  // Waits for the end marker (no byte past it is read: a commit line follows); returns the
+  // payload bytes received. Rethrows the thread's error.
   std::uint64_t join();
+  // When the end marker came (valid after join()).
+  std::chrono::steady_clock::time_point ended() const { return ended_; }
 
  private:
-  void receive_blobs();
+  struct Blob;
+  void piece(const std::string& name, std::uint64_t offset, std::uint64_t size);
+  void receive_rest();
   int fd_;
   std::filesystem::path dir_;
-  std::vector<std::pair<std::string, std::uint64_t>> blobs_;  // name, size, manifest order
+  std::map<std::string, std::unique_ptr<Blob>> blobs_;
+  std::vector<Blob*> order_;  // the manifest's blobs, in its order (arrival's indices)
   std::unique_ptr<image::BlobArrival> arrival_;
-  std::string pending_;  // the first blob's header, read while looking for the manifest
+  std::vector<char> buf_;
   std::uint64_t received_ = 0;
+  std::chrono::steady_clock::time_point ended_{};
   std::exception_ptr error_;
   std::thread thread_;
 };

@@ -9,7 +9,7 @@ namespace gpuckpt {
 
 namespace {
 
-enum class Side { kNone, kDump, kRestore };
+enum class Side { kNone, kDump, kRestore, kNetwork };
 
 // "target:read_decompress" (the target of an ssh migration) and "device_lock@1234" (one
 // process of a tree) are the stages read_decompress and device_lock.
@@ -20,15 +20,16 @@ std::string base_name(std::string n) {
 }
 
 Side side_of(const std::string& name) {
-  static const char* const dump[] = {"compress_write", "criu_dump",        "criu_memdump",
-                                     "criu_memwrite",  "transfer",         "upload",
-                                     "send",           "device_checkpoint"};
-  static const char* const restore[] = {"read_decompress", "criu_restore_tasks", "receive",
-                                        "download", "device_restore"};
+  static const char* const dump[] = {"compress_write", "criu_dump", "criu_memdump", "criu_memwrite",
+                                     "device_checkpoint"};
+  static const char* const restore[] = {"read_decompress", "criu_restore_tasks", "device_restore"};
+  static const char* const network[] = {"transfer", "receive", "upload", "download", "send"};
   for (const char* d : dump)
     if (name == d) return Side::kDump;
   for (const char* r : restore)
     if (name == r) return Side::kRestore;
+  for (const char* n : network)
+    if (name == n) return Side::kNetwork;
   return Side::kNone;
 }
 
@@ -76,18 +77,21 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
 
 std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
                                      const FloorContext& c) {
-  std::optional<Floor> dump, restore;
+  std::optional<Floor> dump, restore, network;
   for (const auto& s : t.stages()) {
     const Side side = side_of(base_name(s.name));
     if (side == Side::kNone) continue;
     const auto f = stage_floor(s, p, c);
     if (!f) continue;
-    auto& group = side == Side::kDump ? dump : restore;
+    auto& group = side == Side::kDump ? dump : side == Side::kRestore ? restore : network;
     if (!group || f->seconds > group->seconds) group = f;
   }
-  if (!dump) return restore;
-  if (!restore) return dump;
-  return Floor{dump->seconds + restore->seconds, dump->bound + " + " + restore->bound};
+  std::optional<Floor> local = dump && restore ? Floor{dump->seconds + restore->seconds,
+                                                       dump->bound + " + " + restore->bound}
+                               : dump          ? dump
+                                               : restore;
+  if (!local || (network && network->seconds > local->seconds)) return network;
+  return local;
 }
 
 }  // namespace gpuckpt
