@@ -143,6 +143,37 @@ TEST_F(S3Store, MultipartUploadThenRangedParallelDownloadIsByteForByte) {
   EXPECT_EQ(verify(back).raw_bytes, info.raw_bytes);
 }
 
+TEST_F(S3Store, ADownloadIsReadAsItArrivesAndAMissingBlobFailsWhatWaitsForIt) {
+  const fs::path ckpt = make_checkpoint("f", 12u << 20, 5u << 20);
+  const S3Url url = parse_s3_url("s3://ckpts/f");
+  const S3Client s3 = client();
+  TransferOptions o;
+  o.connections = 3;
+  o.part_bytes = 5u << 20;
+  upload_checkpoint(s3, ckpt, url, false, o);
+  const std::size_t blobs = inspect(ckpt).blob_count;
+  ASSERT_GE(blobs, 2u);
+  {  // read as it arrives: every blob's whole prefix, then the same bytes as uploaded
+    const fs::path back = dir_.path() / "arriving";
+    fs::create_directories(back);
+    Download d(s3, url, back, o);
+    d.start();
+    for (std::size_t b = 0; b < blobs; ++b)
+      d.arrival().wait(b, 0, fs::file_size(ckpt / ("blob-00000" + std::to_string(b) + ".bin")));
+    d.join();
+    for (const auto& e : fs::directory_iterator(ckpt))
+      EXPECT_TRUE(test::same_contents(e.path(), back / e.path().filename())) << e.path();
+  }
+  // The last blob is gone from the store: a reader waiting for it fails, it does not hang.
+  s3.remove("ckpts", "f/blob-00000" + std::to_string(blobs - 1) + ".bin");
+  const fs::path back = dir_.path() / "missing";
+  fs::create_directories(back);
+  Download d(s3, url, back, o);
+  d.start();
+  EXPECT_EQ(code_of([&] { d.arrival().wait(blobs - 1, 0, 1); }), Errc::kIo);
+  EXPECT_NE(code_of([&] { d.join(); }), Errc::kOk);
+}
+
 TEST_F(S3Store, CliInspectAndVerifyReadTheCheckpointFromTheStore) {
   const fs::path ckpt = make_checkpoint("b", 6u << 20);
   upload_checkpoint(client(), ckpt, parse_s3_url("s3://ckpts/b"), false);

@@ -17,6 +17,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "image/manifest.h"
 #include "remote/ssh.h"
 #include "test_support.h"
 #include "util/fs.h"
@@ -261,6 +262,10 @@ class HandStream {
     text_ += nlohmann::json{{"name", name}, {"size", bytes.size()}}.dump() + "\n" + bytes;
     return *this;
   }
+  HandStream& end() {
+    text_ += "{\"end\":true}\n";
+    return *this;
+  }
   UniqueFd open() {
     std::ofstream(path_, std::ios::binary) << text_;
     return UniqueFd(::open(path_.c_str(), O_RDONLY | O_CLOEXEC));
@@ -313,6 +318,31 @@ TEST_F(StreamPack, AStreamCutShortOrOutOfPlaceIsRefused) {
     HandStream h(dir_.path() / "forged");
     h.file("manifest.seal", seal).file("manifest.json", other);
     expect(h, Errc::kCorrupt, "a changed manifest");
+  }
+  {  // after the manifest, pieces in any order are fine; the same bytes twice are not
+    HandStream h(dir_.path() / "any-order");
+    h.file("manifest.seal", seal).file("manifest.json", manifest);
+    std::size_t blobs = 0;
+    for (; fs::exists(ckpt / image::blob_name(blobs)); ++blobs) {
+      const std::string b = read_file(ckpt / image::blob_name(blobs));
+      const std::size_t half = b.size() / 2;
+      h.piece(image::blob_name(blobs), half, b.substr(half))
+          .piece(image::blob_name(blobs), 0, b.substr(0, half));
+    }
+    ASSERT_GE(blobs, 2u);
+    h.end();
+    const fs::path there = dir_.path() / "there-any-order";
+    fs::create_directory(there);
+    UniqueFd fd = h.open();
+    remote::StreamReceiver rx(fd.get(), there);
+    rx.start();
+    EXPECT_NO_THROW(rx.join());
+    EXPECT_EQ(test::run_cli({"verify", there.string()}).exit_code, 0);
+    HandStream twice(dir_.path() / "twice");
+    twice.file("manifest.seal", seal).file("manifest.json", manifest);
+    twice.piece("blob-000000.bin", 0, blob.substr(0, 8192))
+        .piece("blob-000000.bin", 4096, blob.substr(4096, 8192));
+    expect(twice, Errc::kCorrupt, "the same bytes twice");
   }
   {  // a path for a name
     HandStream h(dir_.path() / "escape");

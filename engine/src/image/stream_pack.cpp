@@ -555,7 +555,7 @@ Error CheckpointSource::corrupt(const ManifestEntry& e, std::size_t k,
 const std::byte* CheckpointSource::decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
                                           AlignedBuffer& out, Decompressor& dec) const {
   const ChunkRecord& c = e.chunks[k];
-  if (arrival_) arrival_->wait(c.blob, c.offset + c.stored);
+  if (arrival_) arrival_->wait(c.blob, c.offset, c.offset + c.stored);
   for (std::uint32_t got = 0; got < c.stored;) {
     const ssize_t n = ::pread(blobs_[c.blob].get(), in.data() + got, c.stored - got,
                               static_cast<off_t>(c.offset + got));
@@ -714,7 +714,7 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
     cfg.short_read_errc = Errc::kCorrupt;
     if (arrival_)
       cfg.await_range = [this](const ReadRange& r) {
-        arrival_->wait(r.source, r.offset + r.length);
+        arrival_->wait(r.source, r.offset, r.offset + r.length);
       };
     DescriptorSink sink(fd, e.path, raw_written_);
     const WorkerFactory make_worker = [&]() -> std::unique_ptr<ChunkWorker> {

@@ -414,21 +414,23 @@ StagingMode parse_staging_mode(const std::string& s) {
 
 DumpResult dump(const DumpOptions& opts) {
   process::Guard guard("dump");
-  // An s3:// output: the checkpoint is written into a spool first, and is durable only once
-  // it is uploaded.
-  const auto remote =
+  // An s3:// output: the checkpoint is written into a spool, uploaded while it is written, and
+  // durable only once its manifest is in the store. The spool need not survive the host.
+  auto remote =
       process::RemoteSpool::for_dump(opts.output, opts.spool_root, opts.pack.force, guard);
   DumpOptions local = opts;
+  image::PackCopy copy;
   if (remote) {
     local.output = remote->local();
     local.pack.force = false;
+    copy = {&remote->start_upload(opts.pack.progress), false};
   }
-  process::DumpOutcome out = process::dump_keep_stopped(local, guard);
+  process::DumpOutcome out = process::dump_keep_stopped(local, guard, copy);
   if (remote && !opts.leave_running) {
     // The tree is still stopped: a failed upload resumes it, exactly like a failed write.
     try {
       fault_point("upload");
-      remote->upload(out.result.timeline, opts.pack.progress);
+      remote->finish_upload(out.result.timeline);
     } catch (...) {
       const std::string undone = guard.abort();
       rethrow_with_context("", "\nno checkpoint was published; " + undone);
@@ -449,7 +451,7 @@ DumpResult dump(const DumpOptions& opts) {
   guard.disarm();
   if (remote && opts.leave_running) {
     // A snapshot: the process already runs again; a failed upload fails the snapshot only.
-    remote->upload(out.result.timeline, opts.pack.progress);
+    remote->finish_upload(out.result.timeline);
   }
   return std::move(out.result);
 }

@@ -30,7 +30,6 @@ std::optional<RemoteSpool> RemoteSpool::for_dump(const fs::path& where, const fs
                                                  bool replace, Guard& guard) {
   if (!remote::is_s3_url(where.string())) return std::nullopt;
   std::optional<RemoteSpool> s(RemoteSpool(where, spool_root, "gpuckpt-dump-spool", guard));
-  remote::check_remote_output(*s->s3_, *s->url_, replace);
   s->replace_ = replace;
   return s;
 }
@@ -43,24 +42,25 @@ std::optional<RemoteSpool> RemoteSpool::for_restore(const fs::path& where,
   return s;
 }
 
-void RemoteSpool::upload(Timeline& tl, const ProgressFn& progress) const {
-  auto scope = tl.scope("upload");
+remote::Upload& RemoteSpool::start_upload(const ProgressFn& progress) {
   remote::TransferOptions o;
   o.progress = progress;
-  const remote::TransferStats st = remote::upload_checkpoint(*s3_, local_, *url_, replace_, o);
-  scope.set_bytes(st.bytes);
-  spdlog::info("uploaded {} in {} objects to {} in {} ({} connections)", st.bytes, st.objects,
-               url_->str(), format_seconds(st.seconds), st.connections);
+  upload_ = std::make_unique<remote::Upload>(*s3_, *url_, replace_, o);
+  return *upload_;
 }
 
-void RemoteSpool::download(Timeline& tl, const ProgressFn& progress) const {
-  auto scope = tl.scope("download");
-  remote::TransferOptions o;
-  o.progress = progress;
-  const remote::TransferStats st = remote::download_checkpoint(*s3_, *url_, local_, o);
-  scope.set_bytes(st.bytes);
-  spdlog::info("downloaded {} in {} objects from {} in {} ({} connections)", st.bytes, st.objects,
+void RemoteSpool::finish_upload(Timeline& tl) {
+  const remote::TransferStats st = upload_->finish(local_);
+  tl.add("upload", upload_->first_request(), Timeline::Clock::now(), st.bytes);
+  spdlog::info("uploaded {} in {} objects to {} in {} ({} connections)", st.bytes, st.objects,
                url_->str(), format_seconds(st.seconds), st.connections);
+  upload_.reset();
+}
+
+std::unique_ptr<remote::Download> RemoteSpool::start_download() const {
+  auto d = std::make_unique<remote::Download>(*s3_, *url_, local_);
+  d->start();
+  return d;
 }
 
 }  // namespace gpuckpt::process

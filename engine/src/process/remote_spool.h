@@ -4,6 +4,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -19,8 +20,7 @@ namespace gpuckpt::process {
 
 class RemoteSpool {
  public:
-  // nullopt unless `where` is an s3:// URL. Reads the S3 configuration and, for a dump,
-  // refuses an existing checkpoint at the URL unless `replace`: all before anything is
+  // nullopt unless `where` is an s3:// URL. Reads the S3 configuration before anything is
   // frozen. The spool is made under `spool_root` (or $TMPDIR, /var/tmp) and handed to the
   // guard.
   static std::optional<RemoteSpool> for_dump(const std::filesystem::path& where,
@@ -33,10 +33,14 @@ class RemoteSpool {
 
   // Where the local checkpoint is written to (dump) or downloaded to (restore).
   const std::filesystem::path& local() const { return local_; }
-  // The "upload" / "download" stage, with the bytes moved.
-  void upload(Timeline& tl, const ProgressFn& progress) const;
-  // s3:// only ("-" is received by restore() itself, while it restores).
-  void download(Timeline& tl, const ProgressFn& progress) const;
+  // A dump: the upload, started before anything is frozen (its check that the URL holds no
+  // checkpoint, unless replacing, is done here) and fed while the checkpoint is written.
+  remote::Upload& start_upload(const ProgressFn& progress);
+  // Its rest, once the checkpoint is published: the "upload" stage, from its first request.
+  void finish_upload(Timeline& tl);
+  // s3:// only ("-" is received by restore() itself): the manifest now, the blobs on threads
+  // of their own, for a restore that reads them as they arrive.
+  std::unique_ptr<remote::Download> start_download() const;
 
  private:
   RemoteSpool(const std::filesystem::path& where, const std::filesystem::path& spool_root,
@@ -46,6 +50,7 @@ class RemoteSpool {
   TempDir spool_;
   std::filesystem::path local_;
   bool replace_ = false;
+  std::unique_ptr<remote::Upload> upload_;
 };
 
 }  // namespace gpuckpt::process

@@ -21,6 +21,7 @@
 #include "device/cuda_driver.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "gpuckpt/support.h"
 #include "image/stream_pack.h"
 #include "probe/probe.h"
 #include "process/guard.h"
@@ -416,28 +417,42 @@ RestoreResult restore(const RestoreOptions& opts) {
       Timeline tl;
       RestoreOptions local = opts;
       local.checkpoint = remote->local();
-      if (opts.checkpoint == "-") {
-        // A stream: its blobs come while the dump runs on the other host, its manifest as
-        // soon as that is written, and the restore reads each chunk once it has arrived.
-        if (opts.on_receiving) opts.on_receiving();
-        const auto t0 = Timeline::Clock::now();
-        remote::StreamReceiver rx(STDIN_FILENO, remote->local());
-        rx.start();
+      // The blobs arrive on threads of their own while the restore reads each chunk as soon
+      // as its bytes are in. Whatever brings them is waited for either way: no thread outlives
+      // the restore, and a failed restore stops the download.
+      auto restore_as_it_arrives = [&](const image::BlobArrival& arrival, auto&& stop_and_wait) {
         try {
-          process::restore_into(local, r, &guard, provisional, &rx.arrival());
+          process::restore_into(local, r, &guard, provisional, &arrival);
         } catch (...) {
           try {
-            rx.join();  // the rest of the stream, or its end
+            stop_and_wait();
           } catch (const Error& e) {
             spdlog::warn("{}", e.what());
           }
           throw;
         }
+      };
+      const auto t0 = Timeline::Clock::now();
+      if (opts.checkpoint == "-") {
+        // A stream: its blobs come while the dump runs on the other host, its manifest as
+        // soon as that is written.
+        if (opts.on_receiving) opts.on_receiving();
+        remote::StreamReceiver rx(STDIN_FILENO, remote->local());
+        rx.start();
+        restore_as_it_arrives(rx.arrival(), [&] { rx.join(); });  // the rest, or its end
         const std::uint64_t received = rx.join();  // to the end marker: a commit line may follow
         tl.add("receive", t0, rx.ended(), received);
       } else {
-        remote->download(tl, opts.unpack.progress);
-        process::restore_into(local, r, &guard, provisional);
+        const auto dl = remote->start_download();
+        restore_as_it_arrives(dl->arrival(), [&] {
+          dl->cancel();
+          dl->join();
+        });
+        const remote::TransferStats st = dl->join();
+        tl.add("download", t0, dl->ended(), st.bytes);
+        spdlog::info("downloaded {} in {} objects from {} in {} ({} connections)", st.bytes,
+                     st.objects, opts.checkpoint.string(), format_seconds(st.seconds),
+                     st.connections);
       }
       tl.append(r.timeline);
       r.timeline = std::move(tl);

@@ -133,125 +133,223 @@ void check_remote_output(const S3Client& s3, const S3Url& url, bool replace) {
 
 TransferStats upload_checkpoint(const S3Client& s3, const fs::path& local, const S3Url& url,
                                 bool replace, const TransferOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  TransferStats st;
-  st.connections = resolve_connections(o.connections);
+  Upload u(s3, url, replace, o);
+  return u.finish(local);
+}
 
-  // Every regular file but the manifest, which goes last.
-  struct Object {
-    std::string name;
-    UniqueFd fd;
-    std::uint64_t size = 0, part = 0;
-    std::string upload_id;
-    std::vector<std::string> etags;
-  };
-  std::vector<Object> objects;
-  std::uint64_t total = 0;
-  for (const auto& e : fs::directory_iterator(local)) {
-    const std::string name = e.path().filename().string();
-    if (name == kManifestName || !e.is_regular_file() || e.is_symlink()) continue;
-    Object ob;
-    ob.name = name;
-    ob.fd.reset(::open(e.path().c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-    if (!ob.fd) throw_errno(Errc::kIo, "open ", e.path());
-    ob.size = fs::file_size(e.path());
-    ob.part = part_size(ob.size, o.part_bytes);
-    total += ob.size;
-    objects.push_back(std::move(ob));
-  }
-  const fs::path manifest_path = local / kManifestName;
-  const std::string manifest = read_file(manifest_path);
-  total += manifest.size();
+struct Upload::Blob {
+  UniqueFd fd;
+  std::string name;
+  std::uint64_t written = 0;  // bytes [0, written) are on the spool's disk
+  std::uint64_t queued = 0;   // bytes [0, queued) have a task
+  std::string upload_id;      // once created (a create task precedes the first part)
+  bool creating = false, completed = false;
+  std::vector<std::string> etags;
+};
 
-  std::set<std::string> old_blobs;
-  if (replace) {
-    old_blobs = remote_blob_names(s3, url);
-    // Until the new manifest is in place the prefix holds no checkpoint at all, rather than
-    // an old manifest over new blobs.
-    s3.remove(url.bucket, url.key(kManifestName));
-    ++st.requests;
-  }
+Upload::Upload(const S3Client& s3, const S3Url& url, bool replace, const TransferOptions& o)
+    : s3_(s3), url_(url), o_(o), part_(std::max(o.part_bytes, kMinPart)) {
+  check_remote_output(s3, url, replace);
+  replace_ = replace;
+  st_.connections = resolve_connections(o.connections);
+  for (unsigned i = 0; i < st_.connections; ++i) threads_.emplace_back([this] { work(); });
+}
 
-  // Large objects go up as multipart uploads: create them, then every part of every object
-  // is one task for the connection pool.
-  struct Task {
-    std::size_t object;
-    unsigned part;  // 0: a single PUT of the whole object
-  };
-  std::vector<Task> tasks;
-  for (std::size_t i = 0; i < objects.size(); ++i) {
-    Object& ob = objects[i];
-    if (ob.size <= ob.part) {
-      tasks.push_back({i, 0});
-      continue;
-    }
-    const auto parts = static_cast<unsigned>((ob.size + ob.part - 1) / ob.part);
-    ob.etags.resize(parts);
-    for (unsigned p = 1; p <= parts; ++p) tasks.push_back({i, p});
+Upload::~Upload() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
   }
-  auto abort_all = [&] {
-    for (auto& ob : objects)
-      if (!ob.upload_id.empty()) s3.abort_multipart(url.bucket, url.key(ob.name), ob.upload_id);
-  };
-  Meter meter(o.progress, "upload", total);
-  std::atomic<std::uint64_t> requests{0};
-  try {
-    parallel_for(objects.size(), st.connections, [&](std::size_t i) {
-      Object& ob = objects[i];
-      if (!ob.etags.empty()) {
-        ob.upload_id = s3.create_multipart(url.bucket, url.key(ob.name));
-        ++requests;
-      }
-    });
-    parallel_for(tasks.size(), st.connections, [&](std::size_t t) {
-      Object& ob = objects[tasks[t].object];
-      const std::string key = url.key(ob.name);
-      if (tasks[t].part == 0) {
-        s3.put_from_fd(url.bucket, key, ob.fd.get(), 0, ob.size);
-        meter.add(ob.size);
+  cv_.notify_all();
+  for (auto& t : threads_)
+    if (t.joinable()) t.join();
+  for (const auto& b : blobs_)
+    if (b && !b->upload_id.empty() && !b->completed)
+      s3_.abort_multipart(url_.bucket, url_.key(b->name), b->upload_id);
+}
+
+void Upload::check() const {
+  if (error_) throw Error(Errc::kIo, "the upload to " + url_.str() + " failed: " + why_);
+}
+
+void Upload::blob_created(std::uint32_t blob, const fs::path& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+  if (!fd) throw_errno(Errc::kIo, "open ", path, " to upload it");
+  std::lock_guard lock(mu_);
+  check();
+  if (blobs_.size() <= blob) blobs_.resize(blob + 1);
+  blobs_[blob] = std::make_unique<Blob>();
+  blobs_[blob]->fd = std::move(fd);
+  blobs_[blob]->name = path.filename().string();
+}
+
+void Upload::blob_written(std::uint32_t blob, std::uint64_t end) {
+  {
+    std::lock_guard lock(mu_);
+    check();
+    Blob& b = *blobs_.at(blob);
+    b.written = std::max(b.written, end);
+    queue_parts(blob, false);
+  }
+  cv_.notify_all();
+}
+
+// Under mu_: a task for every whole part written and not yet queued; with `last`, the rest too
+// (the blob is complete). A blob that never fills a part goes up in one PUT.
+void Upload::queue_parts(std::size_t i, bool last) {
+  Blob& b = *blobs_[i];
+  if (last && b.queued == 0 && b.written <= part_) {
+    tasks_.push_back({i, 0, 0, b.written});
+    b.queued = b.written;
+    return;
+  }
+  while (b.written - b.queued >= part_ || (last && b.queued < b.written)) {
+    const std::uint64_t len = std::min(part_, b.written - b.queued);
+    const auto n = static_cast<unsigned>(b.queued / part_) + 1;
+    if (n > kMaxParts)
+      throw Error(Errc::kUsage, b.name + " needs more than " + std::to_string(kMaxParts) +
+                                    " parts: use larger parts");
+    tasks_.push_back({i, n, b.queued, len});
+    b.queued += len;
+  }
+}
+
+void Upload::work() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || error_ || !tasks_.empty(); });
+    if (stop_ || error_) return;
+    const Task t = tasks_.front();
+    tasks_.pop_front();
+    ++busy_;
+    if (first_ == std::chrono::steady_clock::time_point{})
+      first_ = std::chrono::steady_clock::now();
+    Blob& b = *blobs_[t.blob];
+    try {
+      const std::string key = url_.key(b.name);
+      if (t.part == 0) {
+        lock.unlock();
+        s3_.put_from_fd(url_.bucket, key, b.fd.get(), 0, t.len);
+        lock.lock();
       } else {
-        const std::uint64_t off = (tasks[t].part - 1) * ob.part;
-        const std::uint64_t len = std::min(ob.part, ob.size - off);
-        ob.etags[tasks[t].part - 1] =
-            s3.upload_part(url.bucket, key, ob.upload_id, tasks[t].part, ob.fd.get(), off, len);
-        meter.add(len);
+        // The first part to go creates the upload; the others wait for its id.
+        if (b.upload_id.empty() && !b.creating) {
+          b.creating = true;
+          lock.unlock();
+          std::string id = s3_.create_multipart(url_.bucket, key);
+          lock.lock();
+          b.upload_id = std::move(id);
+          ++st_.requests;
+          cv_.notify_all();
+        }
+        cv_.wait(lock, [&] { return !b.upload_id.empty() || error_ || stop_; });
+        if (error_ || stop_) {
+          --busy_;
+          return;
+        }
+        const std::string id = b.upload_id;
+        lock.unlock();
+        std::string etag =
+            s3_.upload_part(url_.bucket, key, id, t.part, b.fd.get(), t.offset, t.len);
+        lock.lock();
+        if (b.etags.size() < t.part) b.etags.resize(t.part);
+        b.etags[t.part - 1] = std::move(etag);
       }
-      ++requests;
+      ++st_.requests;
+      st_.bytes += t.len;
+      if (uploaded_) uploaded_(t.len);
+    } catch (const std::exception& e) {
+      if (!lock.owns_lock()) lock.lock();
+      if (!error_) {
+        error_ = std::current_exception();
+        why_ = e.what();
+      }
+    }
+    --busy_;
+    cv_.notify_all();
+  }
+}
+
+TransferStats Upload::finish(const fs::path& dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const image::Manifest m = image::load_manifest(dir);
+  const std::string seal = read_file(dir / kSealName);
+  const std::string manifest = read_file(dir / kManifestName);
+  if (replace_) {
+    // Parts are invisible until their upload completes, so the old checkpoint stayed whole
+    // until now (a dump that failed left it as it was). From here until the new manifest is in
+    // place the prefix holds no checkpoint at all, rather than an old manifest over new blobs.
+    old_blobs_ = remote_blob_names(s3_, url_);
+    s3_.remove(url_.bucket, url_.key(kManifestName));
+    ++st_.requests;
+  }
+  {
+    std::unique_lock lock(mu_);
+    check();
+    if (blobs_.empty()) blobs_.resize(m.blobs.size());  // nothing fed this: all from `dir`
+    if (blobs_.size() != m.blobs.size())
+      throw Error(Errc::kInternal, "the checkpoint has " + std::to_string(m.blobs.size()) +
+                                       " blobs, but " + std::to_string(blobs_.size()) +
+                                       " were written");
+    for (std::size_t i = 0; i < m.blobs.size(); ++i) {
+      if (!blobs_[i]) {
+        const fs::path p = dir / m.blobs[i].name;
+        blobs_[i] = std::make_unique<Blob>();
+        blobs_[i]->fd.reset(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+        if (!blobs_[i]->fd) throw_errno(Errc::kIo, "open ", p);
+        blobs_[i]->name = m.blobs[i].name;
+      }
+      Blob& b = *blobs_[i];
+      if (b.name != m.blobs[i].name || b.written > m.blobs[i].size)
+        throw Error(Errc::kInternal, "blob " + b.name + " was not written as its manifest says");
+      b.written = m.blobs[i].size;  // published: all of it
+      queue_parts(i, true);
+    }
+    // Progress from here on: during the dump, the dump's own is shown.
+    std::uint64_t total = seal.size() + manifest.size();
+    for (const auto& b : m.blobs) total += b.size;
+    auto meter = std::make_shared<Meter>(o_.progress, "upload", total);
+    meter->add(st_.bytes);
+    uploaded_ = [meter](std::uint64_t n) { meter->add(n); };
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return error_ || (tasks_.empty() && busy_ == 0); });
+  }
+  try {
+    check();
+    std::vector<std::size_t> multipart;
+    for (std::size_t i = 0; i < blobs_.size(); ++i)
+      if (!blobs_[i]->upload_id.empty()) multipart.push_back(i);
+    parallel_for(multipart.size(), st_.connections, [&](std::size_t k) {
+      Blob& b = *blobs_[multipart[k]];
+      s3_.complete_multipart(url_.bucket, url_.key(b.name), b.upload_id, b.etags);
+      b.completed = true;
     });
-    parallel_for(objects.size(), st.connections, [&](std::size_t i) {
-      Object& ob = objects[i];
-      if (ob.upload_id.empty()) return;
-      s3.complete_multipart(url.bucket, url.key(ob.name), ob.upload_id, ob.etags);
-      ob.upload_id.clear();
-      ++requests;
-    });
+    st_.requests += multipart.size();
+    s3_.put(url_.bucket, url_.key(kSealName), seal);
   } catch (...) {
-    abort_all();
-    rethrow_with_context("upload to " + url.str() + " failed: ",
+    rethrow_with_context("upload to " + url_.str() + " failed: ",
                          "; no manifest was written there, so it holds no checkpoint");
   }
   // The manifest last: from this PUT on the checkpoint is complete and durable in the store.
   fault_point("upload_manifest");
-  s3.put(url.bucket, url.key(kManifestName), manifest);
-  meter.add(manifest.size());
-  ++requests;
-
+  s3_.put(url_.bucket, url_.key(kManifestName), manifest);
+  st_.requests += 2;
+  st_.bytes += seal.size() + manifest.size();
   std::set<std::string> kept;
-  for (const auto& ob : objects) kept.insert(ob.name);
-  for (const auto& name : old_blobs) {
-    if (kept.count(name)) continue;
+  for (const auto& b : m.blobs) kept.insert(b.name);
+  for (const auto& name : old_blobs_) {
+    if (kept.count(name) || name == kSealName) continue;
     try {
-      s3.remove(url.bucket, url.key(name));
-      ++requests;
+      s3_.remove(url_.bucket, url_.key(name));
+      ++st_.requests;
     } catch (const Error& e) {
-      spdlog::warn("could not remove {} of the replaced checkpoint: {}", url.key(name), e.what());
+      spdlog::warn("could not remove {} of the replaced checkpoint: {}", url_.key(name), e.what());
     }
   }
-  st.bytes = total;
-  st.objects = objects.size() + 1;
-  st.requests = st.requests + requests.load();
-  st.seconds = since(t0);
-  return st;
+  st_.objects = m.blobs.size() + 2;
+  if (first_ == std::chrono::steady_clock::time_point{}) first_ = t0;
+  st_.seconds = since(first_);
+  return st_;
 }
 
 TransferStats download_manifest(const S3Client& s3, const S3Url& url, const fs::path& dir) {
@@ -296,41 +394,78 @@ TransferStats download_manifest(const S3Client& s3, const S3Url& url, const fs::
 
 TransferStats download_checkpoint(const S3Client& s3, const S3Url& url, const fs::path& dir,
                                   const TransferOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  TransferStats st = download_manifest(s3, url, dir);
-  st.connections = resolve_connections(o.connections);
-  // The seal and the format are checked before a byte of the blobs is fetched.
-  const image::Manifest m = image::load_manifest(dir);
+  Download d(s3, url, dir, o);
+  d.start();
+  return d.join();
+}
 
-  struct Range {
-    std::size_t blob;
-    std::uint64_t offset, len;
-  };
-  std::vector<UniqueFd> fds;
-  std::vector<Range> ranges;
-  std::uint64_t total = 0;
-  const std::uint64_t step = std::max(o.part_bytes, kMinPart);
-  for (std::size_t b = 0; b < m.blobs.size(); ++b) {
-    const fs::path p = dir / m.blobs[b].name;
-    fds.push_back(create_private(p));
-    if (::ftruncate(fds.back().get(), static_cast<off_t>(m.blobs[b].size)) != 0)
+Download::Download(const S3Client& s3, const S3Url& url, const fs::path& dir,
+                   const TransferOptions& o)
+    : s3_(s3), url_(url), o_(o), t0_(std::chrono::steady_clock::now()) {
+  st_ = download_manifest(s3, url, dir);
+  st_.connections = resolve_connections(o.connections);
+  // The seal and the format are checked before a byte of the blobs is fetched.
+  m_ = image::load_manifest(dir);
+  step_ = std::max(o.part_bytes, kMinPart);
+  for (std::size_t b = 0; b < m_.blobs.size(); ++b) {
+    const fs::path p = dir / m_.blobs[b].name;
+    fds_.push_back(create_private(p));
+    if (::ftruncate(fds_.back().get(), static_cast<off_t>(m_.blobs[b].size)) != 0)
       throw_errno(Errc::kIo, "size ", p);
-    for (std::uint64_t off = 0; off < m.blobs[b].size; off += step)
-      ranges.push_back({b, off, std::min(step, m.blobs[b].size - off)});
-    total += m.blobs[b].size;
+    for (std::uint64_t off = 0; off < m_.blobs[b].size; off += step_)
+      ranges_.push_back({b, off, std::min(step_, m_.blobs[b].size - off)});
+    total_ += m_.blobs[b].size;
   }
-  Meter meter(o.progress, "download", total);
-  parallel_for(ranges.size(), st.connections, [&](std::size_t i) {
-    const Range& r = ranges[i];
-    s3.get_range_to_fd(url.bucket, url.key(m.blobs[r.blob].name), r.offset, r.len,
-                       fds[r.blob].get(), r.offset);
-    meter.add(r.len);
+  // The ranges holding what a restore reads first go first; then the rest in blob order,
+  // which is the order the dump wrote the pages in, and the order the restore reads them.
+  const auto first = image::ranges_needed_first(m_);
+  std::stable_partition(ranges_.begin(), ranges_.end(), [&](const Range& r) {
+    return std::any_of(first.begin(), first.end(), [&](const image::BlobRange& f) {
+      return f.blob == r.blob && f.begin < r.offset + r.len && r.offset < f.end;
+    });
   });
-  st.bytes += total;
-  st.objects += m.blobs.size();
-  st.requests += ranges.size();
-  st.seconds = since(t0);
-  return st;
+  arrival_ = std::make_unique<image::BlobArrival>(m_.blobs.size());
+}
+
+Download::~Download() {
+  cancel();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Download::start() {
+  thread_ = std::thread([this] {
+    try {
+      run();
+      ended_ = std::chrono::steady_clock::now();
+      arrival_->finish();
+    } catch (const std::exception& e) {
+      error_ = std::current_exception();
+      arrival_->fail(std::string("the download of ") + url_.str() + " failed: " + e.what());
+    }
+  });
+}
+
+void Download::run() {
+  Meter meter(o_.progress, "download", total_);
+  // Taken in the order listed, on `connections` threads.
+  parallel_for(ranges_.size(), st_.connections, [&](std::size_t i) {
+    if (cancelled_) throw Error(Errc::kIo, "cancelled");
+    const Range& r = ranges_[i];
+    s3_.get_range_to_fd(url_.bucket, url_.key(m_.blobs[r.blob].name), r.offset, r.len,
+                        fds_[r.blob].get(), r.offset);
+    meter.add(r.len);
+    arrival_->add(r.blob, r.offset, r.offset + r.len);
+  });
+  st_.bytes += total_;
+  st_.objects += m_.blobs.size();
+  st_.requests += ranges_.size();
+}
+
+TransferStats Download::join() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(error_);
+  st_.seconds = since(t0_);
+  return st_;
 }
 
 fs::path spool_root(const fs::path& given) {

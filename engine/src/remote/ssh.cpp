@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -201,11 +202,14 @@ struct StreamSender::State {
   struct Blob {
     UniqueFd fd;
     std::string name;
-    std::uint64_t written = 0, sent = 0;
+    std::uint64_t written = 0;  // bytes [0, written) are on the spool's disk
+    image::IntervalSet sent;
   };
   std::mutex mu;
   std::condition_variable cv;
   std::vector<Blob> blobs;  // by index
+  // Once the manifest is out: what the restore reads first, sent before the rest.
+  std::deque<image::BlobRange> first;
   std::string seal, manifest;
   bool manifest_given = false, manifest_sent = false;
   bool stop = false, done = false;
@@ -262,15 +266,28 @@ void StreamSender::run() {
     const std::string magic = std::string(kMagic) + "\n";
     write_all(fd_, magic.data(), magic.size(), "send the checkpoint to the target");
     std::unique_lock lock(st.mu);
-    // An index, not a pointer: blob_created() may grow the vector while a piece is sent.
-    auto unsent = [&]() -> std::optional<std::size_t> {
-      for (std::size_t i = 0; i < st.blobs.size(); ++i)
-        if (st.blobs[i].sent < st.blobs[i].written) return i;
+    // The next piece: [begin, end) of blob `blob`. An index, not a pointer: blob_created() may
+    // grow the vector while a piece is sent.
+    struct Piece {
+      std::size_t blob;
+      std::uint64_t begin, end;
+    };
+    auto next_piece = [&]() -> std::optional<Piece> {
+      while (!st.first.empty()) {
+        const auto& r = st.first.front();
+        const auto [b, e] = st.blobs[r.blob].sent.first_gap(r.begin, r.end);
+        if (b < e) return Piece{r.blob, b, std::min(e, b + kPiece)};
+        st.first.pop_front();
+      }
+      for (std::size_t i = 0; i < st.blobs.size(); ++i) {
+        const auto [b, e] = st.blobs[i].sent.first_gap(0, st.blobs[i].written);
+        if (b < e) return Piece{i, b, std::min(e, b + kPiece)};
+      }
       return std::nullopt;
     };
     for (;;) {
       st.cv.wait(lock, [&] {
-        return st.stop || (st.manifest_given && !st.manifest_sent) || unsent().has_value() ||
+        return st.stop || (st.manifest_given && !st.manifest_sent) || next_piece().has_value() ||
                st.manifest_sent;
       });
       if (st.stop) return;
@@ -289,8 +306,8 @@ void StreamSender::run() {
         st.sent += st.seal.size() + st.manifest.size();
         continue;
       }
-      const auto next = unsent();
-      if (!next) {  // the manifest is out, and every byte it lists
+      const auto piece = next_piece();
+      if (!piece) {  // the manifest is out, and every byte it lists
         lock.unlock();
         write_line(fd_, {{"end", true}});
         lock.lock();
@@ -298,10 +315,9 @@ void StreamSender::run() {
         st.cv.notify_all();
         return;
       }
-      const int in = st.blobs[*next].fd.get();
-      const std::string name = st.blobs[*next].name;
-      const std::uint64_t off = st.blobs[*next].sent;
-      const std::uint64_t len = std::min(st.blobs[*next].written - off, kPiece);
+      const int in = st.blobs[piece->blob].fd.get();
+      const std::string name = st.blobs[piece->blob].name;
+      const std::uint64_t off = piece->begin, len = piece->end - piece->begin;
       lock.unlock();
       write_line(fd_, {{"blob", name}, {"offset", off}, {"size", len}});
       for (off_t pos = static_cast<off_t>(off); pos < static_cast<off_t>(off + len);) {
@@ -312,7 +328,7 @@ void StreamSender::run() {
         if (n == 0) throw Error(Errc::kIo, name + " ended before its written bytes were sent");
       }
       lock.lock();
-      st.blobs[*next].sent += len;
+      st.blobs[piece->blob].sent.add(off, off + len);
       st.sent += len;
       if (st.progress)
         st.progress(
@@ -354,6 +370,8 @@ std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progre
       b.written = m.blobs[i].size;  // published: all of it
       st.total += m.blobs[i].size;
     }
+    const auto first = image::ranges_needed_first(m);
+    st.first.assign(first.begin(), first.end());
     st.total += seal.size() + manifest.size();
     st.seal = std::move(seal);
     st.manifest = std::move(manifest);
@@ -369,9 +387,12 @@ std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progre
 
 struct StreamReceiver::Blob {
   UniqueFd fd;
-  std::uint64_t arrived = 0;  // pieces come in order: bytes [0, arrived) are written
-  std::size_t index = 0;      // in the manifest (once it is in)
-  std::uint64_t size = 0;     // in the manifest
+  image::IntervalSet got;  // written; before the manifest, always [0, n) (pieces in order)
+  std::size_t index = 0;   // in the manifest (once it is in)
+  std::uint64_t size = 0;  // in the manifest
+  std::uint64_t end() const {
+    return got.intervals().empty() ? 0 : got.intervals().rbegin()->second;
+  }
 };
 
 StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir), buf_(1 << 20) {
@@ -404,7 +425,7 @@ StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir)
     if (!b) {
       b = std::make_unique<Blob>();
       b->fd = create_file(dir / m.blobs[i].name);
-    } else if (b->arrived > m.blobs[i].size) {
+    } else if (b->end() > m.blobs[i].size) {
       throw Error(Errc::kCorrupt, "checkpoint stream: blob '" + m.blobs[i].name +
                                       "' is larger than its manifest says");
     }
@@ -418,7 +439,8 @@ StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir)
   if (order_.size() != blobs_.size())
     throw Error(Errc::kCorrupt, "checkpoint stream: a blob came that its manifest does not list");
   arrival_ = std::make_unique<image::BlobArrival>(order_.size());
-  for (std::size_t i = 0; i < order_.size(); ++i) arrival_->advance(i, order_[i]->arrived);
+  for (std::size_t i = 0; i < order_.size(); ++i)
+    for (const auto& [begin, end] : order_[i]->got.intervals()) arrival_->add(i, begin, end);
 }
 
 StreamReceiver::~StreamReceiver() {
@@ -440,12 +462,15 @@ void StreamReceiver::piece(const std::string& name, std::uint64_t offset, std::u
     it = blobs_.emplace(name, std::move(b)).first;
   }
   Blob& b = *it->second;
-  if (offset != b.arrived || (arrival_ && offset + size > b.size))
+  // Before the manifest the pieces follow each other; after it they may come in any order
+  // (what the restore reads first, first), but inside the blob and never twice.
+  if ((!arrival_ && offset != b.end()) || (arrival_ && offset + size > b.size) ||
+      b.got.overlaps(offset, offset + size))
     throw Error(Errc::kCorrupt, "checkpoint stream: a piece of '" + name + "' out of place");
   copy_into(fd_, b.fd.get(), offset, size, name, buf_);
-  b.arrived += size;
+  b.got.add(offset, offset + size);
   received_ += size;
-  if (arrival_) arrival_->advance(b.index, b.arrived);
+  if (arrival_) arrival_->add(b.index, offset, offset + size);
 }
 
 void StreamReceiver::start() {
@@ -477,7 +502,7 @@ void StreamReceiver::receive_rest() {
     piece(h.name, h.offset, h.size);
   }
   for (const Blob* b : order_)
-    if (b->arrived != b->size)
+    if (!b->got.covers(0, b->size))
       throw Error(Errc::kCorrupt, "checkpoint stream: it ended with a blob incomplete");
 }
 
