@@ -159,6 +159,26 @@ TEST_F(E2eSsh, AConnectionDroppedMidStreamResumesTheOriginalAndLeavesNothingOnTh
   ::kill(pid, SIGKILL);
 }
 
+TEST_F(E2eSsh, ATargetThatRefusesTheCheckpointStopsTheStreamAndTheOriginalResumes) {
+  // The target requires a signature this checkpoint does not have: its restore fails as soon
+  // as the manifest is in, and it stops reading instead of taking the rest first.
+  const fs::path keys = dir_.path() / "keys";
+  ASSERT_EQ(test::run_cli({"keygen", "-o", (dir_.path() / "k").string()}).exit_code, 0);
+  fs::create_directories(keys);
+  fs::copy_file(dir_.path() / "k.pub", keys / "k.pub");
+  auto demo = test::start_vllm_demo(dir_.path(), {"--workers", "1", "--weights-mib", "320"});
+  const pid_t pid = demo.front.pid();
+  const auto r =
+      migrate(pid, demo.port, *ssh_, {"--require-signature", "--trusted-keys", keys.string()});
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.err.find("the restore on ssh://spare failed"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("sign"), std::string::npos) << r.err;
+  EXPECT_TRUE(test::wait_until([&] { return !stopped(pid); })) << "left frozen";
+  EXPECT_FALSE(test::vllm_complete(demo.port, "s", "still here?").empty());
+  EXPECT_TRUE(test::wait_until([&] { return host_->processes().empty(); }));
+  EXPECT_TRUE(test::wait_until([&] { return spool_empty(remote_spool_); }));
+}
+
 TEST_F(E2eSsh, TwoMigrationsAtOnceBothServeOnTheTarget) {
   const TempDir d1 = test::scratch_dir("gpuckpt-ssh-a"), d2 = test::scratch_dir("gpuckpt-ssh-b");
   auto a = test::start_vllm_demo(d1.path(), kDemoArgs);

@@ -61,6 +61,7 @@ class IntervalSet {
     return it != m_.begin() && std::prev(it)->second >= end;
   }
   bool overlaps(std::uint64_t begin, std::uint64_t end) const {
+    if (begin >= end) return false;
     auto it = m_.lower_bound(end);  // the first interval starting at or past `end`
     return it != m_.begin() && std::prev(it)->second > begin;
   }

@@ -69,6 +69,20 @@ std::optional<std::string> read_line_until(int fd, std::chrono::steady_clock::ti
   }
 }
 
+// The target's answer: one JSON line (a result, sent as one line), or a JSON document over
+// several (an error, as gpuckpt --json prints it on its way out); nullopt at EOF.
+std::optional<std::string> read_answer(int fd, std::chrono::steady_clock::time_point deadline,
+                                       const std::string& what) {
+  auto text = read_line_until(fd, deadline, what);
+  if (!text) return text;
+  while (!json::accept(*text) && text->size() < (1u << 20)) {
+    const auto more = read_line_until(fd, deadline, what);
+    if (!more) break;
+    *text += "\n" + *more;
+  }
+  return text;
+}
+
 // The VRAM the tree holds on `uuid` must fit in what GPU `to` on the target has free (its
 // `gpuckpt devices`: total_memory - used_memory). Unknown on either side: said, not guessed.
 void check_target_vram(const std::string& uuid, const std::string& to, const json& remote,
@@ -216,6 +230,22 @@ class Connection {
   Child child_;
 };
 
+// What the target answered, if it failed (within a few seconds of the stream breaking).
+std::optional<Error> target_failure(Connection& c, const std::string& where) {
+  try {
+    const auto line =
+        read_answer(c.out(), std::chrono::steady_clock::now() + std::chrono::seconds(10),
+                    "the target " + where);
+    const json j = line ? json::parse(*line, nullptr, false) : json();
+    if (!j.is_object() || j.value("ok", true)) return std::nullopt;
+    const json err = j.value("error", json::object());
+    return Error(errc_from_name(err.value("code", "internal")),
+                 "the restore on " + where + " failed: " + err.value("message", *line));
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
 // The target's first line: its gpuckpt runs, its spool is ready, and it is reading the stream;
 // with its GPUs (`gpuckpt --json devices`). Anything else fails the migration before anything
 // is frozen.
@@ -282,8 +312,12 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     // On failure the original already runs again; the target sees its stream end early.
     dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard, copy);
   } catch (...) {
+    // A target whose restore failed stopped reading, which failed the dump: its answer says why.
+    const auto why = target_failure(*conn, where);
     conn->close();
-    rethrow_with_context("migration to " + where + " failed: ", "");
+    rethrow_with_context("migration to " + where + " failed: " +
+                             (why ? std::string(why->what()) + "; so: " : std::string()),
+                         "");
   }
   res.timeline.append(dumped->result.timeline);
   res.image_bytes = dumped->result.image_bytes;
@@ -294,12 +328,19 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     if (release) release_original(o, *dumped, res.checkpoint, guard, res.timeline);
     fault_point("transfer");
     // The manifest, then what is still unsent (all of it, if the dump was staged).
-    const std::uint64_t sent = sender.finish(res.checkpoint, o.pack.progress);
+    std::uint64_t sent = 0;
+    try {
+      sent = sender.finish(res.checkpoint, o.pack.progress);
+    } catch (const Error&) {
+      // A target whose restore failed stops reading: its answer says why.
+      if (auto why = target_failure(*conn, where)) throw *why;
+      throw;
+    }
     const auto t1 = Timeline::Clock::now();
     res.timeline.add("transfer", sender.first_byte(), t1, sent);
     // The target restores and probes: bounded by its probe, plus CRIU's own bound.
     const auto deadline = std::chrono::steady_clock::now() + o.probe.timeout + o.criu.timeout;
-    const auto line = read_line_until(conn->out(), deadline, "the target " + where);
+    const auto line = read_answer(conn->out(), deadline, "the target " + where);
     const auto answered = Timeline::Clock::now();
     if (!line) {
       const ExitStatus st = conn->wait(std::chrono::seconds(10));

@@ -99,12 +99,6 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::uint64_t part_size(std::uint64_t size, std::uint64_t wanted) {
-  std::uint64_t p = std::max(wanted, kMinPart);
-  while ((size + p - 1) / p > kMaxParts) p *= 2;
-  return p;
-}
-
 // The blob names of the checkpoint at `url`, if it has a readable manifest (for cleaning up
 // after a replacement); empty otherwise.
 std::set<std::string> remote_blob_names(const S3Client& s3, const S3Url& url) {
@@ -275,14 +269,7 @@ TransferStats Upload::finish(const fs::path& dir) {
   const image::Manifest m = image::load_manifest(dir);
   const std::string seal = read_file(dir / kSealName);
   const std::string manifest = read_file(dir / kManifestName);
-  if (replace_) {
-    // Parts are invisible until their upload completes, so the old checkpoint stayed whole
-    // until now (a dump that failed left it as it was). From here until the new manifest is in
-    // place the prefix holds no checkpoint at all, rather than an old manifest over new blobs.
-    old_blobs_ = remote_blob_names(s3_, url_);
-    s3_.remove(url_.bucket, url_.key(kManifestName));
-    ++st_.requests;
-  }
+  std::vector<std::size_t> single;  // blobs that go up in one PUT, which replaces at once
   {
     std::unique_lock lock(mu_);
     check();
@@ -303,7 +290,10 @@ TransferStats Upload::finish(const fs::path& dir) {
       if (b.name != m.blobs[i].name || b.written > m.blobs[i].size)
         throw Error(Errc::kInternal, "blob " + b.name + " was not written as its manifest says");
       b.written = m.blobs[i].size;  // published: all of it
-      queue_parts(i, true);
+      if (b.queued == 0 && b.written <= part_)
+        single.push_back(i);
+      else
+        queue_parts(i, true);
     }
     // Progress from here on: during the dump, the dump's own is shown.
     std::uint64_t total = seal.size() + manifest.size();
@@ -311,6 +301,22 @@ TransferStats Upload::finish(const fs::path& dir) {
     auto meter = std::make_shared<Meter>(o_.progress, "upload", total);
     meter->add(st_.bytes);
     uploaded_ = [meter](std::uint64_t n) { meter->add(n); };
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return error_ || (tasks_.empty() && busy_ == 0); });
+    check();
+  }
+  if (replace_) {
+    // Every part is up, and invisible until its upload completes: the old checkpoint is whole
+    // until now, even if this upload failed on the way. From here until the new manifest is in
+    // place the prefix holds no checkpoint at all, rather than an old manifest over new blobs.
+    old_blobs_ = remote_blob_names(s3_, url_);
+    s3_.remove(url_.bucket, url_.key(kManifestName));
+    std::lock_guard lock(mu_);
+    ++st_.requests;
+  }
+  {
+    std::unique_lock lock(mu_);
+    for (const std::size_t i : single) queue_parts(i, true);
     cv_.notify_all();
     cv_.wait(lock, [&] { return error_ || (tasks_.empty() && busy_ == 0); });
   }

@@ -1,6 +1,7 @@
 #include "remote/ssh.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/sendfile.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -54,11 +55,25 @@ void write_line(int fd, const nlohmann::json& j) {
   write_all(fd, line.data(), line.size(), "send the checkpoint to the target");
 }
 
+// Waits until `fd` has data, or Error(kIo) once `cancel` (an eventfd; -1: none) is signalled.
+void wait_readable(int fd, int cancel) {
+  if (cancel < 0) return;
+  pollfd p[2] = {{fd, POLLIN, 0}, {cancel, POLLIN, 0}};
+  for (;;) {
+    const int r = ::poll(p, 2, -1);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw_errno(Errc::kIo, "poll the checkpoint stream");
+    if (p[1].revents) throw Error(Errc::kIo, "the rest of the checkpoint stream was not read");
+    return;
+  }
+}
+
 // One '\n'-terminated line, read a byte at a time so that nothing past it is consumed (the
 // commit line follows the stream on the same descriptor).
-std::string read_line(int fd) {
+std::string read_line(int fd, int cancel = -1) {
   std::string s;
   for (;;) {
+    wait_readable(fd, cancel);
     char c;
     const ssize_t n = ::read(fd, &c, 1);
     if (n < 0 && errno == EINTR) continue;
@@ -115,9 +130,10 @@ UniqueFd create_file(const fs::path& p) {
 
 // Copies the next `size` bytes of the stream `in` to `offset` of `out`.
 void copy_into(int in, int out, std::uint64_t offset, std::uint64_t size, const std::string& name,
-               std::vector<char>& buf) {
+               std::vector<char>& buf, int cancel = -1) {
   std::uint64_t done = 0;
   while (done < size) {
+    wait_readable(in, cancel);
     const ssize_t n = ::read(in, buf.data(), std::min<std::uint64_t>(size - done, buf.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) throw_errno(Errc::kIo, "read the checkpoint stream");
@@ -223,7 +239,9 @@ struct StreamSender::State {
   }
 };
 
-StreamSender::StreamSender(int fd) : fd_(fd), st_(std::make_unique<State>()) {
+StreamSender::StreamSender(int fd)
+    : fd_(::fcntl(fd, F_DUPFD_CLOEXEC, 0)), st_(std::make_unique<State>()) {
+  if (!fd_) throw_errno(Errc::kIo, "dup the connection's descriptor");
   thread_ = std::thread([this] { run(); });
 }
 
@@ -262,9 +280,9 @@ void StreamSender::run() {
   NoSigpipe nosig;  // a closed connection is an error here, not the end of gpuckpt
   State& st = *st_;
   try {
-    widen_pipe(fd_);
+    widen_pipe(fd_.get());
     const std::string magic = std::string(kMagic) + "\n";
-    write_all(fd_, magic.data(), magic.size(), "send the checkpoint to the target");
+    write_all(fd_.get(), magic.data(), magic.size(), "send the checkpoint to the target");
     std::unique_lock lock(st.mu);
     // The next piece: [begin, end) of blob `blob`. An index, not a pointer: blob_created() may
     // grow the vector while a piece is sent.
@@ -298,8 +316,8 @@ void StreamSender::run() {
         lock.unlock();
         for (const auto& [name, text] :
              {std::pair{image::kSealName, &st.seal}, {image::kManifestName, &st.manifest}}) {
-          write_line(fd_, {{"name", name}, {"size", text->size()}});
-          write_all(fd_, text->data(), text->size(), "send the checkpoint to the target");
+          write_line(fd_.get(), {{"name", name}, {"size", text->size()}});
+          write_all(fd_.get(), text->data(), text->size(), "send the checkpoint to the target");
         }
         lock.lock();
         st.manifest_sent = true;
@@ -309,7 +327,7 @@ void StreamSender::run() {
       const auto piece = next_piece();
       if (!piece) {  // the manifest is out, and every byte it lists
         lock.unlock();
-        write_line(fd_, {{"end", true}});
+        write_line(fd_.get(), {{"end", true}});
         lock.lock();
         st.done = true;
         st.cv.notify_all();
@@ -319,10 +337,11 @@ void StreamSender::run() {
       const std::string name = st.blobs[piece->blob].name;
       const std::uint64_t off = piece->begin, len = piece->end - piece->begin;
       lock.unlock();
-      write_line(fd_, {{"blob", name}, {"offset", off}, {"size", len}});
+      write_line(fd_.get(), {{"blob", name}, {"offset", off}, {"size", len}});
       for (off_t pos = static_cast<off_t>(off); pos < static_cast<off_t>(off + len);) {
-        const ssize_t n = ::sendfile(
-            fd_, in, &pos, static_cast<std::size_t>(off + len - static_cast<std::uint64_t>(pos)));
+        const ssize_t n =
+            ::sendfile(fd_.get(), in, &pos,
+                       static_cast<std::size_t>(off + len - static_cast<std::uint64_t>(pos)));
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) throw_errno(Errc::kIo, "send ", name, " to the target");
         if (n == 0) throw Error(Errc::kIo, name + " ended before its written bytes were sent");
@@ -382,6 +401,7 @@ std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progre
   }
   thread_.join();
   if (st.error) std::rethrow_exception(st.error);
+  fd_.reset();  // the stream is whole: ssh sees its end
   return st.sent;
 }
 
@@ -467,7 +487,7 @@ void StreamReceiver::piece(const std::string& name, std::uint64_t offset, std::u
   if ((!arrival_ && offset != b.end()) || (arrival_ && offset + size > b.size) ||
       b.got.overlaps(offset, offset + size))
     throw Error(Errc::kCorrupt, "checkpoint stream: a piece of '" + name + "' out of place");
-  copy_into(fd_, b.fd.get(), offset, size, name, buf_);
+  copy_into(fd_, b.fd.get(), offset, size, name, buf_, cancel_.fd());
   b.got.add(offset, offset + size);
   received_ += size;
   if (arrival_) arrival_->add(b.index, offset, offset + size);
@@ -493,7 +513,7 @@ std::uint64_t StreamReceiver::join() {
 
 void StreamReceiver::receive_rest() {
   for (;;) {
-    const Header h = parse_header(read_line(fd_));
+    const Header h = parse_header(read_line(fd_, cancel_.fd()));
     if (h.end) {
       ended_ = std::chrono::steady_clock::now();
       break;

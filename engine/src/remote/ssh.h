@@ -34,6 +34,8 @@
 #include "gpuckpt/progress.h"
 #include "image/arrival.h"
 #include "image/blob_tap.h"
+#include "image/event_fd.h"
+#include "util/unique_fd.h"
 
 namespace gpuckpt::remote {
 
@@ -57,6 +59,8 @@ std::vector<std::string> ssh_command(const SshTarget& t, const std::filesystem::
 // it is given, then the rest.
 class StreamSender : public image::BlobTap {
  public:
+  // Sends on its own duplicate of `fd`: whoever owns `fd` may close it at any time (the
+  // connection killed on a failure) without this thread writing into a reused descriptor.
   explicit StreamSender(int fd);
   ~StreamSender() override;  // stops the thread; the stream is left unfinished
   StreamSender(const StreamSender&) = delete;
@@ -77,7 +81,7 @@ class StreamSender : public image::BlobTap {
  private:
   struct State;
   void run();
-  int fd_;
+  UniqueFd fd_;
   std::unique_ptr<State> st_;
   std::chrono::steady_clock::time_point first_{};
   std::thread thread_;
@@ -100,6 +104,9 @@ class StreamReceiver {
   // Waits for the end marker (no byte past it is read: a commit line follows); returns the
   // payload bytes received. Rethrows the thread's error.
   std::uint64_t join();
+  // The restore failed: the thread stops reading (its join() throws), so the sender sees the
+  // connection close now instead of after the whole checkpoint.
+  void cancel() { cancel_.notify(); }
   // When the end marker came (valid after join()).
   std::chrono::steady_clock::time_point ended() const { return ended_; }
 
@@ -113,6 +120,7 @@ class StreamReceiver {
   std::vector<Blob*> order_;  // the manifest's blobs, in its order (arrival's indices)
   std::unique_ptr<image::BlobArrival> arrival_;
   std::vector<char> buf_;
+  image::EventFd cancel_;
   std::uint64_t received_ = 0;
   std::chrono::steady_clock::time_point ended_{};
   std::exception_ptr error_;
