@@ -131,16 +131,6 @@ TransferStats upload_checkpoint(const S3Client& s3, const fs::path& local, const
   return u.finish(local);
 }
 
-struct Upload::Blob {
-  UniqueFd fd;
-  std::string name;
-  std::uint64_t written = 0;  // bytes [0, written) are on the spool's disk
-  std::uint64_t queued = 0;   // bytes [0, queued) have a task
-  std::string upload_id;      // once created (a create task precedes the first part)
-  bool creating = false, completed = false;
-  std::vector<std::string> etags;
-};
-
 Upload::Upload(const S3Client& s3, const S3Url& url, bool replace, const TransferOptions& o)
     : s3_(s3), url_(url), o_(o), part_(std::max(o.part_bytes, kMinPart)) {
   check_remote_output(s3, url, replace);
@@ -157,9 +147,9 @@ Upload::~Upload() {
   cv_.notify_all();
   for (auto& t : threads_)
     if (t.joinable()) t.join();
-  for (const auto& b : blobs_)
-    if (b && !b->upload_id.empty() && !b->completed)
-      s3_.abort_multipart(url_.bucket, url_.key(b->name), b->upload_id);
+  for (std::size_t i = 0; i < blobs_.size(); ++i)
+    if (!blobs_[i].upload_id.empty() && !blobs_[i].completed)
+      s3_.abort_multipart(url_.bucket, url_.key(blobs_[i].name), blobs_[i].upload_id);
 }
 
 void Upload::check() const {
@@ -167,22 +157,16 @@ void Upload::check() const {
 }
 
 void Upload::blob_created(std::uint32_t blob, const fs::path& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) throw_errno(Errc::kIo, "open ", path, " to upload it");
   std::lock_guard lock(mu_);
   check();
-  if (blobs_.size() <= blob) blobs_.resize(blob + 1);
-  blobs_[blob] = std::make_unique<Blob>();
-  blobs_[blob]->fd = std::move(fd);
-  blobs_[blob]->name = path.filename().string();
+  blobs_.created(blob, path);
 }
 
 void Upload::blob_written(std::uint32_t blob, std::uint64_t end) {
   {
     std::lock_guard lock(mu_);
     check();
-    Blob& b = *blobs_.at(blob);
-    b.written = std::max(b.written, end);
+    blobs_.written(blob, end);
     queue_parts(blob, false);
   }
   cv_.notify_all();
@@ -191,7 +175,7 @@ void Upload::blob_written(std::uint32_t blob, std::uint64_t end) {
 // Under mu_: a task for every whole part written and not yet queued; with `last`, the rest too
 // (the blob is complete). A blob that never fills a part goes up in one PUT.
 void Upload::queue_parts(std::size_t i, bool last) {
-  Blob& b = *blobs_[i];
+  Blob& b = blobs_[i];
   if (last && b.queued == 0 && b.written <= part_) {
     tasks_.push_back({i, 0, 0, b.written});
     b.queued = b.written;
@@ -218,7 +202,7 @@ void Upload::work() {
     ++busy_;
     if (first_ == std::chrono::steady_clock::time_point{})
       first_ = std::chrono::steady_clock::now();
-    Blob& b = *blobs_[t.blob];
+    Blob& b = blobs_[t.blob];
     try {
       const std::string key = url_.key(b.name);
       if (t.part == 0) {
@@ -273,24 +257,9 @@ TransferStats Upload::finish(const fs::path& dir) {
   {
     std::unique_lock lock(mu_);
     check();
-    if (blobs_.empty()) blobs_.resize(m.blobs.size());  // nothing fed this: all from `dir`
-    if (blobs_.size() != m.blobs.size())
-      throw Error(Errc::kInternal, "the checkpoint has " + std::to_string(m.blobs.size()) +
-                                       " blobs, but " + std::to_string(blobs_.size()) +
-                                       " were written");
+    blobs_.published(dir, m);
     for (std::size_t i = 0; i < m.blobs.size(); ++i) {
-      if (!blobs_[i]) {
-        const fs::path p = dir / m.blobs[i].name;
-        blobs_[i] = std::make_unique<Blob>();
-        blobs_[i]->fd.reset(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-        if (!blobs_[i]->fd) throw_errno(Errc::kIo, "open ", p);
-        blobs_[i]->name = m.blobs[i].name;
-      }
-      Blob& b = *blobs_[i];
-      if (b.name != m.blobs[i].name || b.written > m.blobs[i].size)
-        throw Error(Errc::kInternal, "blob " + b.name + " was not written as its manifest says");
-      b.written = m.blobs[i].size;  // published: all of it
-      if (b.queued == 0 && b.written <= part_)
+      if (blobs_[i].queued == 0 && blobs_[i].written <= part_)
         single.push_back(i);
       else
         queue_parts(i, true);
@@ -324,9 +293,9 @@ TransferStats Upload::finish(const fs::path& dir) {
     check();
     std::vector<std::size_t> multipart;
     for (std::size_t i = 0; i < blobs_.size(); ++i)
-      if (!blobs_[i]->upload_id.empty()) multipart.push_back(i);
+      if (!blobs_[i].upload_id.empty()) multipart.push_back(i);
     parallel_for(multipart.size(), st_.connections, [&](std::size_t k) {
-      Blob& b = *blobs_[multipart[k]];
+      Blob& b = blobs_[multipart[k]];
       s3_.complete_multipart(url_.bucket, url_.key(b.name), b.upload_id, b.etags);
       b.completed = true;
     });
@@ -412,14 +381,14 @@ Download::Download(const S3Client& s3, const S3Url& url, const fs::path& dir,
   st_.connections = resolve_connections(o.connections);
   // The seal and the format are checked before a byte of the blobs is fetched.
   m_ = image::load_manifest(dir);
-  step_ = std::max(o.part_bytes, kMinPart);
+  const std::uint64_t step = std::max(o.part_bytes, kMinPart);
   for (std::size_t b = 0; b < m_.blobs.size(); ++b) {
     const fs::path p = dir / m_.blobs[b].name;
     fds_.push_back(create_private(p));
     if (::ftruncate(fds_.back().get(), static_cast<off_t>(m_.blobs[b].size)) != 0)
       throw_errno(Errc::kIo, "size ", p);
-    for (std::uint64_t off = 0; off < m_.blobs[b].size; off += step_)
-      ranges_.push_back({b, off, std::min(step_, m_.blobs[b].size - off)});
+    for (std::uint64_t off = 0; off < m_.blobs[b].size; off += step)
+      ranges_.push_back({b, off, std::min(step, m_.blobs[b].size - off)});
     total_ += m_.blobs[b].size;
   }
   // The ranges holding what a restore reads first go first; then the rest in blob order,

@@ -83,7 +83,13 @@ class Upload : public image::BlobTap {
   std::chrono::steady_clock::time_point first_request() const { return first_; }
 
  private:
-  struct Blob;
+  struct Parts {
+    std::uint64_t queued = 0;  // bytes [0, queued) have a task
+    std::string upload_id;     // once created (a create task precedes the first part)
+    bool creating = false, completed = false;
+    std::vector<std::string> etags;
+  };
+  using Blob = image::TappedBlobs<Parts>::Blob;
   struct Task {
     std::size_t blob;
     unsigned part;  // 0: the whole blob in one PUT
@@ -101,7 +107,7 @@ class Upload : public image::BlobTap {
   TransferStats st_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<std::unique_ptr<Blob>> blobs_;
+  image::TappedBlobs<Parts> blobs_;
   std::deque<Task> tasks_;
   unsigned busy_ = 0;
   bool stop_ = false;
@@ -156,7 +162,7 @@ class Download {
   image::Manifest m_;
   std::vector<UniqueFd> fds_;
   std::vector<Range> ranges_;
-  std::uint64_t step_ = 0, total_ = 0;
+  std::uint64_t total_ = 0;
   std::unique_ptr<image::BlobArrival> arrival_;
   std::atomic<bool> cancelled_{false};
   std::chrono::steady_clock::time_point ended_{};

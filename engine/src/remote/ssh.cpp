@@ -215,15 +215,12 @@ std::vector<std::string> ssh_command(const SshTarget& t, const fs::path& config)
 constexpr std::uint64_t kPiece = 8ull << 20;
 
 struct StreamSender::State {
-  struct Blob {
-    UniqueFd fd;
-    std::string name;
-    std::uint64_t written = 0;  // bytes [0, written) are on the spool's disk
+  struct Sent {
     image::IntervalSet sent;
   };
   std::mutex mu;
   std::condition_variable cv;
-  std::vector<Blob> blobs;  // by index
+  image::TappedBlobs<Sent> blobs;
   // Once the manifest is out: what the restore reads first, sent before the rest.
   std::deque<image::BlobRange> first;
   std::string seal, manifest;
@@ -255,14 +252,10 @@ StreamSender::~StreamSender() {
 }
 
 void StreamSender::blob_created(std::uint32_t blob, const fs::path& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-  if (!fd) throw_errno(Errc::kIo, "open ", path, " to send it");
   {
     std::lock_guard lock(st_->mu);
     st_->check();
-    if (st_->blobs.size() <= blob) st_->blobs.resize(blob + 1);
-    st_->blobs[blob].fd = std::move(fd);
-    st_->blobs[blob].name = path.filename().string();
+    st_->blobs.created(blob, path);
   }
   st_->cv.notify_all();
 }
@@ -271,7 +264,7 @@ void StreamSender::blob_written(std::uint32_t blob, std::uint64_t end) {
   {
     std::lock_guard lock(st_->mu);
     st_->check();
-    st_->blobs.at(blob).written = std::max(st_->blobs.at(blob).written, end);
+    st_->blobs.written(blob, end);
   }
   st_->cv.notify_all();
 }
@@ -284,8 +277,7 @@ void StreamSender::run() {
     const std::string magic = std::string(kMagic) + "\n";
     write_all(fd_.get(), magic.data(), magic.size(), "send the checkpoint to the target");
     std::unique_lock lock(st.mu);
-    // The next piece: [begin, end) of blob `blob`. An index, not a pointer: blob_created() may
-    // grow the vector while a piece is sent.
+    // The next piece: [begin, end) of blob `blob`.
     struct Piece {
       std::size_t blob;
       std::uint64_t begin, end;
@@ -370,25 +362,8 @@ std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progre
   {
     std::unique_lock lock(st.mu);
     st.check();
-    const bool tapped = !st.blobs.empty();
-    if (!tapped) st.blobs.resize(m.blobs.size());
-    if (st.blobs.size() != m.blobs.size())
-      throw Error(Errc::kInternal, "the checkpoint has " + std::to_string(m.blobs.size()) +
-                                       " blobs, but " + std::to_string(st.blobs.size()) +
-                                       " were written");
-    for (std::size_t i = 0; i < m.blobs.size(); ++i) {
-      State::Blob& b = st.blobs[i];
-      if (!tapped) {  // a staged dump: the blobs, whole, from the published checkpoint
-        const fs::path p = dir / m.blobs[i].name;
-        b.fd.reset(::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
-        if (!b.fd) throw_errno(Errc::kIo, "open ", p);
-        b.name = m.blobs[i].name;
-      }
-      if (b.name != m.blobs[i].name || b.written > m.blobs[i].size)
-        throw Error(Errc::kInternal, "blob " + b.name + " was not written as its manifest says");
-      b.written = m.blobs[i].size;  // published: all of it
-      st.total += m.blobs[i].size;
-    }
+    st.blobs.published(dir, m);
+    for (const auto& b : m.blobs) st.total += b.size;
     const auto first = image::ranges_needed_first(m);
     st.first.assign(first.begin(), first.end());
     st.total += seal.size() + manifest.size();
