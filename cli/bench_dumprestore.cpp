@@ -13,7 +13,7 @@ namespace gpuckpt::cli {
 namespace {
 
 struct DumpBenchArgs {
-  std::string dir, staging = "/dev/shm", size = "1G", content = "mixed";
+  std::string dir, staging = "/dev/shm", size = "1G", content = "mixed", memory = "cold";
   unsigned runs = 3;
   CriuFlags criu;
 };
@@ -25,13 +25,18 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
   o.size = parse_bytes(a.size);
   o.content = a.content;
   o.runs = a.runs;
+  o.memory = a.memory == "warm" ? DumpRestoreBenchOptions::Memory::kWarm
+                                : DumpRestoreBenchOptions::Memory::kCold;
   o.criu = a.criu.settings();
   o.log = [](const std::string& line) { spdlog::info("{}", line); };
   // The floors, measured in the same run, on the same disk, before the methods.
   PathMeasureOptions po;
   po.dir = a.dir;
   po.bytes = std::min<std::uint64_t>(o.size, 2ull << 30);
-  const PathCeilings path = measure_path_ceilings(po);
+  PathCeilings path = measure_path_ceilings(po);
+  // Restores into rewarmed memory are bound by the fill of rewarmed memory.
+  if (o.memory == DumpRestoreBenchOptions::Memory::kWarm)
+    path.fill_huge_gbps = path.fill_huge_warm_gbps;
   const DumpRestoreBenchResult r = bench_dump_restore(o);
   const DumpRestoreBenchMethod* criu = nullptr;
   for (const auto& m : r.methods)
@@ -80,6 +85,7 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
     ctx.emit({{"bench", "dump"},
               {"process_bytes", r.process_bytes},
               {"content", a.content},
+              {"memory", a.memory},
               {"runs", a.runs},
               {"floors",
                {{"dump", floor_json(dump_floor)},
@@ -89,8 +95,11 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
               {"methods", methods}});
     return;
   }
-  std::printf("dump and restore of a %s process (%s weights), median of %u runs, on %s:\n",
-              human_bytes(r.process_bytes).c_str(), a.content.c_str(), a.runs, a.dir.c_str());
+  std::printf(
+      "dump and restore of a %s process (%s weights), median of %u runs, on %s, restores into "
+      "%s memory:\n",
+      human_bytes(r.process_bytes).c_str(), a.content.c_str(), a.runs, a.dir.c_str(),
+      a.memory.c_str());
   std::printf("%-9s %10s %8s %8s %12s %7s   %10s %8s %8s %12s %7s %11s\n", "method", "dump",
               "vs criu", "of floor", "extra mem", "of proc", "restore", "vs criu", "of floor",
               "extra mem", "of proc", "on disk");
@@ -114,9 +123,10 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
   };
   std::printf(
       "floors (this run's path ceilings on %s: write %.2f, read %.2f, fill %.2f / %.2f "
-      "huge, zstd %.2f / %.2f GB/s per core x %u):\n",
+      "huge (%.2f rewarmed), zstd %.2f / %.2f GB/s per core x %u):\n",
       path.dir.c_str(), path.disk_write_gbps, path.disk_read_gbps, path.fill_gbps,
-      path.fill_huge_gbps, path.zstd_compress_gbps, path.zstd_decompress_gbps, path.cores);
+      path.fill_huge_gbps, path.fill_huge_warm_gbps, path.zstd_compress_gbps,
+      path.zstd_decompress_gbps, path.cores);
   floor_line("dump (decision -> durable)", dump_floor);
   floor_line("restore, huge pages", restore_floor);
   floor_line("restore, 4 KiB pages", restore_floor_4k);
@@ -138,6 +148,11 @@ void add_bench_dumprestore(CLI::App& bench, Context& ctx) {
       ->check(CLI::IsMember({"mixed", "bf16"}));
   c->add_option("--runs", a->runs, "Runs per method (medians reported)")->check(CLI::Range(1, 100));
   c->add_option("--staging", a->staging, "tmpfs for the staged method (and CRIU's socket)");
+  c->add_option("--memory", a->memory,
+                "The memory each restore meets: cold (what the dumped process freed has gone "
+                "back to the VM's host, as on an idle node; the default) or warm (freed a moment "
+                "before, as right after a process of that size ended here)")
+      ->check(CLI::IsMember({"cold", "warm"}));
   a->criu.add(c);
   c->fallthrough();
   c->callback([a, &ctx] { run_dump_bench(*a, ctx); });

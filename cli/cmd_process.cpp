@@ -249,6 +249,7 @@ struct MigrateArgs {
   bool keep = false, tcp_established = false, no_huge_pages = false;
   int level = 1;
   int lock_timeout_ms = 10000;
+  int stall_timeout_s = 60;
   ProbeFlags probe;
   CriuFlags criu;
   SignFlags sign;
@@ -263,6 +264,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.remote_gpuckpt = o.remote_gpuckpt;
   m.spool_root = o.spool;
   m.remote_spool_root = o.remote_spool;
+  m.stall_timeout = std::chrono::seconds(o.stall_timeout_s);
   if (!o.gpu_map.empty()) m.gpu_map = parse_gpu_map(o.gpu_map);
   m.probe = o.probe.probe();
   m.keep_checkpoint = o.keep;
@@ -338,6 +340,10 @@ void add_migrate(CLI::App& app, Context& ctx) {
                 "(default $TMPDIR or /var/tmp)");
   c->add_option("--remote-spool", o->remote_spool,
                 "ssh:// only: the target's directory for the checkpoint it receives");
+  c->add_option("--stall-timeout", o->stall_timeout_s,
+                "ssh:// only: seconds the target may take none of the checkpoint before the "
+                "migration fails and the original resumes")
+      ->check(CLI::PositiveNumber);
   c->add_option("--gpu-map", o->gpu_map, "GPU remapping OLD=NEW[,...] (UUIDs or indices)");
   c->add_flag("--keep-checkpoint", o->keep,
               "Keep the checkpoint after a successful migration (ssh://: in --spool, as "

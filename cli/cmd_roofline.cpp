@@ -20,6 +20,7 @@ struct RooflineArgs {
   bool transient = false;
   std::string dir = "/var/tmp", sample, bytes = "1G", network, ssh_config;
   int level = 1;
+  double settle_s = 30;
 };
 
 std::string sig3(double v) {
@@ -90,6 +91,7 @@ void run_roofline(const RooflineArgs& a, Context& ctx) {
     po.zstd_level = a.level;
     po.network = a.network;
     po.ssh_config = a.ssh_config;
+    po.settle_limit_s = a.settle_s;
     path = measure_path_ceilings(po);
     if (c.target == "gpu") path_from_gpu_ceilings(c, *path);
   }
@@ -139,6 +141,11 @@ void add_roofline_commands(CLI::App& app, Context& ctx) {
                   "--transient: a migration target, ssh://[USER@]HOST[:PORT]: up to 512 MiB "
                   "through one OpenSSH connection into /dev/null there (the link's ceiling)");
   cmd->add_option("--ssh-config", args->ssh_config, "--network: ssh configuration file (ssh -F)");
+  cmd->add_option("--settle", args->settle_s,
+                  "--transient: at most this many seconds waiting for the VM's free page "
+                  "reporting to settle before the memory fill, so that it meets memory as a "
+                  "restore on an idle node does (0: memory as found)")
+      ->check(CLI::NonNegativeNumber);
   cmd->fallthrough();  // global flags (--json, -q) may also follow the command
   cmd->callback([args, &ctx] { run_roofline(*args, ctx); });
 }

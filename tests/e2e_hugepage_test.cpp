@@ -43,6 +43,38 @@ while True:
     c.close()
 )";
 
+// A tree: a small parent and a child whose dense region the restore fills in parallel
+// (docs/CRIU.md, "Parallel fill"); the child answers "HASH" as above and prints "READY <pid>".
+const char* kTree = R"(import hashlib, mmap, os, signal, socket, sys
+if os.fork() == 0:
+    dense = mmap.mmap(-1, int(sys.argv[2]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    block = hashlib.sha256(b"tree").digest() * 128
+    for off in range(0, len(dense), len(block)):
+        dense[off:off + len(block)] = bytes([off >> 12 & 0xff]) + block[1:]
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sys.argv[1])
+    s.listen(4)
+    print("READY", os.getpid(), flush=True)
+    while True:
+        c, _ = s.accept()
+        if c.recv(64).strip() == b"HASH":
+            c.sendall(hashlib.sha256(dense[:]).hexdigest().encode() + b"\n")
+        c.close()
+while True:
+    signal.pause()
+)";
+
+// The signal lines of /proc/PID/status: which signals are caught, ignored and blocked.
+std::string signal_actions(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string out;
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("SigCgt:", 0) == 0 || line.rfind("SigIgn:", 0) == 0 ||
+        line.rfind("SigBlk:", 0) == 0)
+      out += line + "\n";
+  return out;
+}
+
 std::string thp_mode() {
   std::ifstream in("/sys/kernel/mm/transparent_hugepage/enabled");
   std::string line;
@@ -148,6 +180,48 @@ TEST_F(HugePageFill, DenseMemoryComesBackInHugePagesAndSparseMemoryAddsNothing) 
   EXPECT_LT(rss_bytes(p2), rss_before + (32u << 20))
       << "RSS before " << (rss_before >> 20) << " MiB, after " << (rss_bytes(p2) >> 20) << " MiB";
   end(p2);
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(HugePageFill, AChildFilledInParallelKeepsItsMemoryAndItsSignalActions) {
+  // The fill's threads must leave nothing behind: glibc installs handlers for its own signals
+  // (32, 33) in a task's first thread, and a restored child whose parent has the same actions
+  // is not given them again, so a handler left there would outlive the restore.
+  const std::string mode = thp_mode();
+  if (mode != "madvise" && mode != "always")
+    GTEST_SKIP() << "transparent huge pages are '" << mode << "' on this kernel";
+  std::ofstream(dir_.path() / "tree.py") << kTree;
+  SpawnOptions so;
+  so.stdout_file = dir_.path() / "tree.out";
+  so.stderr_file = dir_.path() / "tree.err";
+  so.new_session = true;
+  Child root = spawn(
+      {"python3", (dir_.path() / "tree.py").string(), sock_.string(), std::to_string(kDenseMiB)},
+      so);
+  ASSERT_TRUE(test::wait_until([&] { return read_file(so.stdout_file).rfind("READY", 0) == 0; },
+                               std::chrono::seconds(60)))
+      << read_file(so.stderr_file);
+  const pid_t child = std::stoi(read_file(so.stdout_file).substr(6));
+  const std::string hash = ask_unix_line(sock_, "HASH");
+  const std::string actions = signal_actions(child);
+  ASSERT_NE(actions.find("SigCgt:"), std::string::npos) << actions;
+
+  const fs::path ckpt = dir_.path() / "tree.ckpt";
+  json d = run_json({"--json", "dump", "--pid", std::to_string(root.pid()), "-o", ckpt.string()});
+  ASSERT_EQ(d.value("ok", false), true);
+  root.wait();
+  test::wait_until([&] { return !process::alive(child); }, std::chrono::seconds(10));
+
+  json r = run_json({"--json", "restore", ckpt.string(), "--probe", "unix:" + sock_.string()});
+  ASSERT_EQ(r.value("ok", false), true);
+  EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the child's memory differs";
+  EXPECT_EQ(signal_actions(child), actions) << "the child's signal actions changed";
+  EXPECT_GE(r["huge_page_bytes"].get<std::uint64_t>(), (kDenseMiB - 4) << 20);
+  end(child);
+  end(r["pid"].get<pid_t>());
 }
 
 }  // namespace

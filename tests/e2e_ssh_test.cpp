@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -179,6 +180,29 @@ TEST_F(E2eSsh, ATargetThatRefusesTheCheckpointStopsTheStreamAndTheOriginalResume
   EXPECT_TRUE(test::wait_until([&] { return spool_empty(remote_spool_); }));
 }
 
+TEST_F(E2eSsh, ATargetThatStopsReadingFailsTheMigrationAfterTheStallTimeoutAndTheOriginalResumes) {
+  // The target answers that it receives, then reads nothing (a hung disk or restore there): once
+  // ssh's buffers are full nothing moves, and the frozen original must not wait for good.
+  const fs::path stall = dir_.path() / "stalling-gpuckpt";
+  std::ofstream(stall) << "#!/bin/sh\necho '{\"receiving\":true,\"devices\":{}}'\nexec sleep 300\n";
+  fs::permissions(stall, fs::perms::owner_all);
+  auto demo = test::start_vllm_demo(dir_.path(), {"--workers", "1", "--weights-mib", "96"});
+  const pid_t pid = demo.front.pid();
+  const std::string before = test::vllm_complete(demo.port, "s", "hello");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = test::run_cli({"migrate", "--pid", std::to_string(pid), "--to", ssh_->url(),
+                          "--ssh-config", ssh_->config().string(), "--remote-gpuckpt",
+                          stall.string(), "--spool", dir_.path().string(), "--stall-timeout", "2"});
+  EXPECT_NE(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.err.find("took none of the checkpoint for 2 s"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("resumed"), std::string::npos) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 120s);
+  EXPECT_TRUE(test::wait_until([&] { return !stopped(pid); })) << "left frozen";
+  EXPECT_FALSE(test::vllm_complete(demo.port, "s", "still there?").empty());
+  EXPECT_TRUE(test::wait_until([&] { return spool_empty(dir_.path()); }));
+  ::kill(pid, SIGKILL);
+}
+
 TEST_F(E2eSsh, TwoMigrationsAtOnceBothServeOnTheTarget) {
   const TempDir d1 = test::scratch_dir("gpuckpt-ssh-a"), d2 = test::scratch_dir("gpuckpt-ssh-b");
   auto a = test::start_vllm_demo(d1.path(), kDemoArgs);
@@ -281,8 +305,8 @@ TEST_F(E2eSsh, AfterTheHostIsGoneTheSpareRestoresTheCheckpointFromObjectStorage)
 // /dev/null on the other host.
 TEST_F(E2eSsh, RooflineTransientMeasuresTheNetworkToTheTarget) {
   const auto r = test::run_cli({"--json", "roofline", "--target", "cpu", "--quick", "--transient",
-                                "--dir", dir_.path().string(), "--bytes", "32M", "--network",
-                                ssh_->url(), "--ssh-config", ssh_->config().string()});
+                                "--dir", dir_.path().string(), "--bytes", "32M", "--settle", "0",
+                                "--network", ssh_->url(), "--ssh-config", ssh_->config().string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const json j = json::parse(r.out);
   ASSERT_TRUE(j.at("path").at("network_gbps").is_number()) << r.out;

@@ -249,6 +249,29 @@ TEST_F(StreamPack, ACheckpointSentWhileItIsWrittenIsReadAsItArrivesAndExactly) {
   EXPECT_EQ(test::run_cli({"verify", there.string()}).exit_code, 0);
 }
 
+TEST_F(StreamPack, ATargetThatReadsNothingFailsTheSendAfterTheStallTimeoutInsteadOfWaitingForGood) {
+  // More than the pipe holds (the sender widens it to 1 MiB): the rest can only go if read.
+  files_.emplace_back("pages-2.img", random_bytes(3u << 20, 9, false));
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  Pipe p = make_pipe();
+  remote::StreamSender sender(p.wr.get());
+  write(ckpt, {&sender, true});
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    sender.finish(ckpt, {}, std::chrono::seconds(1));
+    ADD_FAILURE() << "a stream nobody reads was finished";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kTimeout) << e.what();
+    EXPECT_NE(std::string(e.what()).find("took none of the checkpoint for 1 s"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::seconds(1));
+  EXPECT_FALSE(sender.failed());  // stalled, not broken
+  // The caller ends the connection; the thread blocked in its write then fails and ends.
+  p.rd.reset();
+  EXPECT_TRUE(test::wait_until([&] { return sender.failed(); }));
+}
+
 // Writes a stream by hand into a file and returns a descriptor reading it from the start.
 class HandStream {
  public:

@@ -189,6 +189,10 @@ struct MigrateOptions {
   std::filesystem::path ssh_config;
   std::string remote_gpuckpt = "gpuckpt";
   std::filesystem::path spool_root, remote_spool_root;
+  // ssh:// only: a target that takes none of the checkpoint for this long (alive, but not
+  // reading: a hung disk or restore there, a silent network) fails the migration, and the
+  // original resumes, instead of staying frozen until ssh notices.
+  std::chrono::seconds stall_timeout{60};
   GpuMap gpu_map;
   ReadinessProbe probe;
   bool keep_checkpoint = false;
@@ -255,6 +259,10 @@ struct DumpRestoreBenchOptions {
   std::uint64_t size = 1ull << 30;
   std::string content = "mixed";  // gpuckpt-demo-server --content: bf16 | mixed
   unsigned runs = 3;
+  // The memory each restore meets (support.h): kCold waits until what the dumped process freed
+  // has gone back to the host (settle_free_memory), as on an idle node; kWarm touches and frees
+  // the process's size just before, as right after a process of that size ended here.
+  enum class Memory { kCold, kWarm } memory = Memory::kCold;
   CriuSettings criu;
   std::function<void(const std::string&)> log;  // one line per measured run
 };

@@ -61,12 +61,17 @@ RooflinePlacement place_on_roofline(const Ceilings& c, double intensity,
 // fills, the network to a migration target and, on a GPU, the copy engines. Each transient
 // number's floor is its bytes through the slowest of these (gpuckpt/report.h, floors).
 struct PathCeilings {
-  std::string dir;                  // the filesystem measured (where checkpoints are written)
-  unsigned cores = 0;               // CPUs this process may use: zstd's parallelism
-  double disk_write_gbps = 0;       // O_DIRECT writes, then fdatasync: durable bytes per second
-  double disk_read_gbps = 0;        // O_DIRECT reads (no page cache of this host)
-  double fill_gbps = 0;             // first touch of fresh anonymous memory, 4 KiB pages
-  double fill_huge_gbps = 0;        // the same into transparent huge pages (0: THP off here)
+  std::string dir;             // the filesystem measured (where checkpoints are written)
+  unsigned cores = 0;          // CPUs this process may use: zstd's parallelism
+  double disk_write_gbps = 0;  // O_DIRECT writes, then fdatasync: durable bytes per second
+  double disk_read_gbps = 0;   // O_DIRECT reads (no page cache of this host)
+  // First touch of fresh anonymous memory, as a restore meets it (the first try: on a VM that
+  // returns free memory to its host, that memory costs a host fault too): 4 KiB pages on one
+  // thread, as CRIU reads them; transparent huge pages on the threads a huge-page fill uses
+  // (0: THP off here). The floors use these.
+  double fill_gbps = 0;
+  double fill_huge_gbps = 0;
+  double fill_huge_warm_gbps = 0;   // the same memory rewarmed (best of 3): shown, not a floor
   double memcpy_gbps = 0;           // one core, between touched buffers
   double zstd_compress_gbps = 0;    // one core, raw bytes per second, at zstd_level
   double zstd_decompress_gbps = 0;  // one core, raw bytes per second
@@ -89,6 +94,9 @@ struct PathMeasureOptions {
   // `migrate --to ssh://` sends a checkpoint. "": the network is not measured.
   std::string network;
   std::filesystem::path ssh_config;
+  // At most this long waiting for free page reporting to settle before the memory fill
+  // (settle_free_memory, gpuckpt/support.h); 0: the memory as found.
+  double settle_limit_s = 30;
 };
 
 // Measures the ceilings above (PCIe comes from a GPU roofline's details:

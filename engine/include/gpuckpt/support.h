@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -23,6 +24,22 @@ int run_shell(const std::string& command);
 std::string shell_quote(std::string_view s);
 // This machine's host name (gethostname), "" if it has none.
 std::string host_name();
+
+// Free page reporting (a virtio balloon with VIRTIO_BALLOON_F_REPORTING) hands memory that has
+// stayed free a while back to the host, a few hundred MiB every 2 s; a first touch of it then
+// costs a host fault as well, many times a plain first touch (docs/PERFORMANCE.md). Waits until
+// what was freed lately has been reported, so that a measurement meets memory as a restore on
+// an idle node does: while the kernel's reported_kib counter still grows, or 15 s where the
+// kernel has no such counter, at most `limit_s`. Returns the seconds waited: 0 where no device
+// reports free pages.
+double settle_free_memory(double limit_s = 60);
+
+// First touch of `bytes` of fresh anonymous memory, one write per 4 KiB page, into huge pages
+// (MADV_HUGEPAGE) if `huge`, by `threads` threads taking 32 MiB pieces in turn, as a restore
+// fills memory; the memory is freed on return. GB/s, or nullopt if huge pages were asked for and
+// this kernel has none. Freed, that memory stays with the guest for a few seconds where free
+// page reporting runs: what a restore right after another process's end meets.
+std::optional<double> touch_fresh_memory(std::size_t bytes, bool huge, unsigned threads);
 
 // Bytes like a serving process's memory, for benchmarks and the path ceilings' zstd sample:
 // incompressible (weights in a compressed format, random state), or fp16 activations and KV

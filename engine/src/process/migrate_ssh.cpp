@@ -230,12 +230,12 @@ class Connection {
   Child child_;
 };
 
-// What the target answered, if it failed (within a few seconds of the stream breaking).
-std::optional<Error> target_failure(Connection& c, const std::string& where) {
+// What the target answered, if it failed (within `limit` of the stream breaking).
+std::optional<Error> target_failure(Connection& c, const std::string& where,
+                                    std::chrono::seconds limit = std::chrono::seconds(10)) {
   try {
     const auto line =
-        read_answer(c.out(), std::chrono::steady_clock::now() + std::chrono::seconds(10),
-                    "the target " + where);
+        read_answer(c.out(), std::chrono::steady_clock::now() + limit, "the target " + where);
     const json j = line ? json::parse(*line, nullptr, false) : json();
     if (!j.is_object() || j.value("ok", true)) return std::nullopt;
     const json err = j.value("error", json::object());
@@ -313,7 +313,8 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard, copy);
   } catch (...) {
     // A target whose restore failed stopped reading, which failed the dump: its answer says why.
-    const auto why = target_failure(*conn, where);
+    // A dump that failed here (CRIU, the disk) has nothing to wait for there.
+    const auto why = sender.failed() ? target_failure(*conn, where) : std::nullopt;
     conn->close();
     rethrow_with_context("migration to " + where + " failed: " +
                              (why ? std::string(why->what()) + "; so: " : std::string()),
@@ -330,10 +331,12 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     // The manifest, then what is still unsent (all of it, if the dump was staged).
     std::uint64_t sent = 0;
     try {
-      sent = sender.finish(res.checkpoint, o.pack.progress);
+      sent = sender.finish(res.checkpoint, o.pack.progress, o.stall_timeout);
     } catch (const Error&) {
-      // A target whose restore failed stops reading: its answer says why.
-      if (auto why = target_failure(*conn, where)) throw *why;
+      // A target whose restore failed stops reading: its answer says why. A stalled one may
+      // have said something too, or nothing: a short look.
+      const auto limit = sender.failed() ? std::chrono::seconds(10) : std::chrono::seconds(2);
+      if (auto why = target_failure(*conn, where, limit)) throw *why;
       throw;
     }
     const auto t1 = Timeline::Clock::now();

@@ -229,6 +229,7 @@ struct StreamSender::State {
   std::exception_ptr error;
   std::string why;  // the error's message, for the packer's tap calls
   std::uint64_t sent = 0, total = 0;
+  std::uint64_t moved = 0;  // blob bytes written so far, pieces whole or not
   ProgressFn progress;
 
   void check() const {
@@ -337,6 +338,12 @@ void StreamSender::run() {
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) throw_errno(Errc::kIo, "send ", name, " to the target");
         if (n == 0) throw Error(Errc::kIo, name + " ended before its written bytes were sent");
+        {
+          // Every byte the target takes is progress, even on a link slower than a piece a minute.
+          std::lock_guard progress(st.mu);
+          st.moved += static_cast<std::uint64_t>(n);
+        }
+        st.cv.notify_all();
       }
       lock.lock();
       st.blobs[piece->blob].sent.add(off, off + len);
@@ -354,7 +361,13 @@ void StreamSender::run() {
   }
 }
 
-std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progress) {
+bool StreamSender::failed() const {
+  std::lock_guard lock(st_->mu);
+  return static_cast<bool>(st_->error);
+}
+
+std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progress,
+                                   std::chrono::seconds stall) {
   const image::Manifest m = image::load_manifest(dir);
   std::string seal = read_file(dir / image::kSealName);
   std::string manifest = read_file(dir / image::kManifestName);
@@ -372,7 +385,14 @@ std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progre
     st.manifest_given = true;
     st.progress = progress;
     st.cv.notify_all();
-    st.cv.wait(lock, [&] { return st.done || st.error; });
+    // Every write the target takes wakes this wait, so a quiet stretch means a stalled target.
+    for (std::uint64_t seen = st.moved; !(st.done || st.error); seen = st.moved) {
+      if (!st.cv.wait_for(lock, stall, [&] { return st.done || st.error || st.moved != seen; }))
+        throw Error(Errc::kTimeout, "the target took none of the checkpoint for " +
+                                        std::to_string(stall.count()) + " s (" +
+                                        std::to_string(st.sent) + " of " +
+                                        std::to_string(st.total) + " bytes sent)");
+    }
   }
   thread_.join();
   if (st.error) std::rethrow_exception(st.error);

@@ -73,8 +73,14 @@ class StreamSender : public image::BlobTap {
   // The checkpoint is published at `dir`: its seal and manifest go next, then whatever of its
   // blobs is still unsent (all of them after a staged dump, whose packer had no tap). Waits
   // for the end marker to be written; returns the payload bytes sent. Rethrows the thread's
-  // error.
-  std::uint64_t finish(const std::filesystem::path& dir, const ProgressFn& progress = {});
+  // error. Error(kTimeout) once the target has taken no byte for `stall`: a target that is
+  // alive but reads nothing would otherwise keep a frozen original waiting for good. The
+  // thread may then still be blocked in a write: the caller ends the connection (kills ssh)
+  // before this object goes.
+  std::uint64_t finish(const std::filesystem::path& dir, const ProgressFn& progress = {},
+                       std::chrono::seconds stall = std::chrono::seconds(60));
+  // Whether sending has failed: the connection broke, or the target stopped reading.
+  bool failed() const;
   // When the first byte went out (the transfer's start); valid once anything was sent.
   std::chrono::steady_clock::time_point first_byte() const { return first_; }
 

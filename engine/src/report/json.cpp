@@ -145,6 +145,7 @@ Json path_to_json(const PathCeilings& p) {
           {"disk_read_gbps", p.disk_read_gbps},
           {"fill_gbps", p.fill_gbps},
           {"fill_huge_gbps", p.fill_huge_gbps},
+          {"fill_huge_warm_gbps", p.fill_huge_warm_gbps},
           {"memcpy_gbps", p.memcpy_gbps},
           {"zstd_compress_gbps", p.zstd_compress_gbps},
           {"zstd_decompress_gbps", p.zstd_decompress_gbps},
@@ -165,6 +166,7 @@ PathCeilings path_from_json(const Json& j, const std::string& source) {
   p.disk_read_gbps = number(j, "disk_read_gbps", source);
   p.fill_gbps = number(j, "fill_gbps", source);
   p.fill_huge_gbps = number(j, "fill_huge_gbps", source, false, 0);
+  p.fill_huge_warm_gbps = number(j, "fill_huge_warm_gbps", source, false, 0);
   p.memcpy_gbps = number(j, "memcpy_gbps", source);
   p.zstd_compress_gbps = number(j, "zstd_compress_gbps", source);
   p.zstd_decompress_gbps = number(j, "zstd_decompress_gbps", source);
@@ -178,8 +180,9 @@ PathCeilings path_from_json(const Json& j, const std::string& source) {
   p.network_gbps = optional("network_gbps");
   p.pcie_h2d_gbps = optional("pcie_h2d_gbps");
   p.pcie_d2h_gbps = optional("pcie_d2h_gbps");
-  for (double v : {p.disk_write_gbps, p.disk_read_gbps, p.fill_gbps, p.fill_huge_gbps,
-                   p.memcpy_gbps, p.zstd_compress_gbps, p.zstd_decompress_gbps})
+  for (double v :
+       {p.disk_write_gbps, p.disk_read_gbps, p.fill_gbps, p.fill_huge_gbps, p.fill_huge_warm_gbps,
+        p.memcpy_gbps, p.zstd_compress_gbps, p.zstd_decompress_gbps})
     if (v < 0) bad(source, "path ceilings must not be negative");
   return p;
 }
