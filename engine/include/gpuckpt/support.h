@@ -29,9 +29,9 @@ std::string host_name();
 // stayed free a while back to the host, a few hundred MiB every 2 s; a first touch of it then
 // costs a host fault as well, many times a plain first touch (docs/PERFORMANCE.md). Waits until
 // what was freed lately has been reported, so that a measurement meets memory as a restore on
-// an idle node does: while the kernel's reported_kib counter still grows, or 15 s where the
-// kernel has no such counter, at most `limit_s`. Returns the seconds waited: 0 where no device
-// reports free pages.
+// an idle node does: until the kernel's reported_kib counter has not grown for 3.5 s, or 15 s
+// where the kernel has no such counter, at most `limit_s`. Returns the seconds waited: 0 where no
+// device reports free pages.
 double settle_free_memory(double limit_s = 60);
 
 // First touch of `bytes` of fresh anonymous memory, one write per 4 KiB page, into huge pages

@@ -105,18 +105,18 @@ double direct_io(const fs::path& path, bool write, std::uint64_t bytes,
   return seconds_since(t0);
 }
 
-// The memory fill, three tries of touch_fresh_memory. The first is what a restore meets:
+// The memory fill, `tries` tries of touch_fresh_memory. The first is what a restore meets:
 // memory as the allocator hands it out, which on a VM with free page reporting has often gone
-// back to the host, so that each first touch costs a host fault as well. The best of three is the
-// same memory rewarmed (freed a moment before): what a restore right after another process's
+// back to the host, so that each first touch costs a host fault as well. The best of the tries is
+// the same memory rewarmed (freed a moment before): what a restore right after another process's
 // end may get, not a floor for one on an idle node.
 struct Fill {
   double first = 0, best = 0;
 };
 
-Fill fill_gbps(std::size_t bytes, bool huge, unsigned threads) {
+Fill fill_gbps(std::size_t bytes, bool huge, unsigned threads, int tries) {
   Fill f;
-  for (int rep = 0; rep < 3; ++rep) {
+  for (int rep = 0; rep < tries; ++rep) {
     const auto gbps = touch_fresh_memory(bytes, huge, threads);
     if (!gbps) return {};  // no THP on this kernel
     if (rep == 0) f.first = *gbps;
@@ -287,10 +287,10 @@ PathCeilings measure_path_ceilings(const PathMeasureOptions& o) {
   // the CPUs, at most 4, beside the reading thread).
   if (const double s = o.settle_limit_s > 0 ? settle_free_memory(o.settle_limit_s) : 0; s > 0)
     spdlog::debug("waited {:.1f} s for free page reporting before the memory fill", s);
-  const Fill huge = fill_gbps(fill, true, 1 + std::min(4u, p.cores / 2));
+  const Fill huge = fill_gbps(fill, true, 1 + std::min(4u, p.cores / 2), 3);
   p.fill_huge_gbps = huge.first;
   p.fill_huge_warm_gbps = huge.best;
-  p.fill_gbps = fill_gbps(fill, false, 1).first;
+  p.fill_gbps = fill_gbps(fill, false, 1, 1).first;
   p.memcpy_gbps = memcpy_gbps(std::min<std::size_t>(fill, 256u << 20));
   measure_zstd(p, o.sample, o.zstd_level);
   if (!o.network.empty()) p.network_gbps = network_gbps(o);
