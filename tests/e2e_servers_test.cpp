@@ -215,25 +215,32 @@ TEST_F(E2eServers, FailedTreeDumpResumesEveryProcessOfTheTree) {
 
 TEST_F(E2eServers, TreeHoldingAZombieIsDumpedAndRestoredWithItsZombie) {
   // The parent never reaps its child: the tree holds a zombie, which CRIU dumps as such.
-  const fs::path sock = path("z.sock");
+  // "python3" may be a launcher script (pyenv's shim is bash) whose own short-lived children
+  // are zombies for a moment: the service names its zombie in a file once it is the service.
+  const fs::path sock = path("z.sock"), named = path("z.child");
   Child z = start_service({"python3", "-c",
                            "import os, socket, select, sys\n"
                            "s = socket.socket(socket.AF_UNIX); s.bind(sys.argv[1]); s.listen(4)\n"
-                           "if os.fork() == 0: os._exit(7)\n"
+                           "pid = os.fork()\n"
+                           "if pid == 0: os._exit(7)\n"
+                           "open(sys.argv[2] + '.tmp', 'w').write(str(pid))\n"
+                           "os.rename(sys.argv[2] + '.tmp', sys.argv[2])\n"
                            "while True:\n"
                            "    c, _ = s.accept()\n"
                            // A probe that hangs up before the answer must not end the service.
                            "    try: c.sendall(b'alive\\n')\n"
                            "    except OSError: pass\n"
                            "    c.close()\n",
-                           sock.string()},
+                           sock.string(), named.string()},
                           dir_.path(), "zombie");
   pid_t child = 0;
   ASSERT_TRUE(test::wait_until([&] {
+    const std::string s = cat(named);
+    child = s.empty() ? 0 : std::stoi(s);
     const auto t = process::process_tree(z.pid());
-    child = t.size() == 2 ? t[1] : 0;
-    return child && test::process_state(child) == 'Z';
-  }));
+    return child && test::process_state(child) == 'Z' &&
+           std::find(t.begin(), t.end(), child) != t.end();
+  })) << cat(path("zombie.err"));
   Cli d = cli({"--json", "dump", "--pid", std::to_string(z.pid()), "-o", path("z.ckpt").string()});
   ASSERT_EQ(d.code, 0) << d.err;
   z.wait_for(10s);
