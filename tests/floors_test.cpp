@@ -26,7 +26,7 @@ PathCeilings path() {
   p.fill_huge_warm_gbps = 25.0;  // shown, never a floor: the tests below would see 0.08 s
   p.memcpy_gbps = 10.0;
   p.zstd_compress_gbps = 0.5;
-  p.zstd_decompress_gbps = 2.0;
+  p.zstd_decompress_gbps = 4.0;
   p.zstd_ratio = 2.0;
   return p;
 }
@@ -88,7 +88,7 @@ Timeline timeline(const std::vector<Stage>& stages) {
 }
 
 TEST(Floors, ARestoreIsBoundByItsSlowestOverlappingStage) {
-  // Read 1 GB stored at 2 GB/s = 0.5 s; decompress 2 GB at 4 GB/s = 0.5 s; fill 8 s.
+  // Read 1 GB stored at 2 GB/s = 0.5 s; decompress 2 GB at 8 GB/s = 0.25 s; fill 8 s.
   const Timeline t = timeline({stage("preflight", 0.1, 0), stage("read_decompress", 9, 2 * kGB),
                                stage("criu_restore_tasks", 9, 2 * kGB)});
   const auto f = transient_floor(t, path());
@@ -127,6 +127,49 @@ TEST(Floors, AMigrationsNetworkOverlapsItsDumpAndRestoreSoOnlyTheLongerCounts) {
   EXPECT_EQ(g->bound, "disk write + disk read");
 }
 
+TEST(Floors, ARestoresOverlappingStagesShareTheCoresSoTheirCpuWorkAdds) {
+  // The huge-page fill was measured on 2 threads at 1 GB/s: 2 GB keep both cores busy for 2 s
+  // (4 core-seconds). zstd (0.5) and CRIU's copy (0.2) need the same 2 cores: 4.7 / 2 = 2.35 s.
+  PathCeilings p = path();
+  p.fill_huge_gbps = 1.0;
+  p.fill_huge_threads = 2;
+  const Timeline t =
+      timeline({stage("read_decompress", 3, 2 * kGB), stage("criu_restore_tasks", 3, 2 * kGB)});
+  auto f = transient_floor(t, p, {.huge_pages = true});
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 2.35, 1e-9);
+  EXPECT_EQ(f->bound, "CPU (zstd + fill + memcpy on 2 cores)");
+  // The fill and the copy of one stage share them too.
+  const auto s = stage_floor(stage("criu_restore_tasks", 3, 2 * kGB), p, {.huge_pages = true});
+  ASSERT_TRUE(s);
+  EXPECT_NEAR(s->seconds, 2.1, 1e-9);
+  EXPECT_EQ(s->bound, "CPU (fill + memcpy on 2 cores)");
+  // On 8 cores the work spreads: the fill's own ceiling bounds it again.
+  p.cores = 8;
+  f = transient_floor(t, p, {.huge_pages = true});
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 2.0, 1e-9);
+  EXPECT_EQ(f->bound, "memory fill (huge pages)");
+}
+
+TEST(Floors, ADumpCountsCriusNestedStagesAsOneCopyInItsCpuWork) {
+  // zstd 2 GB at 1 GB/s per core (2 core-seconds) and one copy out of CRIU's pipe at 4 GB/s
+  // (0.5): 2.5 / 2 cores = 1.25 s, above every single ceiling (zstd on both cores 1.0 s, disk
+  // 0.2 s, memcpy 0.5 s). Counting criu_dump, criu_memdump and criu_memwrite as three copies
+  // would make it 1.75 s.
+  PathCeilings p = path();
+  p.disk_write_gbps = 5.0;
+  p.zstd_compress_gbps = 1.0;
+  p.memcpy_gbps = 4.0;
+  const Timeline t =
+      timeline({stage("criu_dump", 3, 2 * kGB), stage("criu_memdump", 3, 2 * kGB),
+                stage("criu_memwrite", 2, 2 * kGB), stage("compress_write", 3, 2 * kGB)});
+  const auto f = transient_floor(t, p);
+  ASSERT_TRUE(f);
+  EXPECT_NEAR(f->seconds, 1.25, 1e-9);
+  EXPECT_EQ(f->bound, "CPU (zstd + memcpy on 2 cores)");
+}
+
 TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
   TransientReport r;
   r.path = path();
@@ -147,6 +190,12 @@ TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
   ASSERT_TRUE(back.path);
   EXPECT_DOUBLE_EQ(back.path->fill_huge_gbps, 10.0);
   EXPECT_DOUBLE_EQ(back.path->fill_huge_warm_gbps, 25.0);
+  // The fill's threads travel too (the CPU budget needs them); nonsense is refused.
+  r.path->fill_huge_threads = 3;
+  auto threads = nlohmann::json::parse(render_json(r));
+  EXPECT_EQ(parse_report_json(threads.dump(), "test").path->fill_huge_threads, 3u);
+  threads["path"]["fill_huge_threads"] = 0;
+  EXPECT_THROW(parse_report_json(threads.dump(), "test"), Error);
   EXPECT_TRUE(back.restore_context.huge_pages);
   const std::string table = render_table(back);
   EXPECT_NE(table.find("floor 500.0 ms (disk read)"), std::string::npos) << table;

@@ -39,16 +39,19 @@ struct Floor {
 
 // A stage's floor, from its name and bytes: compress_write (durable disk write of the stored
 // bytes, or zstd on every core), criu_dump/memdump/memwrite (memcpy), read_decompress (disk
-// read, or zstd decompression on every core), criu_restore_tasks (memory fill), transfer,
-// receive, upload, download (network), device_checkpoint/device_restore (PCIe). nullopt for
-// stages that move no bytes or whose ceiling was not measured.
+// read, or zstd decompression on every core), criu_restore_tasks (memory fill, or the fill and
+// CRIU's copy sharing the cores), transfer, receive, upload, download (network),
+// device_checkpoint/device_restore (PCIe). nullopt for stages that move no bytes or whose
+// ceiling was not measured.
 std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const FloorContext& c = {});
 // A transient's floor. Streaming overlaps the stages of a dump (CRIU, zstd, the disk, the
 // network), and those of a restore (the disk, zstd, the fill): each group is bounded by its
-// slowest. A restore cannot begin before its dump has ended (CRIU reads inventory.img, which
-// the dump writes last), so for a migration the two groups add. The network (a transfer, an
-// upload or download) streams beside both: the floor is the larger of that sum and the network
-// stage. nullopt without byte stages.
+// slowest stage, or by the CPU work of all its stages on the path's cores ("CPU (zstd + fill +
+// memcpy on 2 cores)": zstd at one core's rate, one memcpy of the bytes, the fill's time on each
+// thread it was measured on), whichever is longer. A restore cannot begin before its dump has
+// ended (CRIU reads inventory.img, which the dump writes last), so for a migration the two
+// groups add. The network (a transfer, an upload or download) streams beside both: the floor is
+// the larger of that sum and the network stage. nullopt without byte stages.
 std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
                                      const FloorContext& c = {});
 

@@ -72,6 +72,7 @@ struct PathCeilings {
   double fill_gbps = 0;
   double fill_huge_gbps = 0;
   double fill_huge_warm_gbps = 0;   // the same memory rewarmed (best of 3): shown, not a floor
+  unsigned fill_huge_threads = 1;   // the threads fill_huge_gbps was measured on
   double memcpy_gbps = 0;           // one core, between touched buffers
   double zstd_compress_gbps = 0;    // one core, raw bytes per second, at zstd_level
   double zstd_decompress_gbps = 0;  // one core, raw bytes per second

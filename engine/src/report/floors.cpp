@@ -38,10 +38,64 @@ struct Slowest {
   std::optional<Floor> f;
   void add(double bytes, double gbps, const char* bound) {
     if (!(gbps > 0) || !(bytes > 0)) return;
-    const double s = bytes / (gbps * 1e9);
-    if (!f || s > f->seconds) f = Floor{s, bound};
+    add_seconds(bytes / (gbps * 1e9), bound);
+  }
+  void add_seconds(double s, const std::string& bound) {
+    if (s > 0 && (!f || s > f->seconds)) f = Floor{s, bound};
   }
 };
+
+// The CPU time a stage's bytes need, in core-seconds, by kind of work. The copy out of CRIU's
+// pipe (dump) and into the restored memory (restore) is one memcpy; zstd runs at one core's rate;
+// the fill's threads are busy throughout its measurement (on a VM a host fault stalls its vCPU
+// as well), so it costs its time on each of them.
+struct CpuWork {
+  double zstd = 0, memcpy = 0, fill = 0;
+  double total() const { return zstd + memcpy + fill; }
+  CpuWork& operator+=(const CpuWork& o) {
+    zstd += o.zstd;
+    memcpy += o.memcpy;
+    fill += o.fill;
+    return *this;
+  }
+};
+
+double cost(double bytes, double gbps) {
+  return gbps > 0 && bytes > 0 ? bytes / (gbps * 1e9) : 0;
+}
+
+CpuWork cpu_work(const std::string& n, double raw, const PathCeilings& p, const FloorContext& c) {
+  CpuWork w;
+  if (n == "compress_write") {
+    w.zstd = cost(raw, p.zstd_compress_gbps);
+  } else if (n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite") {
+    w.memcpy = cost(raw, p.memcpy_gbps);
+  } else if (n == "read_decompress") {
+    w.zstd = cost(raw, p.zstd_decompress_gbps);
+  } else if (n == "criu_restore_tasks") {
+    w.memcpy = cost(raw, p.memcpy_gbps);
+    if (c.huge_pages && p.fill_huge_gbps > 0)
+      w.fill = cost(raw, p.fill_huge_gbps) *
+               std::min(std::max(1u, p.fill_huge_threads), std::max(1u, p.cores));
+    else
+      w.fill = cost(raw, p.fill_gbps);
+  }
+  return w;
+}
+
+// "CPU (zstd + memcpy on 2 cores)": only work that two or more kinds share, since one kind alone
+// on every core is never slower than its own ceiling's floor.
+void add_cpu_budget(Slowest& w, const CpuWork& work, const PathCeilings& p) {
+  std::string kinds;
+  int n = 0;
+  for (const auto& [seconds, name] : {std::pair{work.zstd, "zstd"}, std::pair{work.fill, "fill"},
+                                      std::pair{work.memcpy, "memcpy"}})
+    if (seconds > 0) kinds += (n++ ? " + " : "") + std::string(name);
+  if (n < 2) return;
+  const unsigned cores = std::max(1u, p.cores);
+  w.add_seconds(work.total() / cores, "CPU (" + kinds + " on " + std::to_string(cores) +
+                                          (cores == 1 ? " core)" : " cores)"));
+}
 
 }  // namespace
 
@@ -72,19 +126,39 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
   } else if (n == "device_restore") {
     if (p.pcie_h2d_gbps) w.add(raw, *p.pcie_h2d_gbps, "PCIe H2D");
   }
+  add_cpu_budget(w, cpu_work(n, raw, p, c), p);
   return w.f;
 }
 
 std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
                                      const FloorContext& c) {
   std::optional<Floor> dump, restore, network;
+  // The stages of one side overlap, and so share the cores: their CPU work adds. CRIU's dump
+  // stages nest (criu_memwrite within criu_memdump within criu_dump): one copy, counted once.
+  CpuWork dump_cpu, restore_cpu;
+  double criu_copy = 0;
   for (const auto& s : t.stages()) {
-    const Side side = side_of(base_name(s.name));
+    const std::string n = base_name(s.name);
+    const Side side = side_of(n);
     if (side == Side::kNone) continue;
+    const CpuWork w = cpu_work(n, static_cast<double>(s.bytes), p, c);
+    if (n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite")
+      criu_copy = std::max(criu_copy, w.memcpy);
+    else if (side == Side::kDump)
+      dump_cpu += w;
+    else if (side == Side::kRestore)
+      restore_cpu += w;
     const auto f = stage_floor(s, p, c);
     if (!f) continue;
     auto& group = side == Side::kDump ? dump : side == Side::kRestore ? restore : network;
     if (!group || f->seconds > group->seconds) group = f;
+  }
+  dump_cpu.memcpy += criu_copy;
+  for (auto [group, work] : {std::pair{&dump, dump_cpu}, std::pair{&restore, restore_cpu}}) {
+    if (!*group) continue;
+    Slowest w{*group};
+    add_cpu_budget(w, work, p);
+    *group = w.f;
   }
   std::optional<Floor> local = dump && restore ? Floor{dump->seconds + restore->seconds,
                                                        dump->bound + " + " + restore->bound}

@@ -146,6 +146,7 @@ Json path_to_json(const PathCeilings& p) {
           {"fill_gbps", p.fill_gbps},
           {"fill_huge_gbps", p.fill_huge_gbps},
           {"fill_huge_warm_gbps", p.fill_huge_warm_gbps},
+          {"fill_huge_threads", p.fill_huge_threads},
           {"memcpy_gbps", p.memcpy_gbps},
           {"zstd_compress_gbps", p.zstd_compress_gbps},
           {"zstd_decompress_gbps", p.zstd_decompress_gbps},
@@ -167,6 +168,10 @@ PathCeilings path_from_json(const Json& j, const std::string& source) {
   p.fill_gbps = number(j, "fill_gbps", source);
   p.fill_huge_gbps = number(j, "fill_huge_gbps", source, false, 0);
   p.fill_huge_warm_gbps = number(j, "fill_huge_warm_gbps", source, false, 0);
+  const double fill_threads = number(j, "fill_huge_threads", source, false, 1);
+  if (!(fill_threads >= 1 && fill_threads <= 4096))
+    bad(source, "'fill_huge_threads' must be between 1 and 4096");
+  p.fill_huge_threads = static_cast<unsigned>(fill_threads);
   p.memcpy_gbps = number(j, "memcpy_gbps", source);
   p.zstd_compress_gbps = number(j, "zstd_compress_gbps", source);
   p.zstd_decompress_gbps = number(j, "zstd_decompress_gbps", source);

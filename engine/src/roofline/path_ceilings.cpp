@@ -22,6 +22,7 @@
 #include "util/no_sigpipe.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -237,16 +238,10 @@ double network_gbps(const PathMeasureOptions& o) {
   const auto t0 = Clock::now();
   for (std::uint64_t sent = 0; sent < bytes;) {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kBlock, bytes - sent));
-    for (std::size_t off = 0; off < n;) {
-      const ssize_t w = ::write(wr.get(), buf.data() + off, n - off);
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) {
-        const int err = errno;
-        wr.reset();
-        const ExitStatus st = ssh.wait();
-        throw_syserr(Errc::kIo, err, "send to ", o.network, " (ssh ", st.describe(), ")");
-      }
-      off += static_cast<std::size_t>(w);
+    if (const int err = write_fully(wr.get(), buf.data(), n)) {
+      wr.reset();
+      const ExitStatus st = ssh.wait();
+      throw_syserr(Errc::kIo, err, "send to ", o.network, " (ssh ", st.describe(), ")");
     }
     sent += n;
   }
@@ -287,7 +282,8 @@ PathCeilings measure_path_ceilings(const PathMeasureOptions& o) {
   // the CPUs, at most 4, beside the reading thread).
   if (const double s = o.settle_limit_s > 0 ? settle_free_memory(o.settle_limit_s) : 0; s > 0)
     spdlog::debug("waited {:.1f} s for free page reporting before the memory fill", s);
-  const Fill huge = fill_gbps(fill, true, 1 + std::min(4u, p.cores / 2), 3);
+  p.fill_huge_threads = 1 + std::min(4u, p.cores / 2);
+  const Fill huge = fill_gbps(fill, true, p.fill_huge_threads, 3);
   p.fill_huge_gbps = huge.first;
   p.fill_huge_warm_gbps = huge.best;
   p.fill_gbps = fill_gbps(fill, false, 1, 1).first;
