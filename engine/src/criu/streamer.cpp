@@ -14,6 +14,8 @@
 #include <optional>
 
 #include "gpuckpt/error.h"
+#include "util/no_sigpipe.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -64,13 +66,9 @@ bool read_exact(int fd, void* buf, std::size_t n) {
 }
 
 void write_all(int fd, const void* buf, std::size_t n) {
-  std::size_t off = 0;
-  while (off < n) {
-    const ssize_t r = ::send(fd, static_cast<const char*>(buf) + off, n - off, MSG_NOSIGNAL);
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) throw_errno(Errc::kCriu, "write to criu's streamer socket");
-    off += static_cast<std::size_t>(r);
-  }
+  NoSigpipe nosig;  // criu may be gone: an error, not a signal
+  if (const int err = write_fully(fd, buf, n))
+    throw_syserr(Errc::kCriu, err, "write to criu's streamer socket");
 }
 
 std::uint64_t read_varint(const std::string& b, std::size_t& i) {

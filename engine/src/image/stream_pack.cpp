@@ -23,6 +23,7 @@
 #include "image/transfer_common.h"
 #include "trust/keys.h"
 #include "util/no_sigpipe.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -587,14 +588,9 @@ struct ReaderClosed {};
 // (EPIPE).
 bool write_all(int fd, const std::byte* data, std::uint32_t len, const std::string& path,
                std::atomic<std::uint64_t>& written) {
-  for (std::uint32_t off = 0; off < len;) {
-    const ssize_t w = ::write(fd, data + off, len - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && errno == EPIPE) return false;
-    if (w < 0) throw_errno(Errc::kIo, "write '", path, "'");
-    off += static_cast<std::uint32_t>(w);
-    written += static_cast<std::uint64_t>(w);
-  }
+  const int err = write_fully(fd, data, len, &written);
+  if (err == EPIPE) return false;
+  if (err) throw_syserr(Errc::kIo, err, "write '", path, "'");
   return true;
 }
 

@@ -17,6 +17,7 @@
 #include "image/publish.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -123,13 +124,8 @@ void write_private_file(const fs::path& dir, const char* name, const std::string
   UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (!fd) throw_errno(Errc::kIo, "create ", tmp);
   if (::fchmod(fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", tmp);
-  std::size_t off = 0;
-  while (off < data.size()) {
-    const ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(Errc::kIo, "write ", tmp);
-    off += static_cast<std::size_t>(n);
-  }
+  if (const int err = write_fully(fd.get(), data.data(), data.size()))
+    throw_syserr(Errc::kIo, err, "write ", tmp);
   if (::fsync(fd.get()) != 0) throw_errno(Errc::kIo, "fsync ", tmp);
   if (::rename(tmp.c_str(), path.c_str()) != 0) throw_errno(Errc::kIo, "rename to ", path);
 }

@@ -19,6 +19,7 @@
 #include "process/proc_info.h"
 #include "process/restore_impl.h"
 #include "process/support.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -114,13 +115,8 @@ Guard::~Guard() {
 void Guard::send(const json& msg) {
   if (finished_) return;
   const std::string line = msg.dump() + "\n";
-  std::size_t off = 0;
-  while (off < line.size()) {
-    const ssize_t n = ::write(to_guard_.get(), line.data() + off, line.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw_errno(Errc::kInternal, "the guard (pid ", child_.pid(), ") is gone");
-    off += static_cast<std::size_t>(n);
-  }
+  if (const int err = write_fully(to_guard_.get(), line.data(), line.size()))
+    throw_syserr(Errc::kInternal, err, "the guard (pid ", child_.pid(), ") is gone");
 }
 
 void Guard::protect(pid_t root, const std::vector<pid_t>& pids) {
@@ -376,14 +372,7 @@ void apply(Plan& p, const json& m) {
 }
 
 bool write_all(int fd, const std::string& s) {
-  std::size_t off = 0;
-  while (off < s.size()) {
-    const ssize_t n = ::write(fd, s.data() + off, s.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<std::size_t>(n);
-  }
-  return true;
+  return write_fully(fd, s.data(), s.size()) == 0;
 }
 
 }  // namespace

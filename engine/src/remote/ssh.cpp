@@ -22,6 +22,7 @@
 #include "util/fs.h"
 #include "util/no_sigpipe.h"
 #include "util/unique_fd.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -41,13 +42,7 @@ constexpr std::uint64_t kMaxFile = 1ull << 40;
 constexpr std::size_t kMaxBlobs = 1u << 16;  // 64 TiB of 1 GiB blobs: a stream with more lies
 
 void write_all(int fd, const char* p, std::size_t n, const char* what) {
-  while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
-    if (w < 0 && errno == EINTR) continue;
-    if (w < 0) throw_errno(Errc::kIo, what);
-    p += w;
-    n -= static_cast<std::size_t>(w);
-  }
+  if (const int err = write_fully(fd, p, n)) throw_syserr(Errc::kIo, err, what);
 }
 
 void write_line(int fd, const nlohmann::json& j) {

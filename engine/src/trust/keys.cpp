@@ -13,6 +13,7 @@
 #include "trust/secure_file.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -64,12 +65,9 @@ void write_key_file(const fs::path& path, const std::string& text, mode_t mode, 
     throw_syserr(Errc::kIo, err, what, " ", target);
   };
   if (::fchmod(fd.get(), mode) != 0) fail("chmod");
-  std::size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(fd.get(), text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail("write");
-    off += static_cast<std::size_t>(n);
+  if (const int err = write_fully(fd.get(), text.data(), text.size())) {
+    errno = err;  // fail() reports errno
+    fail("write");
   }
   if (::fsync(fd.get()) != 0) fail("fsync");
   if (replace && ::rename(target.c_str(), path.c_str()) != 0) fail("rename to " + path.string());

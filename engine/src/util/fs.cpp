@@ -10,6 +10,7 @@
 
 #include "gpuckpt/error.h"
 #include "util/unique_fd.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -40,16 +41,9 @@ void write_file_atomic(const fs::path& path, std::string_view data) {
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
     if (!fd) throw_errno(Errc::kIo, "create ", tmp);
-    size_t off = 0;
-    while (off < data.size()) {
-      ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        int err = errno;
-        ::unlink(tmp.c_str());
-        throw_syserr(Errc::kIo, err, "write ", tmp);
-      }
-      off += static_cast<size_t>(n);
+    if (const int err = write_fully(fd.get(), data.data(), data.size())) {
+      ::unlink(tmp.c_str());
+      throw_syserr(Errc::kIo, err, "write ", tmp);
     }
     if (::fsync(fd.get()) != 0) {
       int err = errno;
