@@ -1,17 +1,27 @@
 // Checkpoints in object storage, against a real S3-compatible server (s3rver) that the tests
 // start on loopback: URLs, configuration from the AWS environment and files, multipart uploads
 // with the manifest last, ranged parallel downloads, replacement, and damaged objects.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <list>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "image/event_fd.h"
 #include "remote/remote_checkpoint.h"
 #include "remote/s3.h"
 #include "test_support.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -27,6 +37,100 @@ Errc code_of(const std::function<void()>& f) {
   }
   return Errc::kOk;
 }
+
+// A network path to the store that stops carrying blob bytes: a TCP relay on loopback in front
+// of the real server that forwards every request, and every answer except those to a ranged GET
+// of a blob, of which it forwards the first 64 KiB and then nothing, holding the connection open
+// as a stalled link does.
+class StallingRelay {
+ public:
+  explicit StallingRelay(int upstream_port) : upstream_(upstream_port) {
+    listen_.reset(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (!listen_ || ::bind(listen_.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::listen(listen_.get(), 16) != 0 ||
+        ::getsockname(listen_.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      throw_errno(Errc::kIo, "the relay's socket");
+    port_ = ntohs(a.sin_port);
+    accept_ = std::thread([this] { accept_loop(); });
+  }
+  ~StallingRelay() {
+    stop_.notify();
+    accept_.join();
+    for (auto& t : conns_) t.join();
+  }
+  int port() const { return port_; }
+  int stalled() const { return stalled_; }
+
+ private:
+  bool wait_readable(int fd) {
+    pollfd p[2] = {{fd, POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
+    while (::poll(p, 2, -1) < 0)
+      if (errno != EINTR) return false;
+    return !(p[1].revents & POLLIN);
+  }
+  void accept_loop() {
+    while (wait_readable(listen_.get())) {
+      UniqueFd c(::accept4(listen_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      if (c)
+        conns_.emplace_back(
+            [this, c = std::make_shared<UniqueFd>(std::move(c))] { relay(c->get()); });
+    }
+  }
+  void relay(int client) {
+    UniqueFd up(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<std::uint16_t>(upstream_));
+    if (!up || ::connect(up.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return;
+    // One request per connection (gpuckpt's client opens one for each): its first bytes say
+    // whether the answer is a blob's range.
+    bool stall = false, decided = false;
+    std::uint64_t answered = 0;
+    char buf[65536];
+    pollfd p[3] = {{client, POLLIN, 0}, {up.get(), POLLIN, 0}, {stop_.fd(), POLLIN, 0}};
+    for (;;) {
+      if (::poll(p, 3, -1) < 0) {
+        if (errno == EINTR) continue;
+        return;
+      }
+      if (p[2].revents & POLLIN) return;
+      if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+        const ssize_t n = ::read(client, buf, sizeof buf);
+        if (n <= 0) return;
+        if (!decided) {
+          const std::string head(buf, static_cast<std::size_t>(n));
+          stall = head.starts_with("GET ") && head.find("/blob-") != std::string::npos &&
+                  head.find("Range:") != std::string::npos;
+          decided = true;
+          if (stall) ++stalled_;
+        }
+        if (::send(up.get(), buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) return;
+      }
+      if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+        if (stall && answered >= (64u << 10)) {
+          p[1].events = 0;  // stalled: the server's bytes stay where they are
+          continue;
+        }
+        const ssize_t n = ::read(up.get(), buf, sizeof buf);
+        if (n <= 0) return;
+        if (::send(client, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL) != n) return;
+        answered += static_cast<std::uint64_t>(n);
+      }
+    }
+  }
+
+  int upstream_, port_ = 0;
+  UniqueFd listen_;
+  image::EventFd stop_;
+  std::atomic<int> stalled_{0};
+  std::thread accept_;
+  std::list<std::thread> conns_;
+};
 
 class S3Store : public ::testing::Test {
  protected:
@@ -172,6 +276,35 @@ TEST_F(S3Store, ADownloadIsReadAsItArrivesAndAMissingBlobFailsWhatWaitsForIt) {
   d.start();
   EXPECT_EQ(code_of([&] { d.arrival().wait(blobs - 1, 0, 1); }), Errc::kIo);
   EXPECT_NE(code_of([&] { d.join(); }), Errc::kOk);
+}
+
+TEST_F(S3Store, ACancelledDownloadStopsTheRangesInFlightInsteadOfWaitingForThem) {
+  // A failed restore cancels its download. Ranges on a stalled link would otherwise hold it
+  // until libcurl's stall timeout (30 s) and then report that instead of the restore's error.
+  const fs::path ckpt = make_checkpoint("c", 12u << 20, 6u << 20);
+  const S3Url url = parse_s3_url("s3://ckpts/c");
+  upload_checkpoint(client(), ckpt, url, false, {});
+  const std::string endpoint = S3Config::from_environment().endpoint;
+  StallingRelay relay(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)));
+  S3Config via = S3Config::from_environment();
+  via.endpoint = "http://127.0.0.1:" + std::to_string(relay.port());
+  const S3Client s3(via);
+  TransferOptions o;
+  o.connections = 2;
+  o.part_bytes = 6u << 20;
+  const fs::path back = dir_.path() / "cancelled";
+  fs::create_directories(back);
+  Download d(s3, url, back, o);  // the manifest comes through the relay
+  d.start();
+  ASSERT_TRUE(test::wait_until([&] { return relay.stalled() == 2; }));
+  d.cancel();
+  try {
+    d.join();
+    FAIL() << "a cancelled download must not succeed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kIo);
+    EXPECT_NE(std::string(e.what()).find("cancelled"), std::string::npos) << e.what();
+  }
 }
 
 TEST_F(S3Store, CliInspectAndVerifyReadTheCheckpointFromTheStore) {

@@ -20,6 +20,7 @@
 #include "image/manifest.h"
 #include "util/fault.h"
 #include "util/unique_fd.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 using gpuckpt::image::kManifestName;
@@ -351,13 +352,8 @@ TransferStats download_manifest(const S3Client& s3, const S3Url& url, const fs::
   auto write = [&](const char* name, const std::string& data) {
     const fs::path p = dir / name;
     UniqueFd fd = create_private(p);
-    std::size_t off = 0;
-    while (off < data.size()) {
-      const ssize_t n = ::write(fd.get(), data.data() + off, data.size() - off);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) throw_errno(Errc::kIo, "write ", p);
-      off += static_cast<std::size_t>(n);
-    }
+    if (const int err = write_fully(fd.get(), data.data(), data.size()))
+      throw_syserr(Errc::kIo, err, "write ", p);
   };
   write(kManifestName, manifest);
   if (seal) write(kSealName, *seal);
@@ -427,7 +423,7 @@ void Download::run() {
     if (cancelled_) throw Error(Errc::kIo, "cancelled");
     const Range& r = ranges_[i];
     s3_.get_range_to_fd(url_.bucket, url_.key(m_.blobs[r.blob].name), r.offset, r.len,
-                        fds_[r.blob].get(), r.offset);
+                        fds_[r.blob].get(), r.offset, &cancelled_);
     meter.add(r.len);
     arrival_->add(r.blob, r.offset, r.offset + r.len);
   });

@@ -142,6 +142,7 @@ class Download {
   void start();
   const image::BlobArrival& arrival() const { return *arrival_; }
   // Stops taking more ranges: a restore that failed needs no more bytes.
+  // Stops the ranges in flight too (within about a second), not only the ones not begun.
   void cancel() { cancelled_ = true; }
   // Waits for the last range; rethrows the first error.
   TransferStats join();

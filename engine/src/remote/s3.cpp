@@ -207,6 +207,8 @@ struct S3Client::Request {
   int out_fd = -1;
   std::uint64_t out_offset = 0, out_len = 0;
   bool head = false;
+  // Set from another thread: the transfer stops within moments instead of running to its end.
+  const std::atomic<bool>* cancel = nullptr;
 
   // Transfer state of one attempt.
   std::uint64_t sent = 0, received = 0;
@@ -237,6 +239,8 @@ S3Client::Response S3Client::perform(Request& r) const {
   const std::string sigv4 = "aws:amz:" + c_.region + ":s3";
   const std::string userpwd = c_.access_key + ":" + c_.secret_key;
   for (int attempt = 1;; ++attempt) {
+    if (r.cancel && r.cancel->load())
+      throw Error(Errc::kIo, std::string(r.method) + " " + where + ": cancelled");
     std::unique_ptr<CURL, CurlDeleter> h(curl_easy_init());
     if (!h) throw Error(Errc::kInternal, "curl_easy_init failed");
     CURL* e = h.get();
@@ -344,6 +348,19 @@ S3Client::Response S3Client::perform(Request& r) const {
           q.received += len;
           return len;
         });
+    if (r.cancel) {
+      // libcurl calls this at least once a second, data or not: a stalled range stops too.
+      curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
+      curl_easy_setopt(e, CURLOPT_XFERINFODATA, &ctx);
+      curl_easy_setopt(
+          e, CURLOPT_XFERINFOFUNCTION,
+          +[](void* p, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+            Request& q = *static_cast<Ctx*>(p)->r;
+            if (!q.cancel->load()) return 0;
+            q.write_error = "cancelled";  // not retried
+            return 1;
+          });
+    }
     curl_easy_setopt(e, CURLOPT_HEADERDATA, &ctx);
     curl_easy_setopt(
         e, CURLOPT_HEADERFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) -> size_t {
@@ -422,9 +439,10 @@ std::string S3Client::get(const std::string& bucket, const std::string& key,
 
 void S3Client::get_range_to_fd(const std::string& bucket, const std::string& key,
                                std::uint64_t offset, std::uint64_t len, int fd,
-                               std::uint64_t fd_offset) const {
+                               std::uint64_t fd_offset, const std::atomic<bool>* cancel) const {
   if (len == 0) return;
   Request r;
+  r.cancel = cancel;
   r.bucket = bucket;
   r.key = key;
   r.headers.push_back("Range: bytes=" + std::to_string(offset) + "-" +

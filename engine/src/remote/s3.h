@@ -14,6 +14,7 @@
 //                path-style (http://host:port/bucket/key), as S3-compatible servers expect.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -54,9 +55,11 @@ class S3Client {
   // A whole object into memory; Error(kInvalidInput) when it does not exist, Error(kCorrupt)
   // when it is larger than `max_bytes`.
   std::string get(const std::string& bucket, const std::string& key, std::uint64_t max_bytes) const;
-  // Bytes [offset, offset+len) of the object, written to `fd` at `fd_offset` (pwrite).
+  // Bytes [offset, offset+len) of the object, written to `fd` at `fd_offset` (pwrite). Setting
+  // `*cancel` stops it within about a second, with Error(kIo) "... cancelled".
   void get_range_to_fd(const std::string& bucket, const std::string& key, std::uint64_t offset,
-                       std::uint64_t len, int fd, std::uint64_t fd_offset) const;
+                       std::uint64_t len, int fd, std::uint64_t fd_offset,
+                       const std::atomic<bool>* cancel = nullptr) const;
   void put(const std::string& bucket, const std::string& key, std::string_view data) const;
   // `len` bytes of `fd` from `offset` as one object.
   void put_from_fd(const std::string& bucket, const std::string& key, int fd, std::uint64_t offset,
