@@ -1,5 +1,7 @@
 #include "criu/stats.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "gpuckpt/error.h"
@@ -166,6 +168,39 @@ std::optional<DumpStats> read_dump_stats(const fs::path& images_dir) {
   auto data = read_if_exists(images_dir / "stats-dump");
   if (!data) return std::nullopt;
   return decode_dump_stats(*data);
+}
+
+std::optional<FillStats> parse_fill_stats(std::string_view log) {
+  // "(08.550629)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.453 s"
+  static constexpr std::string_view kMark = "thp-fill: populate threads faulted in ";
+  std::optional<FillStats> f;
+  for (std::size_t at = log.find(kMark); at != std::string_view::npos;
+       at = log.find(kMark, at + 1)) {
+    const std::size_t line = log.rfind('\n', at);
+    const std::size_t begin = line == std::string_view::npos ? 0 : line + 1;
+    const std::size_t eol = std::min(log.find('\n', at), log.size());
+    const std::string head(log.substr(begin, at - begin));
+    const std::string tail(log.substr(at + kMark.size(), eol - at - kMark.size()));
+    double end = 0, seconds = 0;
+    unsigned long long bytes = 0;
+    int used = 0;
+    if (std::sscanf(head.c_str(), "(%lf)", &end) != 1 ||
+        std::sscanf(tail.c_str(), "%llu bytes in %lf s%n", &bytes, &seconds, &used) != 2 ||
+        used == 0 || !(seconds >= 0) || !(end >= seconds))
+      continue;  // a line cut short, or another format: no figure rather than a wrong one
+    const double start = end - seconds;
+    if (!f) f = FillStats{0, start, end};
+    f->bytes += bytes;
+    f->start_s = std::min(f->start_s, start);
+    f->end_s = std::max(f->end_s, end);
+  }
+  return f;
+}
+
+std::optional<FillStats> read_fill_stats(const fs::path& restore_log) {
+  auto data = read_if_exists(restore_log);
+  if (!data) return std::nullopt;
+  return parse_fill_stats(*data);
 }
 
 std::optional<RestoreStats> read_restore_stats(const fs::path& images_dir) {

@@ -25,9 +25,21 @@ struct RestoreStats {
   std::uint64_t pages_restored = 0;
 };
 
+// The huge-page fill's populate threads (scripts/criu-patches/0002), from a restore's log: how
+// fast this restore met its memory. Each restored process logs its own line; the fill runs from
+// the first start to the last end, on CRIU's log clock (seconds since criu started).
+struct FillStats {
+  std::uint64_t bytes = 0;
+  double start_s = 0, end_s = 0;
+};
+
 // nullopt if the file is absent; throws Error(kCriu) if it is malformed.
 std::optional<DumpStats> read_dump_stats(const std::filesystem::path& images_dir);
 std::optional<RestoreStats> read_restore_stats(const std::filesystem::path& images_dir);
+
+// nullopt without a fill line (no huge-page fill, or CRIU without the patch) or a log.
+std::optional<FillStats> read_fill_stats(const std::filesystem::path& restore_log);
+std::optional<FillStats> parse_fill_stats(std::string_view log);
 
 // Exposed for tests: decode the image bytes (magics + one length-prefixed stats_entry).
 DumpStats decode_dump_stats(std::string_view image);

@@ -339,7 +339,8 @@ void check_restored(RestoreState& r) {
   out.tree = process_tree(out.pid);
   for (pid_t p : out.tree) out.huge_page_bytes += huge_page_bytes(p);
   const auto plugin = criu::read_plugin_report(r.report_path);
-  add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin);
+  add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin,
+                     criu::read_fill_stats(r.run.log));
   out.gpu = plugin && plugin->cuda;
   // CRIU ignores errors of the late device hook (it only logs them), so a failed CUDA restore
   // would leave a process that hangs on its first CUDA call: end it and say why.

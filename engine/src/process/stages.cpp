@@ -87,13 +87,20 @@ void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_byt
 
 void add_restore_stages(Timeline& tl, const criu::Run& run,
                         const std::optional<criu::RestoreStats>& stats,
-                        const std::optional<criu::PluginReport>& plugin) {
+                        const std::optional<criu::PluginReport>& plugin,
+                        const std::optional<criu::FillStats>& fill) {
   Pending p;
   p.add("criu_restore", run.start, run.end);
   if (stats) {
     p.add("criu_forking", run.start, run.start + us(stats->forking_us));
     p.add("criu_restore_tasks", run.start, run.start + us(stats->restore_us),
           stats->pages_restored * 4096);
+  }
+  if (fill) {
+    auto at = [&](double s) {
+      return std::min(run.end, run.start + us(static_cast<std::uint64_t>(s * 1e6)));
+    };
+    p.add("memory_fill", at(fill->start_s), at(fill->end_s), fill->bytes);
   }
   if (plugin) p.add_plugin(*plugin);
   p.flush(tl);

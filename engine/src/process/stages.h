@@ -18,9 +18,12 @@ void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_byt
                      const std::optional<criu::DumpStats>& stats,
                      const std::optional<criu::PluginReport>& plugin);
 
+// `fill`: the huge-page fill as CRIU's log timed it, a stage of its own (memory_fill) inside
+// criu_restore_tasks.
 void add_restore_stages(Timeline& tl, const criu::Run& run,
                         const std::optional<criu::RestoreStats>& stats,
-                        const std::optional<criu::PluginReport>& plugin);
+                        const std::optional<criu::PluginReport>& plugin,
+                        const std::optional<criu::FillStats>& fill = std::nullopt);
 
 // Maps plugin hook names to stage names ("device_resume" etc. keep their names).
 void add_plugin_stages(Timeline& tl, const criu::PluginReport& plugin);

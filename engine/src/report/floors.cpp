@@ -119,6 +119,10 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
       w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
     else
       w.add(raw, p.fill_gbps, "memory fill");
+  } else if (n == "memory_fill") {
+    // The populate threads alone, inside criu_restore_tasks (whose floor and CPU budget count
+    // the fill already): how fast this restore met its memory against the ceiling.
+    w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
   } else if (n == "transfer" || n == "receive" || n == "upload" || n == "download" || n == "send") {
     if (p.network_gbps) w.add(raw, *p.network_gbps, "network");
   } else if (n == "device_checkpoint") {
