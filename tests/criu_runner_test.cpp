@@ -119,19 +119,31 @@ TEST(CriuStats, DecodesDumpAndRestoreEntries) {
 
 TEST(CriuStats, TheFillOfEveryRestoredProcessIsReadFromTheLogAndACutLineIsNoFigure) {
   // Two processes of a tree, each with its populate threads (scripts/criu-patches/0002).
+  // Each line of a process says when its fill started; its last line comes once its read is
+  // done, which may be well after the fill ended: the fill is start + its own seconds.
   const std::string log =
-      "(00.090462)  22326: thp-fill: 1 populate threads over 512 chunks\n"
-      "(02.500000)  22327: thp-fill: populate threads faulted in 1048576 bytes in 2.000 s\n"
+      "(00.090000)  22326: thp-fill: 1 populate threads over 512 chunks\n"
+      "(00.300000)  22327: thp-fill: 1 populate threads over 1 chunks\n"
+      "(02.500000)  22327: thp-fill: populate threads faulted in 1048576 bytes in 0.100 s\n"
       "(00.100000) noise\n"
-      "(08.550629)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.453 s\n";
+      "(09.900000)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.000 s\n";
   const auto f = criu::parse_fill_stats(log);
   ASSERT_TRUE(f);
   EXPECT_EQ(f->bytes, 4294967296u + 1048576u);
-  EXPECT_NEAR(f->start_s, 0.097629, 1e-9);
-  EXPECT_NEAR(f->end_s, 8.550629, 1e-9);
+  EXPECT_NEAR(f->start_s, 0.09, 1e-9);
+  EXPECT_NEAR(f->end_s, 8.09, 1e-9);
   EXPECT_FALSE(criu::parse_fill_stats("(00.1) restore without the fill\n"));
-  // A line the log cut short (CRIU killed mid-write) gives no figure rather than a wrong one.
-  EXPECT_FALSE(criu::parse_fill_stats("(08.5)  1: thp-fill: populate threads faulted in 42"));
+  // A line the log cut short (CRIU killed mid-write), one without its start, or a garbled
+  // clock gives no figure rather than a wrong one.
+  EXPECT_FALSE(
+      criu::parse_fill_stats("(00.1)  1: thp-fill: 1 populate threads over 2 chunks\n"
+                             "(08.5)  1: thp-fill: populate threads faulted in 42"));
+  EXPECT_FALSE(criu::parse_fill_stats(
+      "(08.5)  1: thp-fill: populate threads faulted in 42 bytes in 1.000 s\n"));
+  EXPECT_FALSE(
+      criu::parse_fill_stats("(inf)  1: thp-fill: 1 populate threads over 2 chunks\n"
+                             "(inf)  1: thp-fill: populate threads faulted in 42 bytes "
+                             "in 1.000 s\n"));
   EXPECT_FALSE(criu::read_fill_stats("/nonexistent/restore.log"));
 }
 

@@ -113,7 +113,7 @@ class StallingRelay {
       }
       if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
         if (stall && answered >= (64u << 10)) {
-          p[1].events = 0;  // stalled: the server's bytes stay where they are
+          p[1].fd = -1;  // stalled: the server's bytes stay where they are, and poll ignores it
           continue;
         }
         const ssize_t n = ::read(up.get(), buf, sizeof buf);
@@ -296,14 +296,16 @@ TEST_F(S3Store, ACancelledDownloadStopsTheRangesInFlightInsteadOfWaitingForThem)
   fs::create_directories(back);
   Download d(s3, url, back, o);  // the manifest comes through the relay
   d.start();
-  ASSERT_TRUE(test::wait_until([&] { return relay.stalled() == 2; }));
+  ASSERT_TRUE(test::wait_until([&] { return relay.stalled() >= 2; }));
   d.cancel();
   try {
     d.join();
     FAIL() << "a cancelled download must not succeed";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), Errc::kIo);
-    EXPECT_NE(std::string(e.what()).find("cancelled"), std::string::npos) << e.what();
+    // Stopped in flight, not after libcurl's stall timeout (that one says "cancelled" too, but
+    // only once the range has failed and is about to be retried).
+    EXPECT_NE(std::string(e.what()).find("cancelled in flight"), std::string::npos) << e.what();
   }
 }
 

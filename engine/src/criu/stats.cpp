@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 
 #include "gpuckpt/error.h"
 #include "util/fs.h"
@@ -171,8 +172,16 @@ std::optional<DumpStats> read_dump_stats(const fs::path& images_dir) {
 }
 
 std::optional<FillStats> parse_fill_stats(std::string_view log) {
-  // "(08.550629)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.453 s"
-  static constexpr std::string_view kMark = "thp-fill: populate threads faulted in ";
+  // Each restored process logs, just after its fill's clock starts,
+  //   "(00.090462)  22326: thp-fill: 1 populate threads over 512 chunks"
+  // and, once its read is done (later than the fill's end when the read is the slower),
+  //   "(08.550629)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.453 s"
+  // so a fill runs from the first line's time for the second line's seconds.
+  static constexpr std::string_view kMark = "thp-fill: ";
+  static constexpr std::string_view kStart = "populate threads over ";
+  static constexpr std::string_view kDone = "populate threads faulted in ";
+  constexpr double kMaxSeconds = 1e7;  // CRIU's log clock never gets there: a garbled number
+  std::map<int, double> started;
   std::optional<FillStats> f;
   for (std::size_t at = log.find(kMark); at != std::string_view::npos;
        at = log.find(kMark, at + 1)) {
@@ -180,15 +189,27 @@ std::optional<FillStats> parse_fill_stats(std::string_view log) {
     const std::size_t begin = line == std::string_view::npos ? 0 : line + 1;
     const std::size_t eol = std::min(log.find('\n', at), log.size());
     const std::string head(log.substr(begin, at - begin));
-    const std::string tail(log.substr(at + kMark.size(), eol - at - kMark.size()));
-    double end = 0, seconds = 0;
+    const std::string_view rest = log.substr(at + kMark.size(), eol - at - kMark.size());
+    double t = 0;
+    int pid = 0;
+    if (std::sscanf(head.c_str(), "(%lf) %d:", &t, &pid) != 2 || !(t >= 0 && t < kMaxSeconds))
+      continue;
+    if (rest.find(kStart) != std::string_view::npos) {
+      started[pid] = t;
+      continue;
+    }
+    if (!rest.starts_with(kDone)) continue;
+    const std::string tail(rest.substr(kDone.size()));
+    double seconds = 0;
     unsigned long long bytes = 0;
     int used = 0;
-    if (std::sscanf(head.c_str(), "(%lf)", &end) != 1 ||
+    const auto s = started.find(pid);
+    // A line cut short, another format, or no start seen: no figure rather than a wrong one.
+    if (s == started.end() ||
         std::sscanf(tail.c_str(), "%llu bytes in %lf s%n", &bytes, &seconds, &used) != 2 ||
-        used == 0 || !(seconds >= 0) || !(end >= seconds))
-      continue;  // a line cut short, or another format: no figure rather than a wrong one
-    const double start = end - seconds;
+        used == 0 || !(seconds >= 0 && seconds < kMaxSeconds))
+      continue;
+    const double start = s->second, end = start + seconds;
     if (!f) f = FillStats{0, start, end};
     f->bytes += bytes;
     f->start_s = std::min(f->start_s, start);
@@ -198,9 +219,14 @@ std::optional<FillStats> parse_fill_stats(std::string_view log) {
 }
 
 std::optional<FillStats> read_fill_stats(const fs::path& restore_log) {
-  auto data = read_if_exists(restore_log);
-  if (!data) return std::nullopt;
-  return parse_fill_stats(*data);
+  // A figure for the report: a log that cannot be read must not fail a good restore.
+  try {
+    auto data = read_if_exists(restore_log);
+    if (!data) return std::nullopt;
+    return parse_fill_stats(*data);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
 }
 
 std::optional<RestoreStats> read_restore_stats(const fs::path& images_dir) {

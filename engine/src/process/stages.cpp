@@ -97,8 +97,10 @@ void add_restore_stages(Timeline& tl, const criu::Run& run,
           stats->pages_restored * 4096);
   }
   if (fill) {
+    // Clamped in seconds, before any conversion: the log's figures are inside the run.
+    const double run_s = std::chrono::duration<double>(run.end - run.start).count();
     auto at = [&](double s) {
-      return std::min(run.end, run.start + us(static_cast<std::uint64_t>(s * 1e6)));
+      return run.start + us(static_cast<std::uint64_t>(std::clamp(s, 0.0, run_s) * 1e6));
     };
     p.add("memory_fill", at(fill->start_s), at(fill->end_s), fill->bytes);
   }

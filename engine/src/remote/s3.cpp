@@ -357,7 +357,7 @@ S3Client::Response S3Client::perform(Request& r) const {
           +[](void* p, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
             Request& q = *static_cast<Ctx*>(p)->r;
             if (!q.cancel->load()) return 0;
-            q.write_error = "cancelled";  // not retried
+            q.write_error = "cancelled in flight";  // not retried
             return 1;
           });
     }
@@ -384,6 +384,8 @@ S3Client::Response S3Client::perform(Request& r) const {
       resp.content_length = length;
     const bool retryable =
         rc != CURLE_OK ? r.write_error.empty() : (status >= 500 || status == 429 || status == 408);
+    if (retryable && r.cancel && r.cancel->load())  // no back-off before saying so
+      throw Error(Errc::kIo, std::string(r.method) + " " + where + ": cancelled");
     if (retryable && attempt < kAttempts) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200 << attempt));  // back off
       continue;

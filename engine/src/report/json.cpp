@@ -169,8 +169,8 @@ PathCeilings path_from_json(const Json& j, const std::string& source) {
   p.fill_huge_gbps = number(j, "fill_huge_gbps", source, false, 0);
   p.fill_huge_warm_gbps = number(j, "fill_huge_warm_gbps", source, false, 0);
   const double fill_threads = number(j, "fill_huge_threads", source, false, 1);
-  if (!(fill_threads >= 1 && fill_threads <= 4096))
-    bad(source, "'fill_huge_threads' must be between 1 and 4096");
+  if (!(fill_threads >= 1 && fill_threads <= 4096) || fill_threads != std::floor(fill_threads))
+    bad(source, "'fill_huge_threads' must be a whole number between 1 and 4096");
   p.fill_huge_threads = static_cast<unsigned>(fill_threads);
   p.memcpy_gbps = number(j, "memcpy_gbps", source);
   p.zstd_compress_gbps = number(j, "zstd_compress_gbps", source);

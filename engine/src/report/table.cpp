@@ -77,9 +77,10 @@ std::string render_path(const PathCeilings& p) {
                 fmt_gbps(p.disk_write_gbps).c_str(), fmt_gbps(p.disk_read_gbps).c_str());
   o << b;
   std::snprintf(b, sizeof b,
-                "  %-21s %s (4 KiB pages, 1 thread), %s (huge pages, %u threads; %s rewarmed)\n",
+                "  %-21s %s (4 KiB pages, 1 thread), %s (huge pages, %u thread%s; %s rewarmed)\n",
                 "memory fill", fmt_gbps(p.fill_gbps).c_str(), fmt_gbps(p.fill_huge_gbps).c_str(),
-                p.fill_huge_threads, fmt_gbps(p.fill_huge_warm_gbps).c_str());
+                p.fill_huge_threads, p.fill_huge_threads == 1 ? "" : "s",
+                fmt_gbps(p.fill_huge_warm_gbps).c_str());
   o << b;
   o << "  " << pad("memcpy", 22) << fmt_gbps(p.memcpy_gbps) << " (one core)\n";
   std::snprintf(b, sizeof b, "  %-21s level %d: compress %s, decompress %s per core, ratio %.2f\n",
