@@ -3,6 +3,7 @@
 // carried through the report's JSON and table; and the path ceilings measured for real.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "gpuckpt/error.h"
@@ -41,6 +42,16 @@ Stage stage(const std::string& name, double seconds, std::uint64_t bytes) {
 
 constexpr std::uint64_t kGB = 1000000000;
 
+// A floor of `seconds`, bound by `bound`.
+::testing::AssertionResult is_floor(const std::optional<Floor>& f, double seconds,
+                                    const std::string& bound) {
+  if (!f) return ::testing::AssertionFailure() << "no floor";
+  if (std::abs(f->seconds - seconds) > 1e-9 || f->bound != bound)
+    return ::testing::AssertionFailure() << "floor " << f->seconds << " s (" << f->bound
+                                         << "), expected " << seconds << " s (" << bound << ")";
+  return ::testing::AssertionSuccess();
+}
+
 TEST(Floors, ADumpIsBoundByTheSlowerOfDurableWritesAndZstdOnEveryCore) {
   // 2 GB raw, 1 GB stored: 2.0 s of writes at 0.5 GB/s, 2.0 s of zstd at 2 x 0.5 GB/s.
   auto f = stage_floor(stage("compress_write", 4.0, 2 * kGB), path());
@@ -76,9 +87,7 @@ TEST(Floors, StagesWithoutBytesOrAMeasuredCeilingHaveNoFloor) {
   PathCeilings p = path();
   p.network_gbps = 0.4;
   const auto f = stage_floor(stage("target:receive", 6, 2 * kGB), p);
-  ASSERT_TRUE(f);
-  EXPECT_NEAR(f->seconds, 5.0, 1e-9);
-  EXPECT_EQ(f->bound, "network");
+  EXPECT_TRUE(is_floor(f, 5.0, "network"));
 }
 
 Timeline timeline(const std::vector<Stage>& stages) {
@@ -92,9 +101,7 @@ TEST(Floors, ARestoreIsBoundByItsSlowestOverlappingStage) {
   const Timeline t = timeline({stage("preflight", 0.1, 0), stage("read_decompress", 9, 2 * kGB),
                                stage("criu_restore_tasks", 9, 2 * kGB)});
   const auto f = transient_floor(t, path());
-  ASSERT_TRUE(f);
-  EXPECT_NEAR(f->seconds, 8.0, 1e-9);
-  EXPECT_EQ(f->bound, "memory fill");
+  EXPECT_TRUE(is_floor(f, 8.0, "memory fill"));
 }
 
 TEST(Floors, AMigrationAddsItsDumpAndItsRestoreBecauseCriuReadsInventoryLast) {
@@ -102,9 +109,7 @@ TEST(Floors, AMigrationAddsItsDumpAndItsRestoreBecauseCriuReadsInventoryLast) {
       timeline({stage("compress_write", 5, 2 * kGB), stage("read_decompress", 2, 2 * kGB),
                 stage("criu_restore_tasks", 2, 2 * kGB)});
   const auto f = transient_floor(t, path(), {.huge_pages = true});
-  ASSERT_TRUE(f);
-  EXPECT_NEAR(f->seconds, 2.0 + 0.5, 1e-9);
-  EXPECT_EQ(f->bound, "disk write + disk read");
+  EXPECT_TRUE(is_floor(f, 2.0 + 0.5, "disk write + disk read"));
   EXPECT_FALSE(transient_floor(timeline({stage("spawn", 1, 0)}), path()));
 }
 
@@ -117,14 +122,10 @@ TEST(Floors, AMigrationsNetworkOverlapsItsDumpAndRestoreSoOnlyTheLongerCounts) {
   with.push_back(stage("transfer", 9, 2 * kGB));
   with.push_back(stage("target:receive", 9, 2 * kGB));
   const auto f = transient_floor(timeline(with), p);
-  ASSERT_TRUE(f);
-  EXPECT_NEAR(f->seconds, 5.0, 1e-9);
-  EXPECT_EQ(f->bound, "network");
+  EXPECT_TRUE(is_floor(f, 5.0, "network"));
   p.network_gbps = 4.0;  // 0.5 s: the dump and the restore bound it again
   const auto g = transient_floor(timeline(with), p);
-  ASSERT_TRUE(g);
-  EXPECT_NEAR(g->seconds, 2.5, 1e-9);
-  EXPECT_EQ(g->bound, "disk write + disk read");
+  EXPECT_TRUE(is_floor(g, 2.5, "disk write + disk read"));
 }
 
 TEST(Floors, ARestoresOverlappingStagesShareTheCoresSoTheirCpuWorkAdds) {
@@ -136,20 +137,14 @@ TEST(Floors, ARestoresOverlappingStagesShareTheCoresSoTheirCpuWorkAdds) {
   const Timeline t =
       timeline({stage("read_decompress", 3, 2 * kGB), stage("criu_restore_tasks", 3, 2 * kGB)});
   auto f = transient_floor(t, p, {.huge_pages = true});
-  ASSERT_TRUE(f);
-  EXPECT_NEAR(f->seconds, 2.35, 1e-9);
-  EXPECT_EQ(f->bound, "CPU (zstd + fill + memcpy on 2 cores)");
+  EXPECT_TRUE(is_floor(f, 2.35, "CPU (zstd + fill + memcpy on 2 cores)"));
   // The fill and the copy of one stage share them too.
   const auto s = stage_floor(stage("criu_restore_tasks", 3, 2 * kGB), p, {.huge_pages = true});
-  ASSERT_TRUE(s);
-  EXPECT_NEAR(s->seconds, 2.1, 1e-9);
-  EXPECT_EQ(s->bound, "CPU (fill + memcpy on 2 cores)");
+  EXPECT_TRUE(is_floor(s, 2.1, "CPU (fill + memcpy on 2 cores)"));
   // On 8 cores the work spreads: the fill's own ceiling bounds it again.
   p.cores = 8;
   f = transient_floor(t, p, {.huge_pages = true});
-  ASSERT_TRUE(f);
-  EXPECT_NEAR(f->seconds, 2.0, 1e-9);
-  EXPECT_EQ(f->bound, "memory fill (huge pages)");
+  EXPECT_TRUE(is_floor(f, 2.0, "memory fill (huge pages)"));
 }
 
 TEST(Floors, ADumpCountsCriusNestedStagesAsOneCopyInItsCpuWork) {
@@ -165,9 +160,7 @@ TEST(Floors, ADumpCountsCriusNestedStagesAsOneCopyInItsCpuWork) {
       timeline({stage("criu_dump", 3, 2 * kGB), stage("criu_memdump", 3, 2 * kGB),
                 stage("criu_memwrite", 2, 2 * kGB), stage("compress_write", 3, 2 * kGB)});
   const auto f = transient_floor(t, p);
-  ASSERT_TRUE(f);
-  EXPECT_NEAR(f->seconds, 1.25, 1e-9);
-  EXPECT_EQ(f->bound, "CPU (zstd + memcpy on 2 cores)");
+  EXPECT_TRUE(is_floor(f, 1.25, "CPU (zstd + memcpy on 2 cores)"));
 }
 
 TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
