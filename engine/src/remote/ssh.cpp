@@ -395,6 +395,27 @@ std::uint64_t StreamSender::finish(const fs::path& dir, const ProgressFn& progre
   return st.sent;
 }
 
+namespace {
+
+// The receiver fails the stream rather than fill the disk of a node that runs other services:
+// it leaves 2% of the spool's filesystem free, at most 1 GiB. Before the manifest it cannot know
+// the checkpoint's size, so it checks each piece; once the manifest is in, all that is to come.
+void check_room(const fs::path& dir, std::uint64_t more) {
+  std::error_code ec;
+  const fs::space_info sp = fs::space(dir, ec);
+  if (ec) return;  // cannot tell: the writes will say
+  const std::uint64_t reserve = std::min<std::uint64_t>(1ull << 30, sp.capacity / 50);
+  if (sp.available >= reserve && sp.available - reserve >= more) return;
+  auto mib = [](std::uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
+  throw Error(Errc::kIo, "the spool's filesystem (" + dir.string() + ") has " + mib(sp.available) +
+                             " free; the checkpoint stream needs " + mib(more) +
+                             " more there, and gpuckpt leaves " + mib(reserve) +
+                             " free for the rest of the host: free space there or choose another "
+                             "--spool");
+}
+
+}  // namespace
+
 struct StreamReceiver::Blob {
   UniqueFd fd;
   image::IntervalSet got;  // written; before the manifest, always [0, n) (pieces in order)
@@ -448,6 +469,9 @@ StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir)
   }
   if (order_.size() != blobs_.size())
     throw Error(Errc::kCorrupt, "checkpoint stream: a blob came that its manifest does not list");
+  std::uint64_t to_come = 0;
+  for (const Blob* b : order_) to_come += b->size - b->end();  // pieces so far: [0, end)
+  check_room(dir_, to_come);
   arrival_ = std::make_unique<image::BlobArrival>(order_.size());
   for (std::size_t i = 0; i < order_.size(); ++i)
     for (const auto& [begin, end] : order_[i]->got.intervals()) arrival_->add(i, begin, end);
@@ -477,6 +501,7 @@ void StreamReceiver::piece(const std::string& name, std::uint64_t offset, std::u
   if ((!arrival_ && offset != b.end()) || (arrival_ && offset + size > b.size) ||
       b.got.overlaps(offset, offset + size))
     throw Error(Errc::kCorrupt, "checkpoint stream: a piece of '" + name + "' out of place");
+  if (!arrival_) check_room(dir_, size);  // after the manifest, checked for the whole at once
   copy_into(fd_, b.fd.get(), offset, size, name, buf_, cancel_.fd());
   b.got.add(offset, offset + size);
   received_ += size;

@@ -98,8 +98,8 @@ class StreamReceiver {
  public:
   // Reads up to and including the manifest, writing the pieces before it; checks the seal and
   // manifest (load_manifest), that every piece so far belongs to a blob it lists, and gives
-  // every blob its full size. Error(kIo) on a stream cut short, Error(kCorrupt) on a malformed
-  // one.
+  // every blob its full size. Error(kIo) on a stream cut short, or one that would leave its
+  // filesystem with less than 2% (at most 1 GiB) free; Error(kCorrupt) on a malformed one.
   StreamReceiver(int fd, const std::filesystem::path& dir);
   ~StreamReceiver();  // waits for the thread
   StreamReceiver(const StreamReceiver&) = delete;
