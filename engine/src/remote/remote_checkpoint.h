@@ -141,8 +141,8 @@ class Download {
   Download& operator=(const Download&) = delete;
   void start();
   const image::BlobArrival& arrival() const { return *arrival_; }
-  // Stops taking more ranges: a restore that failed needs no more bytes.
-  // Stops the ranges in flight too (within about a second), not only the ones not begun.
+  // Stops taking more ranges, and those in flight within about a second: a restore that failed
+  // needs no more bytes.
   void cancel() { cancelled_ = true; }
   // Waits for the last range; rethrows the first error.
   TransferStats join();

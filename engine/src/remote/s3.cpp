@@ -238,9 +238,12 @@ S3Client::Response S3Client::perform(Request& r) const {
   const std::string target = url(r.bucket, r.key, r.query);
   const std::string sigv4 = "aws:amz:" + c_.region + ":s3";
   const std::string userpwd = c_.access_key + ":" + c_.secret_key;
-  for (int attempt = 1;; ++attempt) {
+  auto stop_if_cancelled = [&] {
     if (r.cancel && r.cancel->load())
       throw Error(Errc::kIo, std::string(r.method) + " " + where + ": cancelled");
+  };
+  for (int attempt = 1;; ++attempt) {
+    stop_if_cancelled();
     std::unique_ptr<CURL, CurlDeleter> h(curl_easy_init());
     if (!h) throw Error(Errc::kInternal, "curl_easy_init failed");
     CURL* e = h.get();
@@ -384,8 +387,7 @@ S3Client::Response S3Client::perform(Request& r) const {
       resp.content_length = length;
     const bool retryable =
         rc != CURLE_OK ? r.write_error.empty() : (status >= 500 || status == 429 || status == 408);
-    if (retryable && r.cancel && r.cancel->load())  // no back-off before saying so
-      throw Error(Errc::kIo, std::string(r.method) + " " + where + ": cancelled");
+    if (retryable) stop_if_cancelled();  // no back-off before saying so
     if (retryable && attempt < kAttempts) {
       std::this_thread::sleep_for(std::chrono::milliseconds(200 << attempt));  // back off
       continue;

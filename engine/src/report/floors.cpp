@@ -33,13 +33,20 @@ Side side_of(const std::string& name) {
   return Side::kNone;
 }
 
+// Seconds for `bytes` at `gbps`; 0 when either is (a ceiling not measured).
+double cost(double bytes, double gbps) {
+  return gbps > 0 && bytes > 0 ? bytes / (gbps * 1e9) : 0;
+}
+
+// CRIU's dump stages nest (criu_memwrite within criu_memdump within criu_dump): one copy.
+bool is_criu_dump(const std::string& n) {
+  return n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite";
+}
+
 // The larger of candidate floors; a ceiling of 0 (not measured) gives none.
 struct Slowest {
   std::optional<Floor> f;
-  void add(double bytes, double gbps, const char* bound) {
-    if (!(gbps > 0) || !(bytes > 0)) return;
-    add_seconds(bytes / (gbps * 1e9), bound);
-  }
+  void add(double bytes, double gbps, const char* bound) { add_seconds(cost(bytes, gbps), bound); }
   void add_seconds(double s, const std::string& bound) {
     if (s > 0 && (!f || s > f->seconds)) f = Floor{s, bound};
   }
@@ -60,15 +67,11 @@ struct CpuWork {
   }
 };
 
-double cost(double bytes, double gbps) {
-  return gbps > 0 && bytes > 0 ? bytes / (gbps * 1e9) : 0;
-}
-
 CpuWork cpu_work(const std::string& n, double raw, const PathCeilings& p, const FloorContext& c) {
   CpuWork w;
   if (n == "compress_write") {
     w.zstd = cost(raw, p.zstd_compress_gbps);
-  } else if (n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite") {
+  } else if (is_criu_dump(n)) {
     w.memcpy = cost(raw, p.memcpy_gbps);
   } else if (n == "read_decompress") {
     w.zstd = cost(raw, p.zstd_decompress_gbps);
@@ -109,7 +112,7 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
   if (n == "compress_write") {
     w.add(raw / ratio, p.disk_write_gbps, "disk write");
     w.add(raw, p.zstd_compress_gbps * cores, "zstd");
-  } else if (n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite") {
+  } else if (is_criu_dump(n)) {
     w.add(raw, p.memcpy_gbps, "memcpy");
   } else if (n == "read_decompress") {
     w.add(raw / ratio, p.disk_read_gbps, "disk read");
@@ -137,8 +140,8 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
 std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
                                      const FloorContext& c) {
   std::optional<Floor> dump, restore, network;
-  // The stages of one side overlap, and so share the cores: their CPU work adds. CRIU's dump
-  // stages nest (criu_memwrite within criu_memdump within criu_dump): one copy, counted once.
+  // The stages of one side overlap, and so share the cores: their CPU work adds; CRIU's nested
+  // dump stages are one copy, counted once.
   CpuWork dump_cpu, restore_cpu;
   double criu_copy = 0;
   for (const auto& s : t.stages()) {
@@ -146,7 +149,7 @@ std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
     const Side side = side_of(n);
     if (side == Side::kNone) continue;
     const CpuWork w = cpu_work(n, static_cast<double>(s.bytes), p, c);
-    if (n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite")
+    if (is_criu_dump(n))
       criu_copy = std::max(criu_copy, w.memcpy);
     else if (side == Side::kDump)
       dump_cpu += w;
