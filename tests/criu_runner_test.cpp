@@ -144,6 +144,24 @@ TEST(CriuStats, TheFillOfEveryRestoredProcessIsReadFromTheLogAndACutLineIsNoFigu
       criu::parse_fill_stats("(inf)  1: thp-fill: 1 populate threads over 2 chunks\n"
                              "(inf)  1: thp-fill: populate threads faulted in 42 bytes "
                              "in 1.000 s\n"));
+  // A negative or oversized byte count, text after the seconds, or one process of the tree
+  // whose fill never ended: the total would be wrong, so there is none.
+  const std::string start = "(00.1)  1: thp-fill: 1 populate threads over 2 chunks\n";
+  for (const char* done : {"faulted in -1 bytes in 1.000 s",
+                           "faulted in 99999999999999999999 "
+                           "bytes in 1.000 s",
+                           "faulted in 42 bytes in 1.000 s and more"})
+    EXPECT_FALSE(criu::parse_fill_stats(start + "(08.5)  1: thp-fill: populate threads " + done))
+        << done;
+  EXPECT_FALSE(criu::parse_fill_stats(
+      start + "(00.2)  2: thp-fill: 1 populate threads over 2 chunks\n" +
+      "(08.5)  1: thp-fill: populate threads faulted in 42 bytes in 1.000 s\n"));
+  // Helpers that did not start ("0 populate threads") log no end, and the others still count.
+  const auto one = criu::parse_fill_stats(
+      start + "(00.2)  2: thp-fill: 0 populate threads over 2 chunks\n" +
+      "(08.5)  1: thp-fill: populate threads faulted in 42 bytes in 1.000 s\n");
+  ASSERT_TRUE(one);
+  EXPECT_EQ(one->bytes, 42u);
   EXPECT_FALSE(criu::read_fill_stats("/nonexistent/restore.log"));
 }
 

@@ -421,4 +421,45 @@ TEST_F(StreamPack, AStreamThatWouldFillTheTargetsDiskStopsBeforeItDoes) {
   }
 }
 
+TEST_F(StreamPack, TwoStreamsIntoOneSpoolCannotBothCountOnItsLastSpace) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  std::uintmax_t total = 0;
+  for (std::size_t b = 0; fs::exists(ckpt / image::blob_name(b)); ++b)
+    total += fs::file_size(ckpt / image::blob_name(b));
+  // Room for one checkpoint and the reserve, not for two.
+  const fs::path spool = dir_.path() / "spool";
+  fs::create_directory(spool);
+  const std::string size = "size=" + std::to_string((total + total / 2) >> 10) + "k";
+  if (::mount("tmpfs", spool.c_str(), "tmpfs", 0, size.c_str()) != 0)
+    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+  struct Unmount {
+    fs::path p;
+    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
+  } unmount{spool};
+  auto manifest_only = [&](const std::string& name) {
+    HandStream h(dir_.path() / (name + ".stream"));
+    h.file("manifest.seal", read_file(ckpt / "manifest.seal"))
+        .file("manifest.json", read_file(ckpt / "manifest.json"));
+    fs::create_directory(spool / name);
+    return h;
+  };
+  // The first migration has its manifest in and its blobs still to come.
+  HandStream first = manifest_only("first");
+  UniqueFd first_fd = first.open();
+  remote::StreamReceiver rx(first_fd.get(), spool / "first");
+  EXPECT_GE(fs::space(spool).capacity - fs::space(spool).available, total)
+      << "the first stream's blobs are not yet written, but their space must be taken";
+  HandStream second = manifest_only("second");
+  UniqueFd second_fd = second.open();
+  try {
+    remote::StreamReceiver rx2(second_fd.get(), spool / "second");
+    ADD_FAILURE() << "the second stream was accepted into the space the first one needs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kIo) << e.what();
+    EXPECT_NE(std::string(e.what()).find("free for the rest of the host"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace

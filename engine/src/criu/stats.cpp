@@ -1,9 +1,12 @@
 #include "criu/stats.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <map>
+#include <set>
 
 #include "gpuckpt/error.h"
 #include "util/fs.h"
@@ -176,12 +179,26 @@ std::optional<FillStats> parse_fill_stats(std::string_view log) {
   //   "(00.090462)  22326: thp-fill: 1 populate threads over 512 chunks"
   // and, once its read is done (later than the fill's end when the read is the slower),
   //   "(08.550629)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.453 s"
-  // so a fill runs from the first line's time for the second line's seconds.
+  // so a fill runs from the first line's time for the second line's seconds. A process whose
+  // helpers did not start logs "0 populate threads" and no end.
   static constexpr std::string_view kMark = "thp-fill: ";
-  static constexpr std::string_view kStart = "populate threads over ";
+  static constexpr std::string_view kStart = " populate threads over ";
   static constexpr std::string_view kDone = "populate threads faulted in ";
   constexpr double kMaxSeconds = 1e7;  // CRIU's log clock never gets there: a garbled number
+  // from_chars, unlike %llu, refuses a sign and a number that does not fit.
+  auto number = [](std::string_view& v, auto& out) {
+    const auto r = std::from_chars(v.data(), v.data() + v.size(), out);
+    if (r.ec != std::errc()) return false;
+    v.remove_prefix(static_cast<std::size_t>(r.ptr - v.data()));
+    return true;
+  };
+  auto word = [](std::string_view& v, std::string_view w) {
+    if (!v.starts_with(w)) return false;
+    v.remove_prefix(w.size());
+    return true;
+  };
   std::map<int, double> started;
+  std::set<int> ended;
   std::optional<FillStats> f;
   for (std::size_t at = log.find(kMark); at != std::string_view::npos;
        at = log.find(kMark, at + 1)) {
@@ -189,32 +206,35 @@ std::optional<FillStats> parse_fill_stats(std::string_view log) {
     const std::size_t begin = line == std::string_view::npos ? 0 : line + 1;
     const std::size_t eol = std::min(log.find('\n', at), log.size());
     const std::string head(log.substr(begin, at - begin));
-    const std::string_view rest = log.substr(at + kMark.size(), eol - at - kMark.size());
+    std::string_view rest = log.substr(at + kMark.size(), eol - at - kMark.size());
     double t = 0;
     int pid = 0;
     if (std::sscanf(head.c_str(), "(%lf) %d:", &t, &pid) != 2 || !(t >= 0 && t < kMaxSeconds))
       continue;
-    if (rest.find(kStart) != std::string_view::npos) {
-      started[pid] = t;
+    unsigned threads = 0;
+    if (std::string_view r = rest; number(r, threads) && word(r, kStart)) {
+      if (threads > 0) started[pid] = t;
       continue;
     }
-    if (!rest.starts_with(kDone)) continue;
-    const std::string tail(rest.substr(kDone.size()));
+    if (!word(rest, kDone)) continue;
     double seconds = 0;
-    unsigned long long bytes = 0;
-    int used = 0;
+    std::uint64_t bytes = 0;
     const auto s = started.find(pid);
     // A line cut short, another format, or no start seen: no figure rather than a wrong one.
-    if (s == started.end() ||
-        std::sscanf(tail.c_str(), "%llu bytes in %lf s%n", &bytes, &seconds, &used) != 2 ||
-        used == 0 || !(seconds >= 0 && seconds < kMaxSeconds))
-      continue;
+    if (s == started.end() || !number(rest, bytes) || !word(rest, " bytes in ") ||
+        !number(rest, seconds) || rest != " s" || !(seconds >= 0 && seconds < kMaxSeconds))
+      return std::nullopt;
+    ended.insert(pid);
     const double start = s->second, end = start + seconds;
     if (!f) f = FillStats{0, start, end};
+    if (bytes > std::numeric_limits<std::uint64_t>::max() - f->bytes) return std::nullopt;
     f->bytes += bytes;
     f->start_s = std::min(f->start_s, start);
     f->end_s = std::max(f->end_s, end);
   }
+  // A process whose fill started and never ended: the total would leave it out.
+  for (const auto& [pid, t] : started)
+    if (!ended.contains(pid)) return std::nullopt;
   return f;
 }
 
@@ -224,7 +244,7 @@ std::optional<FillStats> read_fill_stats(const fs::path& restore_log) {
     auto data = read_if_exists(restore_log);
     if (!data) return std::nullopt;
     return parse_fill_stats(*data);
-  } catch (const Error&) {
+  } catch (const std::exception&) {
     return std::nullopt;
   }
 }

@@ -213,7 +213,24 @@ struct S3Client::Request {
   // Transfer state of one attempt.
   std::uint64_t sent = 0, received = 0;
   std::string write_error;
+  bool callback_threw = false;
 };
+
+namespace {
+
+// libcurl's callbacks run inside its C frames, which an exception must not cross. A callback
+// that throws (an allocation failing) fails its transfer as if it had returned `failed`.
+template <class R, class F>
+R in_callback(bool& threw, R failed, F&& body) noexcept {
+  try {
+    return body();
+  } catch (...) {
+    threw = true;
+    return failed;
+  }
+}
+
+}  // namespace
 
 S3Client::S3Client(S3Config c) : c_(std::move(c)) {
   global_init();
@@ -250,6 +267,7 @@ S3Client::Response S3Client::perform(Request& r) const {
     Response resp;
     r.sent = r.received = 0;
     r.write_error.clear();
+    r.callback_threw = false;
     struct Ctx {
       Request* r;
       Response* resp;
@@ -319,37 +337,39 @@ S3Client::Response S3Client::perform(Request& r) const {
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs.get());
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &ctx);
     curl_easy_setopt(
-        e, CURLOPT_WRITEFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) -> size_t {
+        e, CURLOPT_WRITEFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) noexcept -> size_t {
           auto* c = static_cast<Ctx*>(p);
           Request& q = *c->r;
-          const std::size_t len = sz * n;
-          // Error answers always go to memory, to be reported.
-          if (q.out_fd >= 0 && c->resp->status / 100 == 2) {
-            if (q.received + len > q.out_len) {
-              q.write_error = "the server sent more bytes than the range asked for";
-              return 0;
-            }
-            std::size_t off = 0;
-            while (off < len) {
-              const ssize_t w = ::pwrite(q.out_fd, buf + off, len - off,
-                                         static_cast<off_t>(q.out_offset + q.received + off));
-              if (w < 0 && errno == EINTR) continue;
-              if (w <= 0) {
-                q.write_error = std::string("write: ") + std::strerror(errno);
+          return in_callback(q.callback_threw, size_t{0}, [&]() -> size_t {
+            const std::size_t len = sz * n;
+            // Error answers always go to memory, to be reported.
+            if (q.out_fd >= 0 && c->resp->status / 100 == 2) {
+              if (q.received + len > q.out_len) {
+                q.write_error = "the server sent more bytes than the range asked for";
                 return 0;
               }
-              off += static_cast<std::size_t>(w);
+              std::size_t off = 0;
+              while (off < len) {
+                const ssize_t w = ::pwrite(q.out_fd, buf + off, len - off,
+                                           static_cast<off_t>(q.out_offset + q.received + off));
+                if (w < 0 && errno == EINTR) continue;
+                if (w <= 0) {
+                  q.write_error = std::string("write: ") + std::strerror(errno);
+                  return 0;
+                }
+                off += static_cast<std::size_t>(w);
+              }
+              q.received += len;
+              return len;
             }
+            if (c->resp->body.size() + len > q.max_body) {
+              q.write_error = "the answer is larger than " + std::to_string(q.max_body) + " bytes";
+              return 0;
+            }
+            c->resp->body.append(buf, len);
             q.received += len;
             return len;
-          }
-          if (c->resp->body.size() + len > q.max_body) {
-            q.write_error = "the answer is larger than " + std::to_string(q.max_body) + " bytes";
-            return 0;
-          }
-          c->resp->body.append(buf, len);
-          q.received += len;
-          return len;
+          });
         });
     if (r.cancel) {
       // libcurl calls this at least once a second, data or not: a stalled range stops too.
@@ -357,28 +377,34 @@ S3Client::Response S3Client::perform(Request& r) const {
       curl_easy_setopt(e, CURLOPT_XFERINFODATA, &ctx);
       curl_easy_setopt(
           e, CURLOPT_XFERINFOFUNCTION,
-          +[](void* p, curl_off_t, curl_off_t, curl_off_t, curl_off_t) -> int {
+          +[](void* p, curl_off_t, curl_off_t, curl_off_t, curl_off_t) noexcept -> int {
             Request& q = *static_cast<Ctx*>(p)->r;
-            if (!q.cancel->load()) return 0;
-            q.write_error = "cancelled in flight";  // not retried
-            return 1;
+            return in_callback(q.callback_threw, 1, [&] {
+              if (!q.cancel->load()) return 0;
+              q.write_error = "cancelled in flight";  // not retried
+              return 1;
+            });
           });
     }
     curl_easy_setopt(e, CURLOPT_HEADERDATA, &ctx);
     curl_easy_setopt(
-        e, CURLOPT_HEADERFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) -> size_t {
+        e, CURLOPT_HEADERFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) noexcept -> size_t {
           auto* c = static_cast<Ctx*>(p);
-          std::string_view line(buf, sz * n);
-          if (line.starts_with("HTTP/")) {  // a new status line (after 100 or a redirect)
-            const auto sp = line.find(' ');
-            c->resp->status = sp == std::string_view::npos ? 0 : std::atol(line.data() + sp + 1);
-          } else if (line.size() > 5 && ::strncasecmp(line.data(), "etag:", 5) == 0) {
-            c->resp->etag = trim(std::string(line.substr(5)));  // header names: any case
-          }
-          return sz * n;
+          return in_callback(c->r->callback_threw, size_t{0}, [&]() -> size_t {
+            std::string_view line(buf, sz * n);
+            if (line.starts_with("HTTP/")) {  // a new status line (after 100 or a redirect)
+              const auto sp = line.find(' ');
+              c->resp->status = sp == std::string_view::npos ? 0 : std::atol(line.data() + sp + 1);
+            } else if (line.size() > 5 && ::strncasecmp(line.data(), "etag:", 5) == 0) {
+              c->resp->etag = trim(std::string(line.substr(5)));  // header names: any case
+            }
+            return sz * n;
+          });
         });
 
     const CURLcode rc = curl_easy_perform(e);
+    if (r.callback_threw && r.write_error.empty())
+      r.write_error = "out of memory in a transfer callback";  // not retried
     long status = 0;
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
     resp.status = status;

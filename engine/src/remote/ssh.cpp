@@ -444,6 +444,7 @@ StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir)
       throw Error(Errc::kCorrupt, "checkpoint stream: unexpected file '" + h.name + "'");
     if (h.size > image::kMaxManifestBytes)
       throw Error(Errc::kCorrupt, "checkpoint stream: " + h.name + " is too large");
+    check_room(dir, h.size);
     UniqueFd out = create_file(dir / h.name);
     copy_into(fd, out.get(), 0, h.size, h.name, buf_);
     received_ += h.size;
@@ -453,6 +454,9 @@ StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir)
   const image::Manifest m = image::load_manifest(dir);  // the seal before anything else
   for (std::size_t i = 0; i < m.blobs.size(); ++i) {
     auto& b = blobs_[m.blobs[i].name];
+    if (m.blobs[i].size > kMaxFile)
+      throw Error(Errc::kCorrupt, "checkpoint stream: blob '" + m.blobs[i].name +
+                                      "' is larger than a stream carries");
     if (!b) {
       b = std::make_unique<Blob>();
       b->fd = create_file(dir / m.blobs[i].name);
@@ -472,6 +476,17 @@ StreamReceiver::StreamReceiver(int fd, const fs::path& dir) : fd_(fd), dir_(dir)
   std::uint64_t to_come = 0;
   for (const Blob* b : order_) to_come += b->size - b->end();  // pieces so far: [0, end)
   check_room(dir_, to_come);
+  // The check alone holds for one writer only: the space is taken now, so that a second
+  // migration into this spool, or any other writer, fails here instead of filling the disk.
+  for (std::size_t i = 0; i < order_.size(); ++i) {
+    const Blob& b = *order_[i];
+    if (b.size == b.end()) continue;
+    if (::fallocate(b.fd.get(), 0, static_cast<off_t>(b.end()),
+                    static_cast<off_t>(b.size - b.end())) != 0 &&
+        errno != EOPNOTSUPP)  // a filesystem without it: the check above is what holds
+      throw_errno(Errc::kIo, "reserve ", (b.size - b.end()) >> 20, " MiB in the spool for ",
+                  dir_ / m.blobs[i].name);
+  }
   arrival_ = std::make_unique<image::BlobArrival>(order_.size());
   for (std::size_t i = 0; i < order_.size(); ++i)
     for (const auto& [begin, end] : order_[i]->got.intervals()) arrival_->add(i, begin, end);
