@@ -14,11 +14,13 @@
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
 #include "gpuckpt/error.h"
+#include "process/guard.h"
 #include "process/pidns.h"
 #include "process/proc_info.h"
 #include "process/record.h"
 #include "process/stages.h"
 #include "test_support.h"
+#include "util/subprocess.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -214,4 +216,44 @@ TEST(Stages, PluginHooksLandExactlyAndCriuStatsInsideTheCriuRun) {
   process::add_dump_stages(bare, run, 1, std::nullopt, std::nullopt);
   ASSERT_EQ(bare.stages().size(), 1u);
   EXPECT_EQ(bare.stages()[0].name, "criu_dump");
+}
+
+TEST(Spawn, AChildWhoseBeforeExecHookThrowsRunsNothing) {
+  auto dir = test::scratch_dir();
+  const fs::path ran = dir.path() / "ran";
+  const std::vector<std::string> argv{"sh", "-c", "touch " + ran.string()};
+  SpawnOptions so;
+  pid_t seen = 0;
+  so.before_exec = [&](pid_t pid) {
+    seen = pid;
+    throw Error(Errc::kProcess, "not now");
+  };
+  EXPECT_THROW(spawn(argv, so), Error);
+  EXPECT_GT(seen, 0);
+  EXPECT_FALSE(fs::exists(ran)) << "the child ran although its hook refused";
+  EXPECT_NE(::kill(seen, 0), 0) << "the refused child was not reaped";
+
+  // A hook that returns lets it run, and saw its pid first.
+  so.before_exec = [&](pid_t pid) { seen = pid; };
+  Child c = spawn(argv, so);
+  EXPECT_EQ(seen, c.pid());
+  EXPECT_TRUE(c.wait().ok());
+  EXPECT_TRUE(fs::exists(ran));
+}
+
+TEST(Guard, AfterAnInterruptNothingMoreIsProtectedOrStarted) {
+  // The interrupt thread aborts the guard while the operation goes on: the operation's next
+  // step (protect a tree, start criu) must fail, not run unguarded (a criu started then would
+  // freeze the service after the guard had recovered, and leave it stopped).
+  process::Guard g("dump");
+  EXPECT_NE(g.abort().find("nothing"), std::string::npos);
+  EXPECT_FALSE(g.armed());
+  EXPECT_THROW(g.protect(::getpid()), Error);
+  auto dir = test::scratch_dir();
+  const fs::path ran = dir.path() / "criu-ran";
+  SpawnOptions so;
+  so.before_exec = [&](pid_t pid) { g.criu_started(pid); };
+  EXPECT_THROW(spawn({"sh", "-c", "touch " + ran.string()}, so), Error);
+  EXPECT_FALSE(fs::exists(ran));
+  g.disarm();  // after an abort: nothing to do, and no throw
 }

@@ -56,10 +56,11 @@ std::string tail_of(const fs::path& file, std::size_t max_lines) {
 // Runs argv with stdout and stderr appended to `out_file`, killing it past `timeout`.
 ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_file,
                       const std::vector<std::string>& env, std::chrono::seconds timeout,
-                      const std::string& what,
-                      const std::function<void(pid_t)>& on_start = nullptr) {
+                      const std::string& what, const std::function<void(pid_t)>& on_start = nullptr,
+                      const std::function<void(pid_t)>& before_start = nullptr) {
   SpawnOptions so;
   so.env = env;
+  so.before_exec = before_start;
   so.stdout_file = out_file;
   so.stderr_file = out_file;
   // A Ctrl-C to gpuckpt's process group must not interrupt criu behind the guard's back: the
@@ -249,13 +250,14 @@ namespace {
 
 Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs::path& log,
            const std::vector<std::string>& env, std::chrono::seconds timeout,
-           const std::function<void(pid_t)>& on_start) {
+           const std::function<void(pid_t)>& on_start,
+           const std::function<void(pid_t)>& before_start) {
   Run r{argv, log, {}, {}};
   const fs::path out = log.parent_path() / ("criu-" + op + ".out");
   r.start = std::chrono::steady_clock::now();
   ExitStatus st;
   try {
-    st = run_logged(argv, out, env, timeout, "criu " + op, on_start);
+    st = run_logged(argv, out, env, timeout, "criu " + op, on_start, before_start);
   } catch (const Error& e) {
     if (e.code() != Errc::kTimeout) throw;
     const fs::path kept = preserve_log(log, "criu-" + op);
@@ -277,13 +279,14 @@ Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs
 
 Run dump(const Installation& inst, const DumpArgs& a) {
   const fs::path log = a.images_dir / "dump.log";
-  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout, a.on_start);
+  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout, a.on_start, a.before_start);
 }
 
 Run restore(const Installation& inst, const RestoreArgs& a) {
   // The log goes beside the pidfile, outside the images (which CRIU only reads).
   const fs::path log = a.pidfile.parent_path() / "restore.log";
-  return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout, a.on_start);
+  return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout, a.on_start,
+                a.before_start);
 }
 
 std::vector<std::string> tcp_args(bool established) {

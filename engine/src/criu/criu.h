@@ -56,7 +56,10 @@ struct DumpArgs {
   // criu --stream: the images go to gpuckpt's DumpStreamer (criu/streamer.h) listening in
   // images_dir, not into files there.
   bool stream = false;
-  std::function<void(pid_t)> on_start;  // called with criu's pid once it runs (the guard)
+  // Called with criu's pid before it runs (criu runs only once this returns, never if it
+  // throws): the guard must know criu before criu can freeze anything.
+  std::function<void(pid_t)> before_start;
+  std::function<void(pid_t)> on_start;  // called with criu's pid once it runs
 };
 
 struct RestoreArgs {
@@ -67,6 +70,7 @@ struct RestoreArgs {
   std::vector<std::string> extra_args;
   std::vector<std::string> env;
   std::chrono::seconds timeout{1800};
+  std::function<void(pid_t)> before_start;  // as in DumpArgs
   std::function<void(pid_t)> on_start;
 };
 

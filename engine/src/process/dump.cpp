@@ -51,6 +51,10 @@ void preflight_output(const DumpOptions& o) {
   const fs::path parent = o.output.parent_path().empty() ? "." : o.output.parent_path();
   if (!fs::is_directory(parent, ec))
     throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
+  // A read-only or forbidden directory would fail only after the freeze.
+  if (::access(parent.c_str(), W_OK) != 0)
+    throw_errno(Errc::kIo, "the output directory ", parent,
+                " cannot be written (nothing was frozen)");
   if (!fs::is_directory(o.staging_root, ec))
     throw Error(Errc::kInvalidInput,
                 "staging directory " + o.staging_root.string() + " does not exist");
@@ -228,10 +232,8 @@ void build_criu_args(DumpState& d) {
   // CRIU's --timeout bounds the freezing stage, which includes the plugin's CUDA lock.
   a.freeze_timeout =
       std::chrono::duration_cast<std::chrono::seconds>(o.lock_timeout) + std::chrono::seconds(10);
-  a.on_start = [&guard = d.guard](pid_t criu_pid) {
-    guard.criu_started(criu_pid);
-    fault_point("criu_dump");
-  };
+  a.before_start = [&guard = d.guard](pid_t criu_pid) { guard.criu_started(criu_pid); };
+  a.on_start = [](pid_t) { fault_point("criu_dump"); };
   d.report_path = d.images / criu::kDumpReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + d.report_path.string(),
            std::string(criu::kEnvFinalState) + "=" + (o.leave_running ? "running" : "stopped"),

@@ -113,6 +113,16 @@ Guard::~Guard() {
 }
 
 void Guard::send(const json& msg) {
+  std::lock_guard lk(mu_);
+  // After an abort (an interrupt) the guard has recovered and is gone: what the operation
+  // would do next (protect, start criu) must not happen unguarded.
+  if (aborted_)
+    throw Error(Errc::kProcess,
+                "the operation was interrupted: its guard has recovered, so nothing more starts");
+  send_locked(msg);
+}
+
+void Guard::send_locked(const json& msg) {
   if (finished_) return;
   const std::string line = msg.dump() + "\n";
   if (const int err = write_fully(to_guard_.get(), line.data(), line.size()))
@@ -161,9 +171,13 @@ void Guard::renames_done() {
 }
 
 std::string Guard::abort(std::chrono::milliseconds timeout) {
-  if (finished_ || !child_.running()) return {};
-  send({{"op", "abort"}});
-  finished_ = true;
+  {
+    std::lock_guard lk(mu_);
+    if (finished_ || !child_.running()) return {};
+    aborted_ = true;
+    send_locked({{"op", "abort"}});
+    finished_ = true;
+  }
   std::string summary = read_line(from_guard_.get(), timeout);
   child_.wait_for(std::chrono::seconds(10));
   if (summary.empty())
@@ -173,9 +187,12 @@ std::string Guard::abort(std::chrono::milliseconds timeout) {
 }
 
 void Guard::disarm() {
-  if (finished_ || !child_.running()) return;
-  send({{"op", "done"}});
-  finished_ = true;
+  {
+    std::lock_guard lk(mu_);
+    if (finished_ || !child_.running()) return;
+    send_locked({{"op", "done"}});
+    finished_ = true;
+  }
   child_.wait_for(std::chrono::seconds(10));
 }
 

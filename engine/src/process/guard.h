@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -77,15 +78,23 @@ class Guard {
   std::string abort(std::chrono::milliseconds timeout = std::chrono::seconds(120));
   // The operation finished as planned: the guard exits without touching anything.
   void disarm();
-  bool armed() const { return child_.running() && !finished_; }
+  bool armed() const {
+    std::lock_guard lk(mu_);
+    return child_.running() && !finished_;
+  }
 
   pid_t pid() const { return child_.pid(); }
 
  private:
+  // Under mu_: an abort from the interrupt thread and a command from the operation are ordered,
+  // so that nothing is frozen (or started) after the guard has recovered.
+  void send_locked(const nlohmann::json& msg);
   void send(const nlohmann::json& msg);
+  mutable std::mutex mu_;
   Child child_;
   UniqueFd to_guard_, from_guard_;
   bool finished_ = false;
+  bool aborted_ = false;
 };
 
 // Asks every live Guard of this process to recover and waits for them (for the CLI's handler of

@@ -251,10 +251,10 @@ void build_criu_args(RestoreState& r) {
   a.extra_args = criu::tcp_args(r.rec.tcp_established == "established");
   a.extra_args.insert(a.extra_args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   a.timeout = o.criu.timeout;
-  a.on_start = [guard = r.guard](pid_t criu_pid) {
+  a.before_start = [guard = r.guard](pid_t criu_pid) {
     if (guard) guard->criu_started(criu_pid);
-    fault_point("criu_restore");
   };
+  a.on_start = [](pid_t) { fault_point("criu_restore"); };
   r.report_path = r.staging.path() / criu::kRestoreReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
            std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gpuckpt/error.h"
+#include "util/write_fully.h"
 
 namespace fs = std::filesystem;
 
@@ -107,11 +108,23 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
   if (opts.capture_stdout && ::pipe2(outpipe, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
   int errpipe[2];  // reports exec failure to the parent
   if (::pipe2(errpipe, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
+  int gate[2] = {-1, -1};  // opts.before_exec: one byte from the parent lets the child exec
+  if (opts.before_exec && ::pipe2(gate, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
 
   pid_t pid = ::fork();
   if (pid < 0) throw_errno(Errc::kInternal, "fork");
   if (pid == 0) {
     ::close(errpipe[0]);
+    if (gate[1] >= 0) {
+      // Our copy of the write end closed, EOF means the parent gave up or died: run nothing.
+      ::close(gate[1]);
+      char go = 0;
+      ssize_t g;
+      do {
+        g = ::read(gate[0], &go, 1);
+      } while (g < 0 && errno == EINTR);
+      if (g != 1) ::_exit(127);
+    }
     // gpuckpt's CLI blocks the termination signals in every thread and waits for them in one;
     // a child must start with the default mask and dispositions again.
     sigset_t none;
@@ -149,6 +162,28 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
   }
   ::close(errpipe[1]);
   if (opts.capture_stdout) ::close(outpipe[1]);
+  if (opts.before_exec) {
+    ::close(gate[0]);
+    UniqueFd go_fd(gate[1]);
+    try {
+      opts.before_exec(pid);
+    } catch (...) {
+      go_fd.reset();
+      ::waitpid(pid, nullptr, 0);
+      ::close(errpipe[0]);
+      if (opts.capture_stdout) ::close(outpipe[0]);
+      throw;
+    }
+    const char go = 1;
+    if (const int err = write_fully(go_fd.get(), &go, 1)) {
+      // The child cannot have exec'd: nothing ran.
+      go_fd.reset();
+      ::waitpid(pid, nullptr, 0);
+      ::close(errpipe[0]);
+      if (opts.capture_stdout) ::close(outpipe[0]);
+      throw_syserr(Errc::kInternal, err, "starting ", argv[0]);
+    }
+  }
   int child_err = 0;
   ssize_t n;
   do {
