@@ -93,6 +93,7 @@ int main(int argc, char** argv) {
     }
     return static_cast<int>(Errc::kUsage);
   } catch (const Error& e) {
+    cli::stop_here_if_interrupted();
     ctx.progress_done();
     if (ctx.json) {
       ctx.emit({{"ok", false},
@@ -101,9 +102,11 @@ int main(int argc, char** argv) {
     std::cerr << "gpuckpt: error: " << e.what() << "\n";
     return static_cast<int>(e.code());
   } catch (const std::exception& e) {
+    cli::stop_here_if_interrupted();
     ctx.progress_done();
     std::cerr << "gpuckpt: internal error: " << e.what() << "\n";
     return static_cast<int>(Errc::kInternal);
   }
+  cli::stop_here_if_interrupted();
   return ctx.exit_code;
 }

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <iostream>
 #include <thread>
@@ -12,6 +13,15 @@
 #include "gpuckpt/gpuckpt.h"
 
 namespace gpuckpt::cli {
+
+namespace {
+std::atomic<bool> g_interrupted{false};
+}  // namespace
+
+void stop_here_if_interrupted() {
+  if (!g_interrupted.load()) return;
+  for (;;) ::pause();
+}
 
 void install_interrupt_handler(const Context& ctx) {
   sigset_t set;
@@ -23,6 +33,7 @@ void install_interrupt_handler(const Context& ctx) {
   std::thread([set, &ctx] {
     int sig = 0;
     if (::sigwait(&set, &sig) != 0) return;
+    g_interrupted.store(true);
     const auto undone = interrupt_operations(std::chrono::seconds(120));
     std::string what;
     for (const auto& u : undone) what += (what.empty() ? "" : "; ") + u;

@@ -9,4 +9,9 @@ namespace gpuckpt::cli {
 // N in a shell). Call before any other thread starts.
 void install_interrupt_handler(const Context& ctx);
 
+// For the operation's thread on its way out: once a signal is being handled, it must not print
+// its own ending or exit under the rollback (the guards, the context): it waits here to die of
+// the signal. Returns at once otherwise.
+void stop_here_if_interrupted();
+
 }  // namespace gpuckpt::cli

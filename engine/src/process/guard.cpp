@@ -139,7 +139,10 @@ void Guard::criu_started(pid_t pid) {
   send({{"op", "criu"}, {"pid", pid}});
 }
 void Guard::criu_finished() {
-  send({{"op", "criu"}, {"pid", 0}});
+  // Nothing starts here: after an abort there is nothing to tell, and an error path that calls
+  // this must keep criu's own error.
+  std::lock_guard lk(mu_);
+  if (!aborted_) send_locked({{"op", "criu"}, {"pid", 0}});
 }
 void Guard::durable(bool end_targets) {
   send({{"op", "durable"}, {"end", end_targets}});
@@ -197,13 +200,11 @@ void Guard::disarm() {
 }
 
 std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout) {
-  std::vector<Guard*> guards;
-  {
-    std::lock_guard lk(g_guards_mu);
-    guards.assign(g_guards.begin(), g_guards.end());
-  }
+  // Held throughout: the operation's thread, which runs on and unwinds once its guard refuses
+  // it, blocks in ~Guard (erase) until the abort that uses that guard is over.
+  std::lock_guard lk(g_guards_mu);
   std::vector<std::string> out;
-  for (Guard* g : guards) {
+  for (Guard* g : g_guards) {
     try {
       out.push_back(g->abort(timeout));
     } catch (const std::exception& e) {

@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <thread>
+#include <utility>
 
 #include "gpuckpt/error.h"
+#include "util/no_sigpipe.h"
 #include "util/write_fully.h"
 
 namespace fs = std::filesystem;
@@ -105,14 +107,26 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
   cenv.push_back(nullptr);
 
   int outpipe[2] = {-1, -1};
-  if (opts.capture_stdout && ::pipe2(outpipe, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
-  int errpipe[2];  // reports exec failure to the parent
-  if (::pipe2(errpipe, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
-  int gate[2] = {-1, -1};  // opts.before_exec: one byte from the parent lets the child exec
-  if (opts.before_exec && ::pipe2(gate, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
+  int errpipe[2] = {-1, -1};  // reports exec failure to the parent
+  int gate[2] = {-1, -1};     // opts.before_exec: one byte from the parent lets the child exec
+  auto close_all = [&] {
+    for (int* p : {outpipe, errpipe, gate})
+      for (int i : {0, 1})
+        if (p[i] >= 0) ::close(std::exchange(p[i], -1));
+  };
+  if ((opts.capture_stdout && ::pipe2(outpipe, O_CLOEXEC) != 0) ||
+      ::pipe2(errpipe, O_CLOEXEC) != 0 || (opts.before_exec && ::pipe2(gate, O_CLOEXEC) != 0)) {
+    const int err = errno;
+    close_all();
+    throw_syserr(Errc::kInternal, err, "pipe");
+  }
 
   pid_t pid = ::fork();
-  if (pid < 0) throw_errno(Errc::kInternal, "fork");
+  if (pid < 0) {
+    const int err = errno;
+    close_all();
+    throw_syserr(Errc::kInternal, err, "fork");
+  }
   if (pid == 0) {
     ::close(errpipe[0]);
     if (gate[1] >= 0) {
@@ -175,6 +189,7 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
       throw;
     }
     const char go = 1;
+    NoSigpipe no_sigpipe;  // a child killed meanwhile: EPIPE, not gpuckpt's death
     if (const int err = write_fully(go_fd.get(), &go, 1)) {
       // The child cannot have exec'd: nothing ran.
       go_fd.reset();
