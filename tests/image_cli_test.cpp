@@ -1,7 +1,6 @@
 // The image commands through the real gpuckpt binary: output formats, exit codes, and that
 // every failure message names the problem.
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -189,13 +188,15 @@ TEST_F(ImageCli, BadOptionsExitTwo) {
 
 TEST_F(ImageCli, FullDiskExitsSixAndLeavesNothing) {
   const fs::path small = dir_.path() / "small";
-  fs::create_directories(small);
-  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=8m") != 0)
-    GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "); needs root";
-  test::write_test_file(src_ / "big.img", 12 << 20, 3, 1.0);
-  auto r = test::run_cli({"pack", src_.string(), "-o", (small / "ckpt").string()});
-  const bool empty = fs::is_empty(small);
-  ::umount2(small.c_str(), MNT_DETACH);
+  bool empty = false;
+  test::CliResult r;
+  {
+    test::TmpfsMount mnt(small, "size=8m");
+    if (!mnt.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (" << mnt.why() << "); needs root";
+    test::write_test_file(src_ / "big.img", 12 << 20, 3, 1.0);
+    r = test::run_cli({"pack", src_.string(), "-o", (small / "ckpt").string()});
+    empty = fs::is_empty(small);
+  }
   EXPECT_EQ(r.exit_code, 6);
   EXPECT_TRUE(contains(r.err, "No space left on device")) << r.err;
   EXPECT_TRUE(empty) << "temporary files were left in the full filesystem";

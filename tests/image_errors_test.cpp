@@ -2,7 +2,6 @@
 // existing outputs, a full disk. Each must fail with the documented error code, a message
 // that names the problem, and no output left behind.
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -210,31 +209,11 @@ TEST_F(ImageErrors, UnsupportedFileTypeInInput) {
   EXPECT_FALSE(fs::exists(dir_.path() / "c2"));
 }
 
-// A small tmpfs mounted for the test; skipped where mounting is not permitted.
-class TmpfsMount {
- public:
-  TmpfsMount(const fs::path& at, const char* opts) : at_(at) {
-    fs::create_directories(at);
-    ok_ = ::mount("tmpfs", at.c_str(), "tmpfs", 0, opts) == 0;
-    if (!ok_) err_ = errno;
-  }
-  ~TmpfsMount() {
-    if (ok_) ::umount2(at_.c_str(), MNT_DETACH);
-  }
-  bool ok() const { return ok_; }
-  std::string why() const { return std::strerror(err_); }
-
- private:
-  fs::path at_;
-  bool ok_ = false;
-  int err_ = 0;
-};
-
 class FullDisk : public ::testing::TestWithParam<bool> {};
 
 TEST_P(FullDisk, PackFailsWithIoAndLeavesNothing) {
   auto dir = test::scratch_dir();
-  TmpfsMount mnt(dir.path() / "small", "size=8m");
+  test::TmpfsMount mnt(dir.path() / "small", "size=8m");
   if (!mnt.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (" << mnt.why() << "); needs root";
   test::write_test_file(dir.path() / "big.img", 16 << 20, 1, 1.0);  // incompressible
   PackOptions po;
@@ -249,7 +228,7 @@ INSTANTIATE_TEST_SUITE_P(Io, FullDisk, ::testing::Values(true, false),
 
 TEST(FullDiskUnpack, UnpackFailsWithIoAndLeavesNothing) {
   auto dir = test::scratch_dir();
-  TmpfsMount mnt(dir.path() / "small", "size=8m");
+  test::TmpfsMount mnt(dir.path() / "small", "size=8m");
   if (!mnt.ok()) GTEST_SKIP() << "cannot mount a tmpfs here (" << mnt.why() << "); needs root";
   test::write_test_file(dir.path() / "big.img", 16 << 20, 1, 0.0);  // compresses well
   pack(dir.path() / "big.img", dir.path() / "ckpt");

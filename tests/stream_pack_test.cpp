@@ -7,7 +7,6 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
-#include <sys/mount.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -387,9 +386,8 @@ TEST_F(StreamPack, AStreamThatWouldFillTheTargetsDiskStopsBeforeItDoes) {
   // A 512 KiB filesystem: gpuckpt leaves 2% of it free for the rest of the host.
   auto receive = [&](const std::string& name, HandStream& h) -> std::string {
     const fs::path there = dir_.path() / name;
-    fs::create_directory(there);
-    if (::mount("tmpfs", there.c_str(), "tmpfs", 0, "size=512k") != 0)
-      return std::string("skip: cannot mount a tmpfs here: ") + std::strerror(errno);
+    test::TmpfsMount mnt(there, "size=512k");
+    if (!mnt.ok()) return "skip: cannot mount a tmpfs here: " + mnt.why();
     std::string what = "accepted";
     {
       UniqueFd fd = h.open();
@@ -402,7 +400,6 @@ TEST_F(StreamPack, AStreamThatWouldFillTheTargetsDiskStopsBeforeItDoes) {
       }
     }
     EXPECT_GT(fs::space(there).available, 8u << 10) << name << ": the filesystem was filled";
-    ::umount2(there.c_str(), MNT_DETACH);
     return what;
   };
   {  // before the manifest: a piece would leave less than the reserve
@@ -429,14 +426,8 @@ TEST_F(StreamPack, TwoStreamsIntoOneSpoolCannotBothCountOnItsLastSpace) {
     total += fs::file_size(ckpt / image::blob_name(b));
   // Room for one checkpoint and the reserve, not for two.
   const fs::path spool = dir_.path() / "spool";
-  fs::create_directory(spool);
-  const std::string size = "size=" + std::to_string((total + total / 2) >> 10) + "k";
-  if (::mount("tmpfs", spool.c_str(), "tmpfs", 0, size.c_str()) != 0)
-    GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
-  struct Unmount {
-    fs::path p;
-    ~Unmount() { ::umount2(p.c_str(), MNT_DETACH); }
-  } unmount{spool};
+  test::TmpfsMount mnt(spool, "size=" + std::to_string((total + total / 2) >> 10) + "k");
+  if (!mnt.ok()) GTEST_SKIP() << "cannot mount a tmpfs here: " << mnt.why();
   auto manifest_only = [&](const std::string& name) {
     HandStream h(dir_.path() / (name + ".stream"));
     h.file("manifest.seal", read_file(ckpt / "manifest.seal"))

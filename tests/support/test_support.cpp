@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -39,6 +40,20 @@ fs::path gpuckpt_binary() {
 TempDir scratch_dir(const std::string& name) {
   const char* t = std::getenv("TMPDIR");
   return TempDir(t ? t : "/tmp", name);
+}
+
+TmpfsMount::TmpfsMount(const fs::path& at, const std::string& opts) : at_(at) {
+  fs::create_directories(at);
+  ok_ = ::mount("tmpfs", at.c_str(), "tmpfs", 0, opts.c_str()) == 0;
+  if (!ok_) err_ = errno;
+}
+
+TmpfsMount::~TmpfsMount() {
+  if (ok_) ::umount2(at_.c_str(), MNT_DETACH);
+}
+
+std::string TmpfsMount::why() const {
+  return std::strerror(err_);
 }
 
 CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {

@@ -23,6 +23,23 @@ std::filesystem::path gpuckpt_binary();  // build/bin/gpuckpt
 // A fresh scratch directory under $TMPDIR (default /tmp), removed at the end of the test.
 TempDir scratch_dir(const std::string& name = "gpuckpt-test");
 
+// A small tmpfs mounted at `at` (created) for the test, unmounted at the end of its scope;
+// ok() is false where mounting is not permitted (not root), why() says why.
+class TmpfsMount {
+ public:
+  TmpfsMount(const std::filesystem::path& at, const std::string& opts);
+  ~TmpfsMount();
+  TmpfsMount(const TmpfsMount&) = delete;
+  TmpfsMount& operator=(const TmpfsMount&) = delete;
+  bool ok() const { return ok_; }
+  std::string why() const;
+
+ private:
+  std::filesystem::path at_;
+  bool ok_ = false;
+  int err_ = 0;
+};
+
 struct CliResult {
   int exit_code = -1;
   std::string out;  // stdout
