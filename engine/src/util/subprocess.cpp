@@ -174,40 +174,37 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
     (void)!::write(errpipe[1], &err, sizeof err);
     ::_exit(127);
   }
-  ::close(errpipe[1]);
-  if (opts.capture_stdout) ::close(outpipe[1]);
+  ::close(std::exchange(errpipe[1], -1));
+  if (opts.capture_stdout) ::close(std::exchange(outpipe[1], -1));
+  // A child that is not to run, or could not: closing the gate first lets a held child exit.
+  auto give_up = [&] {
+    close_all();
+    ::waitpid(pid, nullptr, 0);
+  };
   if (opts.before_exec) {
-    ::close(gate[0]);
-    UniqueFd go_fd(gate[1]);
+    ::close(std::exchange(gate[0], -1));
     try {
       opts.before_exec(pid);
     } catch (...) {
-      go_fd.reset();
-      ::waitpid(pid, nullptr, 0);
-      ::close(errpipe[0]);
-      if (opts.capture_stdout) ::close(outpipe[0]);
+      give_up();
       throw;
     }
     const char go = 1;
     NoSigpipe no_sigpipe;  // a child killed meanwhile: EPIPE, not gpuckpt's death
-    if (const int err = write_fully(go_fd.get(), &go, 1)) {
-      // The child cannot have exec'd: nothing ran.
-      go_fd.reset();
-      ::waitpid(pid, nullptr, 0);
-      ::close(errpipe[0]);
-      if (opts.capture_stdout) ::close(outpipe[0]);
+    if (const int err = write_fully(gate[1], &go, 1)) {
+      give_up();  // the child cannot have exec'd: nothing ran
       throw_syserr(Errc::kInternal, err, "starting ", argv[0]);
     }
+    ::close(std::exchange(gate[1], -1));
   }
   int child_err = 0;
   ssize_t n;
   do {
     n = ::read(errpipe[0], &child_err, sizeof child_err);
   } while (n < 0 && errno == EINTR);
-  ::close(errpipe[0]);
+  ::close(std::exchange(errpipe[0], -1));
   if (n == sizeof child_err) {
-    ::waitpid(pid, nullptr, 0);
-    if (opts.capture_stdout) ::close(outpipe[0]);
+    give_up();
     throw_syserr(Errc::kInvalidInput, child_err, "cannot run ", argv[0]);
   }
   Child c;
