@@ -92,18 +92,7 @@ class E2eFaults : public ::testing::Test {
 
   // Starts gpuckpt ARGS paused at fault point `point`; returns once it is there.
   Child paused_cli(const std::vector<std::string>& args, const std::string& point) {
-    const fs::path mark = dir_.path() / ("mark-" + point);
-    fs::remove(mark);
-    SpawnOptions o;
-    o.env = {"GPUCKPT_FAULT_PAUSE=" + point, "GPUCKPT_FAULT_MARK=" + mark.string()};
-    o.stderr_file = dir_.path() / "cli.err";
-    o.stdout_file = dir_.path() / "cli.out";
-    std::vector<std::string> argv{test::gpuckpt_binary().string()};
-    argv.insert(argv.end(), args.begin(), args.end());
-    Child c = spawn(argv, o);
-    EXPECT_TRUE(test::wait_until([&] { return fs::exists(mark); }, 60s))
-        << "gpuckpt never reached " << point << ": " << read_file(dir_.path() / "cli.err");
-    return c;
+    return test::paused_cli(args, point, dir_.path());
   }
 
   static inline TempDir* weights_dir_ = nullptr;
@@ -258,21 +247,13 @@ TEST_F(E2eFaults, InterruptedRestoreLeavesNoStaging) {
 }
 
 TEST_F(E2eFaults, StagingLeftByAKilledGpuckptAndGuardIsSweptByTheNextRun) {
-  // What a SIGKILL of both would leave: a staging directory whose owners are gone.
+  // What a SIGKILL of both would leave: a staging directory that nobody holds.
   const fs::path stale = staging_ / "gpuckpt-dump-STALE1";
   fs::create_directories(stale / "images");
   test::write_test_file(stale / "images" / "pages-1.img", 1 << 20, 1);
-  std::ofstream(stale / ".gpuckpt-owner") << "999999 1\n999998 1\n";
-  // One that belongs to a live process (this test) stays.
-  const fs::path live = staging_ / "gpuckpt-dump-LIVE01";
-  fs::create_directories(live);
-  std::ifstream st("/proc/self/stat");
-  std::string stat((std::istreambuf_iterator<char>(st)), {});
-  std::istringstream f(stat.substr(stat.rfind(')') + 2));
-  std::string field, start;
-  for (int i = 3; f >> field; ++i)
-    if (i == 22) start = field;
-  std::ofstream(live / ".gpuckpt-owner") << ::getpid() << " " << start << "\n";
+  // One that a live process (this test) holds stays.
+  const TempDir held(staging_, "gpuckpt-dump");
+  const fs::path live = held.path();
 
   Child s = server("w");
   auto d = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o",

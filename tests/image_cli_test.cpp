@@ -1,6 +1,7 @@
 // The image commands through the real gpuckpt binary: output formats, exit codes, and that
 // every failure message names the problem.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -123,6 +124,41 @@ TEST_F(ImageCli, CorruptBlobExitsFourAndUnpackLeavesNothing) {
   EXPECT_FALSE(fs::exists(out));
   for (auto& entry : fs::directory_iterator(dir_.path()))
     EXPECT_FALSE(contains(entry.path().filename().string(), ".tmp-")) << entry.path();
+}
+
+// An interrupted pack removes its unfinished output at once; a killed one leaves it hidden, and
+// the next pack to that output removes it.
+TEST_F(ImageCli, InterruptedOrKilledPackLeavesNoHiddenOutputForLong) {
+  auto hidden = [&] {
+    std::vector<std::string> found;
+    for (auto& e : fs::directory_iterator(dir_.path()))
+      if (e.path().filename().string().starts_with(".ckpt.")) found.push_back(e.path());
+    return found;
+  };
+  const std::vector<std::string> pack{"pack", src_.string(), "-o", ckpt_.string()};
+  Child c = test::paused_cli(pack, "pack_commit", dir_.path());
+  ASSERT_EQ(hidden().size(), 1u) << "the unfinished output is not where it is expected";
+  c.kill(SIGINT);
+  ExitStatus st = c.wait();
+  EXPECT_FALSE(st.exited);
+  EXPECT_EQ(st.code, SIGINT);
+  EXPECT_TRUE(hidden().empty()) << hidden().front();
+  EXPECT_FALSE(fs::exists(ckpt_));
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_TRUE(contains(err, "removed the unfinished")) << err;
+
+  c = test::paused_cli(pack, "pack_commit", dir_.path());
+  c.kill(SIGKILL);
+  st = c.wait();
+  EXPECT_EQ(st.code, SIGKILL);
+  ASSERT_EQ(hidden().size(), 1u);
+  const std::string left = hidden().front();
+  auto r = test::run_cli(pack);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "a gpuckpt that was killed")) << r.err;
+  EXPECT_FALSE(fs::exists(left));
+  EXPECT_TRUE(hidden().empty()) << hidden().front();
+  EXPECT_EQ(test::run_cli({"verify", ckpt_.string()}).exit_code, 0);
 }
 
 TEST_F(ImageCli, TruncatedBlobExitsFour) {

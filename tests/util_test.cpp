@@ -66,6 +66,72 @@ TEST(Fs, TempDirIsRemovedUnlessReleased) {
   EXPECT_TRUE(fs::is_directory(kept));
 }
 
+// A later run removes what a killed gpuckpt left, and nothing that is in use: a TempDir holds
+// its directory (an flock) for as long as its process lives.
+TEST(Fs, OnlyADirectoryThatNobodyHoldsIsRemovedAsAbandoned) {
+  auto parent = test::scratch_dir();
+  TempDir live(parent.path(), "gpuckpt-x");
+  const fs::path dead = parent.path() / "gpuckpt-x-dead01";
+  fs::create_directories(dead / "images");
+  test::write_test_file(dead / "images" / "pages-1.img", 1 << 20, 1);
+  const fs::path elsewhere = parent.path() / "elsewhere";
+  fs::create_directories(elsewhere);
+  fs::create_directory_symlink(elsewhere, parent.path() / "gpuckpt-x-link");
+  const fs::path other = parent.path() / "other-dead";
+  fs::create_directories(other);
+
+  const auto removed = remove_abandoned(
+      parent.path(), [](const std::string& name) { return name.starts_with("gpuckpt-x-"); });
+  ASSERT_EQ(removed.size(), 1u);
+  EXPECT_EQ(removed[0].path, dead);
+  EXPECT_GE(removed[0].bytes, 1u << 20);
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::is_directory(live.path())) << "a directory in use was removed";
+  EXPECT_TRUE(fs::is_symlink(parent.path() / "gpuckpt-x-link"));
+  EXPECT_TRUE(fs::is_directory(elsewhere));
+  EXPECT_TRUE(fs::is_directory(other));
+}
+
+TEST(Fs, ASiblingLeftByAKilledRunIsRemovedBeforeTheNextOutputIsBuilt) {
+  auto parent = test::scratch_dir();
+  const fs::path out = parent.path() / "ckpt";
+  const fs::path left = parent.path() / ".ckpt.tmp-0123456789abcdef";
+  fs::create_directories(left);
+  const fs::path old = parent.path() / ".ckpt.old-0123456789abcdef";  // maybe the only copy
+  fs::create_directories(old);
+  fs::path announced;
+  TempDir t = TempDir::beside(out, [&](const fs::path& p) { announced = p; });
+  EXPECT_EQ(announced, t.path());
+  EXPECT_FALSE(fs::exists(left));
+  EXPECT_TRUE(fs::is_directory(old));
+  EXPECT_EQ(fs::status(t.path()).permissions() & fs::perms::all, fs::perms::owner_all);
+  // Another run beside the same output leaves this one, which is in use, alone.
+  TempDir second = TempDir::beside(out);
+  EXPECT_TRUE(fs::is_directory(t.path()));
+}
+
+TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOne) {
+  // Not a TempDir itself: remove_live_temp_dirs() takes every one of this process.
+  const fs::path parent = test::scratch_dir().release();
+  fs::path gone, kept;
+  {
+    TempDir a(parent, "a");
+    test::write_test_file(a.path() / "blob", 1 << 20, 1);
+    TempDir b(parent, "b");
+    gone = a.path();
+    kept = b.release();
+    const auto removed = remove_live_temp_dirs();
+    ASSERT_EQ(removed.size(), 1u);
+    EXPECT_EQ(removed[0].path, gone);
+    EXPECT_GE(removed[0].bytes, 1u << 20);
+    EXPECT_FALSE(fs::exists(gone));
+    EXPECT_FALSE(fs::exists(gone.string() + ".gone"));
+    EXPECT_TRUE(fs::is_directory(kept));
+  }
+  EXPECT_TRUE(fs::is_directory(kept));
+  fs::remove_all(parent);
+}
+
 TEST(Subprocess, CapturesOutputAndExitCode) {
   auto r = run_capture({"sh", "-c", "echo hello; exit 3"}, std::chrono::seconds(10));
   EXPECT_EQ(r.output, "hello\n");

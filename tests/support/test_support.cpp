@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
@@ -74,6 +75,22 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {
   std::error_code ec;
   if (fs::exists(opts.stderr_file, ec)) r.err += read_file(opts.stderr_file);
   return r;
+}
+
+Child paused_cli(const std::vector<std::string>& args, const std::string& point,
+                 const fs::path& dir) {
+  const fs::path mark = dir / ("mark-" + point);
+  fs::remove(mark);
+  SpawnOptions o;
+  o.env = {"GPUCKPT_FAULT_PAUSE=" + point, "GPUCKPT_FAULT_MARK=" + mark.string()};
+  o.stderr_file = dir / "cli.err";
+  o.stdout_file = dir / "cli.out";
+  std::vector<std::string> argv{gpuckpt_binary().string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child c = spawn(argv, o);
+  EXPECT_TRUE(wait_until([&] { return fs::exists(mark); }, std::chrono::seconds(60)))
+      << "gpuckpt never reached " << point << ": " << read_file(dir / "cli.err");
+  return c;
 }
 
 void write_test_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,

@@ -48,6 +48,11 @@ struct CliResult {
 // Runs build/bin/gpuckpt with `args`; never throws on a non-zero exit.
 CliResult run_cli(const std::vector<std::string>& args, int timeout_s = 300);
 
+// Starts build/bin/gpuckpt with `args`, held at its fault point `point` (util/fault.h), and
+// returns once it is there. Its stdout and stderr go to DIR/cli.out and DIR/cli.err.
+Child paused_cli(const std::vector<std::string>& args, const std::string& point,
+                 const std::filesystem::path& dir);
+
 // Writes `size` bytes of deterministic content (seeded) to `path`: `random_fraction` of it
 // incompressible, the rest fp16-like values (compressible, like a KV cache).
 void write_test_file(const std::filesystem::path& path, std::uint64_t size, std::uint64_t seed,

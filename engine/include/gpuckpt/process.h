@@ -285,8 +285,10 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& opts);
 
 // For a program's handler of SIGINT, SIGTERM and SIGHUP (the CLI waits for them in a thread of
 // its own): every dump, restore or migrate in flight is rolled back by its guard (the target
-// resumed, copies killed, staging removed) before this returns. Returns what each guard did.
-// The program then exits; an operation's own thread must not carry on.
+// resumed, copies killed, staging removed) before this returns; then every temporary
+// directory this process still holds (an unfinished pack's or unpack's output, a download) is
+// removed. Returns what was undone. The program then exits; an operation's own thread must not
+// carry on.
 std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout);
 
 // Extra work for interrupt_operations() while this object lives (e.g. a benchmark's service to

@@ -21,6 +21,7 @@
 #include "image/publish.h"
 #include "image/transfer_common.h"
 #include "trust/keys.h"
+#include "util/fault.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
 
@@ -290,11 +291,7 @@ std::uint32_t largest_range(const std::vector<ReadRange>& ranges) {
 
 // The checkpoint is built in a temporary sibling of `output`, private to us until published.
 TempDir make_temp_checkpoint(const fs::path& output, const PackOptions& opts) {
-  const fs::path tmp_path = temp_sibling(output);
-  if (opts.on_temp_path) opts.on_temp_path(tmp_path);
-  TempDir tmp = TempDir::at(tmp_path);
-  if (::chmod(tmp.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", tmp.path());
-  return tmp;
+  return TempDir::beside(output, opts.on_temp_path);
 }
 
 PipelineConfig make_config(const PackOptions& opts, unsigned threads, unsigned slots,
@@ -370,6 +367,7 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
       plan, make_config(opts, threads, slots, buf_bytes, plan.raw_total), opts.zstd_level, sink);
   add_pipeline_stages(tl, ps, "compress_write", "compress", plan.raw_total, sink.stored(), true);
   tl.add("sync", sink.sync_start, sink.sync_end);
+  fault_point("pack_commit");  // every blob written, nothing published
   {
     auto s = tl.scope("commit");
     commit(m, key ? &*key : nullptr, tmp, output, opts.force);

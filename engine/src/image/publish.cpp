@@ -65,8 +65,9 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
   }
   if (errno != EINVAL) throw_errno(Errc::kIo, "replace ", final_path, " with ", tmp.path());
   // No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
-  // leaves the old content under a hidden name beside the output, never a partial output.
-  TempDir old = TempDir::at(temp_sibling(final_path));
+  // leaves the old content under a hidden name beside the output (.NAME.old-*, which no sweep
+  // removes: it may be the only copy), never a partial output.
+  TempDir old = TempDir::at(temp_sibling(final_path, "old"));
   ::rmdir(old.path().c_str());
   if (::rename(final_path.c_str(), old.path().c_str()) != 0) {
     old.release();

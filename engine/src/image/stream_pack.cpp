@@ -120,10 +120,7 @@ StreamPacker::StreamPacker(const fs::path& output, const PackOptions& opts, cons
   max_inflight_ = resolve_slots(opts_.inflight_chunks, threads, buf, ~0ull);
   pool_ = std::make_unique<BufferPool>(opts_.chunk_bytes, 2 * max_inflight_ + 2);
 
-  const fs::path tmp_path = temp_sibling(output);
-  if (opts_.on_temp_path) opts_.on_temp_path(tmp_path);
-  tmp_ = TempDir::at(tmp_path);
-  if (::chmod(tmp_.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", tmp_.path());
+  tmp_ = TempDir::beside(output, opts_.on_temp_path);
 
   threads_ = threads;
   try {

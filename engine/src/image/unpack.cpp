@@ -315,11 +315,9 @@ void fill_totals(TransferResult& res, const OpenCheckpoint& ck, const PipelineSt
 
 // The tree is built in a temporary sibling of `output` and published by rename.
 TempDir make_temp_tree(const fs::path& output) {
-  TempDir tmp = TempDir::at(temp_sibling(output));
-  // The tree's root is ours alone whatever the umask: entries keep their recorded modes, but
-  // nobody else reaches them through it.
-  if (::chmod(tmp.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", tmp.path());
-  return tmp;
+  // The tree's root is ours alone whatever the umask (beside() makes it 0700): entries keep
+  // their recorded modes, but nobody else reaches them through it.
+  return TempDir::beside(output);
 }
 
 // An empty file has no chunk whose checks would catch a wrong hash.

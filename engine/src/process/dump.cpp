@@ -167,7 +167,7 @@ void choose_staging(DumpState& d) {
                    : "a snapshot stages its images: the process runs again sooner";
   }
   if (d.stream) {
-    // The longest images path make_staging() creates: gpuckpt-dump-<guard pid>-XXXXXX.
+    // Longer than any images path make_staging() creates (gpuckpt-dump-XXXXXX), to be safe.
     const std::string why = criu::stream_unsupported_reason(
         o.staging_root / "gpuckpt-dump-4194304-XXXXXX" / "images", o.criu.extra_args);
     if (!why.empty()) {
@@ -208,7 +208,7 @@ void fill_record(DumpState& d) {
 }
 
 void make_images_dir(DumpState& d) {
-  d.staging = make_staging(d.o.staging_root, "gpuckpt-dump", d.guard.pid());
+  d.staging = make_staging(d.o.staging_root, "gpuckpt-dump");
   d.guard.remove_on_recovery(d.staging.path());
   d.images = d.staging.path() / "images";
   fs::create_directory(d.images);

@@ -19,6 +19,7 @@
 #include "process/proc_info.h"
 #include "process/restore_impl.h"
 #include "process/support.h"
+#include "util/fs.h"
 #include "util/write_fully.h"
 
 namespace fs = std::filesystem;
@@ -226,6 +227,11 @@ std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout)
     for (auto* f : process::g_on_interrupt) hooks.push_back(*f);
   }
   for (auto& f : hooks) f();
+  // An output being built, a download, a benchmark's scratch: the guards removed theirs, and
+  // the rest would stay hidden on disk (or in tmpfs) until a later run's sweep.
+  for (const auto& r : remove_live_temp_dirs())
+    out.push_back("removed the unfinished " + r.path.string() + " (" +
+                  std::to_string(r.bytes >> 20) + " MiB)");
   return out;
 }
 

@@ -299,7 +299,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
 
   Guard guard("migrate");
   const fs::path spool_root = remote::spool_root(o.spool_root);
-  TempDir spool = make_staging(spool_root, "gpuckpt-dump-spool", guard.pid());
+  TempDir spool = make_staging(spool_root, "gpuckpt-dump-spool");
   guard.remove_on_recovery(spool.path());
   res.checkpoint = spool.path() / "checkpoint";
 

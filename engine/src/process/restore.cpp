@@ -222,8 +222,7 @@ void choose_staging(RestoreState& r) {
 
 void stage_images(RestoreState& r) {
   const RestoreOptions& o = r.o;
-  r.staging = r.guard ? make_staging(o.staging_root, "gpuckpt-restore", r.guard->pid())
-                      : TempDir(o.staging_root, "gpuckpt-restore");
+  r.staging = make_staging(o.staging_root, "gpuckpt-restore");
   if (r.guard) r.guard->remove_on_recovery(r.staging.path());
   r.images = r.staging.path() / "images";
   // Streaming: CRIU asks for each image as it needs it, and gets it from the checkpoint

@@ -3,13 +3,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
-#include <sstream>
 
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
@@ -57,53 +54,13 @@ bool kill_and_wait(pid_t pid, int timeout_ms) {
   return wait_ended(pid, std::chrono::milliseconds(timeout_ms));
 }
 
-namespace {
-
-constexpr const char* kOwnerFile = ".gpuckpt-owner";
-
-// Field 22 of /proc/PID/stat: tells a live owner from a later process that reuses its pid.
-std::string start_time(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), {});
-  const auto close = s.rfind(')');
-  if (close == std::string::npos) return {};
-  std::istringstream f(s.substr(close + 2));
-  std::string field;
-  for (int i = 3; f >> field; ++i)
-    if (i == 22) return field;
-  return {};
-}
-
-bool owner_alive(const fs::path& dir) {
-  std::ifstream in(dir / kOwnerFile);
-  pid_t pid;
-  std::string start;
-  bool any = false;
-  while (in >> pid >> start) {
-    any = true;
-    if (alive(pid) && start_time(pid) == start) return true;
-  }
-  return !any && !in.eof();  // unreadable: keep it (not ours to judge)
-}
-
-}  // namespace
-
-TempDir make_staging(const fs::path& root, const std::string& prefix, pid_t guard_pid) {
-  UniqueFd lock(::open((root / ".gpuckpt-staging.lock").c_str(),
-                       O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
-  if (lock) ::flock(lock.get(), LOCK_EX);
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind("gpuckpt-dump-", 0) != 0 && name.rfind("gpuckpt-restore-", 0) != 0) continue;
-    if (!e.is_directory(ec) || e.is_symlink(ec) || owner_alive(e.path())) continue;
-    spdlog::info("removing {}, left by a gpuckpt that was killed", e.path().string());
-    fs::remove_all(e.path(), ec);
-  }
-  TempDir dir(root, prefix);
-  std::ofstream(dir.path() / kOwnerFile) << ::getpid() << " " << start_time(::getpid()) << "\n"
-                                         << guard_pid << " " << start_time(guard_pid) << "\n";
-  return dir;
+TempDir make_staging(const fs::path& root, const std::string& prefix) {
+  for (const auto& r : remove_abandoned(root, [](const std::string& name) {
+         return name.starts_with("gpuckpt-dump-") || name.starts_with("gpuckpt-restore-");
+       }))
+    spdlog::info("removed {} ({} MiB), left by a gpuckpt that was killed", r.path.string(),
+                 r.bytes >> 20);
+  return TempDir(root, prefix);
 }
 
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {

@@ -39,11 +39,10 @@ class DirProgress {
 // Returns false if it is still there after `timeout_ms`.
 bool kill_and_wait(pid_t pid, int timeout_ms = 30000);
 
-// A staging directory PREFIX-XXXXXX under `root` for one operation, with an owner record (the
-// pids and start times of gpuckpt and its guard). Under a lock on `root`, it first sweeps the
-// staging directories whose owners are all gone: what a SIGKILL of both gpuckpt and its guard
-// left behind.
-TempDir make_staging(const std::filesystem::path& root, const std::string& prefix, pid_t guard_pid);
+// A staging directory PREFIX-XXXXXX under `root` for one operation. It first removes the
+// staging directories that no live gpuckpt holds (TempDir's lock): what a SIGKILL of both
+// gpuckpt and its guard, or a host that went down, left behind.
+TempDir make_staging(const std::filesystem::path& root, const std::string& prefix);
 
 // SIGKILLs every process of a tree (not our children) and waits for each to end; returns those
 // still there after `timeout_ms`. Live CUDA processes are locked first (device::

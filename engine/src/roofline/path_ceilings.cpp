@@ -45,16 +45,18 @@ unsigned allowed_cores() {
   return 1;
 }
 
-// A temporary file in the measured directory, removed however the measurement ends.
+// A temporary file in the measured directory, removed however the measurement ends: it is
+// unlinked as soon as it exists (an interrupt or a kill leaves nothing), and reopened through
+// /proc/self/fd with the flags each measurement needs.
 class ScratchFile {
  public:
   explicit ScratchFile(const fs::path& dir) {
     std::string tmpl = (dir / ".gpuckpt-floor-XXXXXX").string();
     fd_.reset(::mkostemp(tmpl.data(), O_CLOEXEC));
     if (!fd_) throw_errno(Errc::kIo, "create a scratch file in ", dir);
-    path_ = tmpl;
+    ::unlink(tmpl.c_str());
+    path_ = "/proc/self/fd/" + std::to_string(fd_.get());
   }
-  ~ScratchFile() { ::unlink(path_.c_str()); }
   ScratchFile(const ScratchFile&) = delete;
   ScratchFile& operator=(const ScratchFile&) = delete;
   const fs::path& path() const { return path_; }

@@ -1,9 +1,14 @@
 // Filesystem helpers for crash-safe output: temporary names, fsync, rename.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "gpuckpt/unique_fd.h"
 
 namespace gpuckpt {
 
@@ -16,11 +21,16 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
 // Reads a whole (small) file; throws Error(kInvalidInput) if missing.
 std::string read_file(const std::filesystem::path& path);
 
-// A unique, not yet existing sibling of `final_path` (".NAME.tmp-<random>"), for building an
+// A unique, not yet existing sibling of `final_path` (".NAME.TAG-<random>"), for building an
 // output in place and renaming it at the end. Dot-prefixed so listings and globs skip it.
-std::filesystem::path temp_sibling(const std::filesystem::path& final_path);
+std::filesystem::path temp_sibling(const std::filesystem::path& final_path,
+                                   std::string_view tag = "tmp");
 
 // Directory that is removed (recursively) on destruction unless release()d.
+//
+// While it lives it holds an flock on itself. That is how a later run tells a directory in use
+// from one abandoned by a gpuckpt killed together with its guard, or by a host that went down
+// (remove_abandoned): the kernel drops the lock with the process, however it ends.
 class TempDir {
  public:
   TempDir() = default;
@@ -28,6 +38,13 @@ class TempDir {
   TempDir(const std::filesystem::path& parent, std::string_view prefix);
   // Takes ownership of `path` (which must not exist yet) and creates it.
   static TempDir at(const std::filesystem::path& path);
+  // A fresh temporary sibling of `final_path` (temp_sibling's name), mode 0700, to build an
+  // output in and publish by rename. First removes the siblings that killed runs abandoned.
+  // `before_create` is given the path before the directory exists, so that a guard can
+  // promise to remove it whenever this process dies.
+  static TempDir beside(
+      const std::filesystem::path& final_path,
+      const std::function<void(const std::filesystem::path&)>& before_create = {});
   TempDir(TempDir&& o) noexcept;
   TempDir& operator=(TempDir&& o) noexcept;
   TempDir(const TempDir&) = delete;
@@ -38,8 +55,27 @@ class TempDir {
   std::filesystem::path release();  // keep the directory; the caller owns it now
 
  private:
+  void take(std::filesystem::path path);  // locks `path`, just created, and registers it
+  void drop() noexcept;                   // unregisters, removes, unlocks
+
   std::filesystem::path path_;
+  UniqueFd lock_;
 };
+
+// Removes the directories directly in `parent` whose names `match` and that no live TempDir
+// holds. Returns each with the bytes it held. Symlinks and plain files are left alone.
+struct RemovedDir {
+  std::filesystem::path path;
+  std::uint64_t bytes = 0;
+};
+std::vector<RemovedDir> remove_abandoned(const std::filesystem::path& parent,
+                                         const std::function<bool(const std::string&)>& match);
+
+// For an interrupt, whose program exits next: removes the directory of every TempDir of this
+// process that is still alive. Each is first renamed away, so that an operation still running
+// on another thread cannot publish it half removed; what a writer adds meanwhile is left under
+// the new name, unlocked once the process is gone, for remove_abandoned.
+std::vector<RemovedDir> remove_live_temp_dirs();
 
 // Bytes allocated to regular files under `dir` (recursive; st_blocks, so tmpfs pages in use).
 std::uint64_t allocated_bytes(const std::filesystem::path& dir);
