@@ -161,7 +161,8 @@ TEST_F(E2eFaults, SignalOnceTheCheckpointIsDurableEndsTheServiceAsPlanned) {
 }
 
 TEST_F(E2eFaults, SignalAtAnyPhaseOfAMigrationRollsBackToOneRunningOriginal) {
-  for (const std::string point : {"criu_dump", "compress_write", "criu_restore", "first_answer"}) {
+  for (const std::string point :
+       {"criu_dump", "compress_write", "criu_restore", "criu_restored", "first_answer"}) {
     for (const int sig : {SIGINT, SIGKILL}) {
       SCOPED_TRACE(point + " / " + strsignal(sig));
       Child s = server("m");

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 
 #include <cstring>
@@ -256,4 +257,33 @@ TEST(Guard, AfterAnInterruptNothingMoreIsProtectedOrStarted) {
   EXPECT_THROW(spawn({"sh", "-c", "touch " + ran.string()}, so), Error);
   EXPECT_FALSE(fs::exists(ran));
   g.disarm();  // after an abort: nothing to do, and no throw
+}
+
+TEST(Guard, KeepsTheSpoolItMayRestoreFromAfterItsGpuckptIsGone) {
+  // A release-handoff migration over ssh: the original has ended and lives only in the spool's
+  // checkpoint. If gpuckpt dies, the guard restores it from there, so no other run's sweep may
+  // take the spool once gpuckpt's own lock is gone.
+  auto parent = test::scratch_dir();
+  TempDir spool(parent.path(), "gpuckpt-dump-spool");
+  struct stat st {};
+  ASSERT_EQ(::stat(spool.path().c_str(), &st), 0);
+  process::Guard g("migrate");
+  g.restore_on_recovery(spool.path() / "checkpoint", parent.path(), "/bin/false");
+  const std::string by_guard = " " + std::to_string(g.pid()) + " ";
+  const std::string on_spool = ":" + std::to_string(st.st_ino) + " ";
+  EXPECT_TRUE(test::wait_until([&] {
+    std::ifstream in("/proc/locks");
+    for (std::string line; std::getline(in, line);)
+      if (line.find(by_guard) != std::string::npos && line.find(on_spool) != std::string::npos)
+        return true;
+    return false;
+  })) << "the guard never held the spool";
+  const fs::path path = spool.release();  // as if gpuckpt had died: its lock is gone
+  EXPECT_TRUE(remove_abandoned(parent.path(), {"gpuckpt-dump-spool-"}).empty());
+  EXPECT_TRUE(fs::is_directory(path)) << "the spool was swept under the guard";
+  g.disarm();
+  // With the guard gone too, it is what a killed run left.
+  EXPECT_TRUE(test::wait_until(
+      [&] { return !remove_abandoned(parent.path(), {"gpuckpt-dump-spool-"}).empty(); }));
+  EXPECT_FALSE(fs::exists(path));
 }

@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "gpuckpt/error.h"
@@ -74,21 +75,34 @@ TEST(Fs, OnlyADirectoryThatNobodyHoldsIsRemovedAsAbandoned) {
   const fs::path dead = parent.path() / "gpuckpt-x-dead01";
   fs::create_directories(dead / "images");
   test::write_test_file(dead / "images" / "pages-1.img", 1 << 20, 1);
+  const fs::path half_gone = parent.path() / "gpuckpt-x-dead02.gone";  // an interrupt's rest
+  fs::create_directories(half_gone);
+  // Held by another process after this one's TempDir is gone (a guard that still needs it).
+  const fs::path held = parent.path() / "gpuckpt-x-held01";
+  fs::create_directories(held);
+  const UniqueFd hold = hold_dir(held);
   const fs::path elsewhere = parent.path() / "elsewhere";
   fs::create_directories(elsewhere);
-  fs::create_directory_symlink(elsewhere, parent.path() / "gpuckpt-x-link");
-  const fs::path other = parent.path() / "other-dead";
+  fs::create_directory_symlink(elsewhere, parent.path() / "gpuckpt-x-link01");
+  // A user's directories that only share the prefix, or look nothing like ours.
+  const fs::path users = parent.path() / "gpuckpt-x-user-data";
+  fs::create_directories(users);
+  const fs::path other = parent.path() / "other-dead01";
   fs::create_directories(other);
 
-  const auto removed = remove_abandoned(
-      parent.path(), [](const std::string& name) { return name.starts_with("gpuckpt-x-"); });
-  ASSERT_EQ(removed.size(), 1u);
+  auto removed = remove_abandoned(parent.path(), {"gpuckpt-x-"});
+  std::sort(removed.begin(), removed.end(),
+            [](const RemovedDir& a, const RemovedDir& b) { return a.path < b.path; });
+  ASSERT_EQ(removed.size(), 2u);
   EXPECT_EQ(removed[0].path, dead);
   EXPECT_GE(removed[0].bytes, 1u << 20);
+  EXPECT_EQ(removed[1].path, half_gone);
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_TRUE(fs::is_directory(live.path())) << "a directory in use was removed";
-  EXPECT_TRUE(fs::is_symlink(parent.path() / "gpuckpt-x-link"));
+  EXPECT_TRUE(fs::is_directory(held)) << "a held directory was removed";
+  EXPECT_TRUE(fs::is_symlink(parent.path() / "gpuckpt-x-link01"));
   EXPECT_TRUE(fs::is_directory(elsewhere));
+  EXPECT_TRUE(fs::is_directory(users));
   EXPECT_TRUE(fs::is_directory(other));
 }
 
@@ -110,7 +124,7 @@ TEST(Fs, ASiblingLeftByAKilledRunIsRemovedBeforeTheNextOutputIsBuilt) {
   EXPECT_TRUE(fs::is_directory(t.path()));
 }
 
-TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOne) {
+TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOrHandedOverOne) {
   // Not a TempDir itself: remove_live_temp_dirs() takes every one of this process.
   const fs::path parent = test::scratch_dir().release();
   fs::path gone, kept;
@@ -118,6 +132,8 @@ TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOne) {
     TempDir a(parent, "a");
     test::write_test_file(a.path() / "blob", 1 << 20, 1);
     TempDir b(parent, "b");
+    TempDir guards(parent, "c");  // a guard removes it, after it has done with it
+    hand_over_temp_dir(guards.path());
     gone = a.path();
     kept = b.release();
     const auto removed = remove_live_temp_dirs();
@@ -127,6 +143,8 @@ TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOne) {
     EXPECT_FALSE(fs::exists(gone));
     EXPECT_FALSE(fs::exists(gone.string() + ".gone"));
     EXPECT_TRUE(fs::is_directory(kept));
+    EXPECT_TRUE(fs::is_directory(guards.path()));
+    take_back_temp_dir(guards.path());
   }
   EXPECT_TRUE(fs::is_directory(kept));
   fs::remove_all(parent);

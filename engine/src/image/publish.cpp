@@ -67,20 +67,18 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
   // No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
   // leaves the old content under a hidden name beside the output (.NAME.old-*, which no sweep
   // removes: it may be the only copy), never a partial output.
-  TempDir old = TempDir::at(temp_sibling(final_path, "old"));
-  ::rmdir(old.path().c_str());
-  if (::rename(final_path.c_str(), old.path().c_str()) != 0) {
-    old.release();
+  // Not a TempDir: an interrupt's cleanup must never take it while it is the only copy.
+  const fs::path old = temp_sibling(final_path, "old");
+  if (::rename(final_path.c_str(), old.c_str()) != 0)
     throw_errno(Errc::kIo, "move ", final_path, " aside");
-  }
   if (::rename(tmp.path().c_str(), final_path.c_str()) != 0) {
     const int err = errno;
-    ::rename(old.path().c_str(), final_path.c_str());  // best effort: put the old one back
-    old.release();
+    ::rename(old.c_str(), final_path.c_str());  // best effort: put the old one back
     throw_syserr(Errc::kIo, err, "rename ", tmp.path(), " to ", final_path);
   }
   tmp.release();
   fsync_dir(parent);
+  fs::remove_all(old, ec);
 }
 
 }  // namespace gpuckpt::image

@@ -156,9 +156,11 @@ void Guard::keep_copy() {
 }
 void Guard::remove_on_recovery(const fs::path& path) {
   send({{"op", "remove"}, {"path", path.string()}});
+  hand_over_temp_dir(path);
 }
 void Guard::keep(const fs::path& path) {
   send({{"op", "keep"}, {"path", path.string()}});
+  take_back_temp_dir(path);
 }
 void Guard::rename_on_recovery(const fs::path& from, const fs::path& to) {
   send({{"op", "rename"}, {"from", from.string()}, {"to", to.string()}});
@@ -264,6 +266,9 @@ struct Plan {
   std::vector<std::pair<fs::path, fs::path>> renames;
   std::vector<fs::path> remove;
   fs::path restore_from, restore_staging, restore_criu;
+  // The spool that holds restore_from: kept from other runs' sweeps once gpuckpt (whose
+  // TempDir held it) is gone and this guard may still restore from it.
+  UniqueFd restore_hold;
 };
 
 void say(std::vector<std::string>& log, std::string s) {
@@ -388,6 +393,12 @@ void apply(Plan& p, const json& m) {
     p.renames.emplace_back(m.at("from").get<std::string>(), m.at("to").get<std::string>());
   } else if (op == "restore_from") {
     p.restore_from = m.at("checkpoint").get<std::string>();
+    try {
+      const fs::path dir = p.restore_from.parent_path();
+      p.restore_hold = hold_dir(dir.empty() ? fs::path(".") : dir);
+    } catch (const Error&) {
+      // Not ours to hold (gone, or not a directory we may open): nobody sweeps it either.
+    }
     p.restore_staging = m.at("staging").get<std::string>();
     p.restore_criu = m.at("criu").get<std::string>();
   } else if (op == "renames_done") {

@@ -393,6 +393,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   stage_images(r);
   build_criu_args(r);
   run_criu_restore(r);
+  fault_point("criu_restored");  // the copy runs; gpuckpt has not looked at it yet
   finish_streaming(r);
   check_restored(r);
   wait_first_answer(r);

@@ -446,9 +446,7 @@ fs::path spool_root(const fs::path& given) {
 }
 
 TempDir make_spool(const fs::path& root, const std::string& prefix) {
-  const std::string mine = prefix + "-";
-  for (const auto& r : remove_abandoned(
-           spool_root(root), [&](const std::string& name) { return name.starts_with(mine); }))
+  for (const auto& r : remove_abandoned(spool_root(root), {prefix + "-"}))
     spdlog::info("removed {} ({} MiB), left by a gpuckpt that was killed", r.path.string(),
                  r.bytes >> 20);
   TempDir d(spool_root(root), prefix);

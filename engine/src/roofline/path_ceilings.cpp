@@ -54,24 +54,29 @@ class ScratchFile {
     std::string tmpl = (dir / ".gpuckpt-floor-XXXXXX").string();
     fd_.reset(::mkostemp(tmpl.data(), O_CLOEXEC));
     if (!fd_) throw_errno(Errc::kIo, "create a scratch file in ", dir);
-    ::unlink(tmpl.c_str());
-    path_ = "/proc/self/fd/" + std::to_string(fd_.get());
+    if (::unlink(tmpl.c_str()) != 0) throw_errno(Errc::kIo, "unlink ", tmpl);
+    name_ = std::move(tmpl);
   }
   ScratchFile(const ScratchFile&) = delete;
   ScratchFile& operator=(const ScratchFile&) = delete;
-  const fs::path& path() const { return path_; }
+  // Another open file of it, with `flags` (the file has no name left to open).
+  UniqueFd reopen(int flags) const {
+    return UniqueFd(::open(("/proc/self/fd/" + std::to_string(fd_.get())).c_str(), flags));
+  }
+  const std::string& name() const { return name_; }  // for messages: where it was made
 
  private:
   UniqueFd fd_;
-  fs::path path_;
+  std::string name_;
 };
 
 // `bytes` through O_DIRECT in kBlock requests, kDepth in flight; returns the seconds taken.
-double direct_io(const fs::path& path, bool write, std::uint64_t bytes,
+double direct_io(const ScratchFile& file, bool write, std::uint64_t bytes,
                  std::vector<image::AlignedBuffer>& bufs) {
-  UniqueFd fd(::open(path.c_str(), (write ? O_WRONLY : O_RDONLY) | O_DIRECT | O_CLOEXEC));
+  const std::string& path = file.name();
+  UniqueFd fd = file.reopen((write ? O_WRONLY : O_RDONLY) | O_DIRECT | O_CLOEXEC);
   if (!fd && errno == EINVAL)  // no O_DIRECT on this filesystem: what gpuckpt falls back to
-    fd.reset(::open(path.c_str(), (write ? O_WRONLY : O_RDONLY) | O_CLOEXEC));
+    fd = file.reopen((write ? O_WRONLY : O_RDONLY) | O_CLOEXEC);
   if (!fd) throw_errno(Errc::kIo, "open ", path);
   if (!write) ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED);
   image::AsyncIo::Config cfg;
@@ -272,8 +277,8 @@ PathCeilings measure_path_ceilings(const PathMeasureOptions& o) {
     }
     const std::uint64_t bytes = o.bytes / kBlock * kBlock;
     ScratchFile f(o.dir);
-    const double tw = direct_io(f.path(), true, bytes, bufs);
-    const double tr = direct_io(f.path(), false, bytes, bufs);
+    const double tw = direct_io(f, true, bytes, bufs);
+    const double tr = direct_io(f, false, bytes, bufs);
     p.disk_write_gbps = static_cast<double>(bytes) / tw / 1e9;
     p.disk_read_gbps = static_cast<double>(bytes) / tr / 1e9;
   }

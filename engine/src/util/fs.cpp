@@ -4,8 +4,11 @@
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <mutex>
@@ -88,16 +91,18 @@ namespace {
 struct LiveDirs {
   std::mutex mu;
   std::set<fs::path> paths;
+  std::set<fs::path> handed_over;  // a guard removes these: hand_over_temp_dir()
 };
 LiveDirs& live_dirs() {
   static auto* d = new LiveDirs;
   return *d;
 }
 
-// The lock of a directory: LOCK_NB, so that neither a sweep nor a creator ever waits.
-UniqueFd lock_dir(const fs::path& path) {
+// A lock of a directory: shared for its owners (the TempDir, a guard that still needs it),
+// exclusive for a sweep. LOCK_NB, so that neither a sweep nor a creator ever waits.
+UniqueFd lock_dir(const fs::path& path, int mode) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+  if (fd && ::flock(fd.get(), mode | LOCK_NB) != 0) {
     const int err = errno;
     fd.reset();
     errno = err;
@@ -121,10 +126,61 @@ class LostRace : public Error {
                              " was removed by another gpuckpt's cleanup as it was created") {}
 };
 
+// PREFIX, then mkdtemp's 6 or temp_sibling's 16 random characters, then maybe ".gone"
+// (remove_live_temp_dirs): a temporary directory of ours, not a user's that shares a prefix.
+bool temp_name(const std::string& name, const std::vector<std::string>& prefixes) {
+  for (const auto& prefix : prefixes) {
+    if (!name.starts_with(prefix)) continue;
+    std::string_view rest = std::string_view(name).substr(prefix.size());
+    if (rest.ends_with(".gone")) rest.remove_suffix(5);
+    if ((rest.size() == 6 || rest.size() == 16) &&
+        std::all_of(rest.begin(), rest.end(), [](char c) { return std::isalnum(c) != 0; }))
+      return true;
+  }
+  return false;
+}
+
+// flock on these is local to one host, so another host's live directory would look abandoned.
+bool network_filesystem(const fs::path& dir) {
+  struct statfs s {};
+  if (::statfs(dir.c_str(), &s) != 0) return true;  // unknown: do not sweep
+  switch (static_cast<unsigned long>(s.f_type)) {
+    case 0x6969:      // NFS
+    case 0xFF534D42:  // CIFS
+    case 0xFE534D42:  // SMB2
+    case 0x517B:      // SMB
+    case 0x65735546:  // FUSE (sshfs, s3fs, ...)
+    case 0x00C36400:  // Ceph
+    case 0x47504653:  // GPFS
+    case 0x0BD00BD0:  // Lustre
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
 
+UniqueFd hold_dir(const fs::path& path) {
+  UniqueFd fd = lock_dir(path, LOCK_SH);
+  if (!fd) throw_errno(Errc::kIo, "hold ", path);
+  return fd;
+}
+
+void hand_over_temp_dir(const fs::path& path) {
+  auto& live = live_dirs();
+  std::lock_guard lk(live.mu);
+  live.handed_over.insert(path);
+}
+
+void take_back_temp_dir(const fs::path& path) {
+  auto& live = live_dirs();
+  std::lock_guard lk(live.mu);
+  live.handed_over.erase(path);
+}
+
 void TempDir::take(fs::path path) {
-  UniqueFd fd = lock_dir(path);
+  UniqueFd fd = lock_dir(path, LOCK_SH);
   if (!fd) {
     const int err = errno;
     if (err == EWOULDBLOCK || err == ENOENT) throw LostRace(path);
@@ -177,11 +233,9 @@ TempDir TempDir::at(const fs::path& path) {
 
 TempDir TempDir::beside(const fs::path& final_path,
                         const std::function<void(const fs::path&)>& before_create) {
-  const std::string mine = "." + final_path.filename().string() + ".tmp-";
   const fs::path parent =
       final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
-  for (const auto& r :
-       remove_abandoned(parent, [&](const std::string& name) { return name.starts_with(mine); }))
+  for (const auto& r : remove_abandoned(parent, {"." + final_path.filename().string() + ".tmp-"}))
     spdlog::warn("removed {} ({} MiB): an unfinished output of a gpuckpt that was killed",
                  r.path.string(), r.bytes >> 20);
   for (int attempt = 0;; ++attempt) {
@@ -228,18 +282,34 @@ fs::path TempDir::release() {
 }
 
 std::vector<RemovedDir> remove_abandoned(const fs::path& parent,
-                                         const std::function<bool(const std::string&)>& match) {
+                                         const std::vector<std::string>& prefixes) noexcept {
   std::vector<RemovedDir> removed;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(parent, ec)) {
-    if (!match(e.path().filename().string())) continue;
-    if (e.is_symlink(ec) || !e.is_directory(ec)) continue;
-    // Held while it is removed, so that nobody else takes it for theirs meanwhile.
-    const UniqueFd lock = lock_dir(e.path());
-    if (!lock || !still_at(lock, e.path())) continue;  // in use, or gone already
-    RemovedDir r{e.path(), allocated_bytes(e.path())};
-    fs::remove_all(e.path(), ec);
-    if (!ec) removed.push_back(std::move(r));
+  try {
+    if (network_filesystem(parent)) {
+      spdlog::debug("not sweeping {}: a lock there does not tell another host's use",
+                    parent.string());
+      return removed;
+    }
+    std::error_code ec;
+    for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::end(it); it.increment(ec)) {
+      const fs::path p = it->path();
+      if (!temp_name(p.filename().string(), prefixes)) continue;
+      std::error_code sec;
+      if (it->is_symlink(sec) || !it->is_directory(sec)) continue;
+      // Held while it is removed, so that nobody else takes it for theirs meanwhile.
+      const UniqueFd lock = lock_dir(p, LOCK_EX);
+      if (!lock || !still_at(lock, p)) continue;  // in use, or gone already
+      RemovedDir r{p, allocated_bytes(p)};
+      fs::remove_all(p, sec);
+      if (sec)
+        spdlog::warn("cannot remove {}, left by a gpuckpt that was killed: {}", p.string(),
+                     sec.message());
+      else
+        removed.push_back(std::move(r));
+    }
+  } catch (const std::exception& e) {
+    // A cleanup of what others left never fails the operation that runs it.
+    spdlog::warn("sweeping {}: {}", parent.string(), e.what());
   }
   return removed;
 }
@@ -249,7 +319,8 @@ std::vector<RemovedDir> remove_live_temp_dirs() {
   {
     auto& live = live_dirs();
     std::lock_guard lk(live.mu);
-    paths.assign(live.paths.begin(), live.paths.end());
+    for (const auto& p : live.paths)
+      if (!live.handed_over.contains(p)) paths.push_back(p);
   }
   std::vector<RemovedDir> removed;
   for (const auto& p : paths) {
@@ -259,7 +330,7 @@ std::vector<RemovedDir> remove_live_temp_dirs() {
     RemovedDir r{p, allocated_bytes(gone)};
     std::error_code ec;
     fs::remove_all(gone, ec);
-    removed.push_back(std::move(r));
+    if (!ec) removed.push_back(std::move(r));
   }
   return removed;
 }

@@ -62,19 +62,32 @@ class TempDir {
   UniqueFd lock_;
 };
 
-// Removes the directories directly in `parent` whose names `match` and that no live TempDir
-// holds. Returns each with the bytes it held. Symlinks and plain files are left alone.
+// Removes the directories directly in `parent` that are named as our temporaries are (one of
+// `prefixes`, then the 6 or 16 random characters of mkdtemp or temp_sibling) and that nobody
+// holds (a live TempDir, or hold_dir). Returns each with the bytes it held. Symlinks, plain
+// files and other names are left alone, and so is a network filesystem, where a lock does not
+// tell another host's use. Never throws: failures are logged.
 struct RemovedDir {
   std::filesystem::path path;
   std::uint64_t bytes = 0;
 };
 std::vector<RemovedDir> remove_abandoned(const std::filesystem::path& parent,
-                                         const std::function<bool(const std::string&)>& match);
+                                         const std::vector<std::string>& prefixes) noexcept;
+
+// Keeps `path` (a TempDir's, maybe another process's) from remove_abandoned for as long as the
+// returned fd is open: for a guard that still needs a directory after its gpuckpt died.
+UniqueFd hold_dir(const std::filesystem::path& path);
+
+// Another process removes `path` now (a guard, on recovery): remove_live_temp_dirs leaves it to
+// it, since the guard may still need it then. take_back_temp_dir undoes this.
+void hand_over_temp_dir(const std::filesystem::path& path);
+void take_back_temp_dir(const std::filesystem::path& path);
 
 // For an interrupt, whose program exits next: removes the directory of every TempDir of this
-// process that is still alive. Each is first renamed away, so that an operation still running
-// on another thread cannot publish it half removed; what a writer adds meanwhile is left under
-// the new name, unlocked once the process is gone, for remove_abandoned.
+// process that is still alive and was not handed over to a guard. Each is first renamed away, so
+// that an operation still running on another thread cannot publish it half removed; what a writer
+// adds meanwhile is left under the new name, unlocked once the process is gone, for
+// remove_abandoned.
 std::vector<RemovedDir> remove_live_temp_dirs();
 
 // Bytes allocated to regular files under `dir` (recursive; st_blocks, so tmpfs pages in use).
