@@ -134,7 +134,7 @@ bool temp_name(const std::string& name, const std::vector<std::string>& prefixes
     std::string_view rest = std::string_view(name).substr(prefix.size());
     if (rest.ends_with(".gone")) rest.remove_suffix(5);
     if ((rest.size() == 6 || rest.size() == 16) &&
-        std::all_of(rest.begin(), rest.end(), [](char c) { return std::isalnum(c) != 0; }))
+        std::all_of(rest.begin(), rest.end(), [](unsigned char c) { return std::isalnum(c) != 0; }))
       return true;
   }
   return false;
