@@ -14,8 +14,8 @@ namespace gpuckpt::process {
 
 RemoteSpool::RemoteSpool(const fs::path& where, const fs::path& spool_root, const char* prefix,
                          Guard& guard)
-    :  // The staging helper's owner record lets the next run sweep a spool that a SIGKILL of
-       // both gpuckpt and its guard left behind.
+    :  // The staging helper sweeps the spools that a SIGKILL of both gpuckpt and its guard
+       // left behind.
       spool_(make_staging(remote::spool_root(spool_root), prefix)) {
   guard.remove_on_recovery(spool_.path());
   if (::chmod(spool_.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", spool_.path());

@@ -55,10 +55,8 @@ bool kill_and_wait(pid_t pid, int timeout_ms) {
 }
 
 TempDir make_staging(const fs::path& root, const std::string& prefix) {
-  for (const auto& r : remove_abandoned(root, {"gpuckpt-dump-", "gpuckpt-restore-",
-                                               "gpuckpt-dump-spool-", "gpuckpt-restore-spool-"}))
-    spdlog::info("removed {} ({} MiB), left by a gpuckpt that was killed", r.path.string(),
-                 r.bytes >> 20);
+  remove_abandoned(
+      root, {"gpuckpt-dump-", "gpuckpt-restore-", "gpuckpt-dump-spool-", "gpuckpt-restore-spool-"});
   return TempDir(root, prefix);
 }
 

@@ -446,9 +446,7 @@ fs::path spool_root(const fs::path& given) {
 }
 
 TempDir make_spool(const fs::path& root, const std::string& prefix) {
-  for (const auto& r : remove_abandoned(spool_root(root), {prefix + "-"}))
-    spdlog::info("removed {} ({} MiB), left by a gpuckpt that was killed", r.path.string(),
-                 r.bytes >> 20);
+  remove_abandoned(spool_root(root), {prefix + "-"});
   TempDir d(spool_root(root), prefix);
   if (::chmod(d.path().c_str(), 0700) != 0) throw_errno(Errc::kIo, "chmod ", d.path());
   return d;

@@ -198,13 +198,15 @@ void TempDir::take(fs::path path) {
   lock_ = std::move(fd);
 }
 
+void TempDir::forget() noexcept {
+  auto& live = live_dirs();
+  std::lock_guard lk(live.mu);
+  live.paths.erase(path_);
+}
+
 void TempDir::drop() noexcept {
   if (path_.empty()) return;
-  {
-    auto& live = live_dirs();
-    std::lock_guard lk(live.mu);
-    live.paths.erase(path_);
-  }
+  forget();
   std::error_code ec;
   fs::remove_all(path_, ec);
   path_.clear();
@@ -235,9 +237,7 @@ TempDir TempDir::beside(const fs::path& final_path,
                         const std::function<void(const fs::path&)>& before_create) {
   const fs::path parent =
       final_path.parent_path().empty() ? fs::path(".") : final_path.parent_path();
-  for (const auto& r : remove_abandoned(parent, {"." + final_path.filename().string() + ".tmp-"}))
-    spdlog::warn("removed {} ({} MiB): an unfinished output of a gpuckpt that was killed",
-                 r.path.string(), r.bytes >> 20);
+  remove_abandoned(parent, {"." + final_path.filename().string() + ".tmp-"});
   for (int attempt = 0;; ++attempt) {
     const fs::path p = temp_sibling(final_path);
     if (before_create) before_create(p);
@@ -270,11 +270,7 @@ TempDir::~TempDir() {
 }
 
 fs::path TempDir::release() {
-  {
-    auto& live = live_dirs();
-    std::lock_guard lk(live.mu);
-    live.paths.erase(path_);
-  }
+  forget();
   fs::path p = std::move(path_);
   path_.clear();
   lock_.reset();
@@ -301,11 +297,14 @@ std::vector<RemovedDir> remove_abandoned(const fs::path& parent,
       if (!lock || !still_at(lock, p)) continue;  // in use, or gone already
       RemovedDir r{p, allocated_bytes(p)};
       fs::remove_all(p, sec);
-      if (sec)
+      if (sec) {
         spdlog::warn("cannot remove {}, left by a gpuckpt that was killed: {}", p.string(),
                      sec.message());
-      else
+      } else {
+        spdlog::warn("removed {} ({} MiB), left by a gpuckpt that was killed", p.string(),
+                     r.bytes >> 20);
         removed.push_back(std::move(r));
+      }
     }
   } catch (const std::exception& e) {
     // A cleanup of what others left never fails the operation that runs it.

@@ -56,6 +56,7 @@ class TempDir {
 
  private:
   void take(std::filesystem::path path);  // locks `path`, just created, and registers it
+  void forget() noexcept;                 // unregisters (an interrupt no longer removes it)
   void drop() noexcept;                   // unregisters, removes, unlocks
 
   std::filesystem::path path_;
@@ -66,7 +67,7 @@ class TempDir {
 // `prefixes`, then the 6 or 16 random characters of mkdtemp or temp_sibling) and that nobody
 // holds (a live TempDir, or hold_dir). Returns each with the bytes it held. Symlinks, plain
 // files and other names are left alone, and so is a network filesystem, where a lock does not
-// tell another host's use. Never throws: failures are logged.
+// tell another host's use. Never throws: each removal and each failure is logged.
 struct RemovedDir {
   std::filesystem::path path;
   std::uint64_t bytes = 0;
