@@ -195,38 +195,44 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfAMigrationRollsBackToOneRunningOriginal) {
 
 TEST_F(E2eFaults, SigkillDuringAReleaseMigrationRestoresTheOriginalFromTheCheckpoint) {
   // A TCP listener: the original ends once the checkpoint is durable, so after a SIGKILL of
-  // gpuckpt in the probe phase the guard must bring the service back from the checkpoint.
-  const int port = test::free_tcp_port();
-  SpawnOptions o;
-  o.new_session = true;
-  o.stdout_file = dir_.path() / "http.out";
-  o.stderr_file = dir_.path() / "http.err";
-  o.cwd = dir_.path();
-  Child s = spawn({"python3", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1"}, o);
-  auto up = [&] {
-    try {
-      return test::http_request(port, "GET", "/", {}, 2s).status == 200;
-    } catch (const Error&) {
-      return false;
+  // gpuckpt once the copy runs (before gpuckpt read its pid, and in the probe phase) the guard
+  // must end the unconfirmed copy and bring the service back from the checkpoint.
+  for (const std::string point : {"criu_restored", "first_answer"}) {
+    SCOPED_TRACE(point);
+    const int port = test::free_tcp_port();
+    SpawnOptions o;
+    o.new_session = true;
+    o.stdout_file = dir_.path() / "http.out";
+    o.stderr_file = dir_.path() / "http.err";
+    o.cwd = dir_.path();
+    Child s =
+        spawn({"python3", "-m", "http.server", std::to_string(port), "--bind", "127.0.0.1"}, o);
+    auto up = [&] {
+      try {
+        return test::http_request(port, "GET", "/", {}, 2s).status == 200;
+      } catch (const Error&) {
+        return false;
+      }
+    };
+    ASSERT_TRUE(test::wait_until(up));
+    const pid_t pid = s.pid();
+    // The original ends for the release handoff; like a supervisor, reap it at once.
+    std::thread reaper([&] { s.wait(); });
+    Child g = paused_cli(
+        {"migrate", "--pid", std::to_string(pid), "--to", (out_ / "t").string(), "--staging",
+         staging_.string(), "--probe", "tcp:127.0.0.1:" + std::to_string(port)},
+        point);
+    g.kill(SIGKILL);
+    g.wait();
+    reaper.join();
+    EXPECT_TRUE(test::wait_until(up, 60s)) << "the service did not come back";
+    const auto procs = serving("http.server");
+    EXPECT_EQ(procs.size(), 1u) << "not exactly one server";
+    for (pid_t p : procs) {
+      ::kill(p, SIGKILL);
+      process::wait_ended(p, 10s);
     }
-  };
-  ASSERT_TRUE(test::wait_until(up));
-  const pid_t pid = s.pid();
-  // The original ends for the release handoff; like a supervisor, reap it at once.
-  std::thread reaper([&] { s.wait(); });
-  Child g = paused_cli(
-      {"migrate", "--pid", std::to_string(pid), "--to", (out_ / "t").string(), "--staging",
-       staging_.string(), "--probe", "tcp:127.0.0.1:" + std::to_string(port)},
-      "first_answer");
-  g.kill(SIGKILL);
-  g.wait();
-  reaper.join();
-  EXPECT_TRUE(test::wait_until(up, 60s)) << "the service did not come back";
-  const auto procs = serving("http.server");
-  EXPECT_EQ(procs.size(), 1u) << "not exactly one server";
-  for (pid_t p : procs) {
-    ::kill(p, SIGKILL);
-    process::wait_ended(p, 10s);
+    fs::remove_all(out_ / "t");
   }
 }
 
@@ -244,6 +250,37 @@ TEST_F(E2eFaults, InterruptedRestoreLeavesNoStaging) {
   for (pid_t p : serving(sock("r").string())) {
     ::kill(p, SIGKILL);
     process::wait_ended(p, 10s);
+  }
+}
+
+TEST_F(E2eFaults, AnUnconfirmedCopyDiesWithItsGpuckptEvenBeforeItsPidIsKnown) {
+  // The target side of a migration between hosts restores with the checkpoint's pids and keeps
+  // the copy only on "commit". Killed or interrupted after criu restored the copy but before
+  // gpuckpt read its pid, it must not leave a second instance of a service the controller is
+  // resuming elsewhere.
+  for (const int sig : {SIGINT, SIGKILL}) {
+    SCOPED_TRACE(strsignal(sig));
+    const std::string name = "u" + std::to_string(sig);
+    Child s = server(name);
+    const fs::path ckpt = out_ / (name + ".ckpt");
+    auto d = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string()});
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    ASSERT_TRUE(s.wait_for(10s).has_value());
+    Child g =
+        paused_cli({"restore", ckpt.string(), "--staging", staging_.string(), "--await-commit"},
+                   "criu_restored");
+    const std::vector<pid_t> copy = serving(sock(name).string());
+    EXPECT_EQ(copy.size(), 1u) << "criu had not restored the copy at criu_restored";
+    g.kill(sig);
+    g.wait();
+    EXPECT_TRUE(test::wait_until([&] { return serving(sock(name).string()).empty(); }))
+        << "the unconfirmed copy outlived its restore";
+    EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }))
+        << entries(staging_).front();
+    for (pid_t p : serving(sock(name).string())) {
+      ::kill(p, SIGKILL);
+      process::wait_ended(p, 10s);
+    }
   }
 }
 

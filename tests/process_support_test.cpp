@@ -48,6 +48,28 @@ TEST(ProcInfo, ReadsIdentityAndLiveness) {
   c.wait();
 }
 
+TEST(ProcInfo, StartTicksTellAProcessStartedAfterANoteFromOneStartedBefore) {
+  // What the guard relies on to tell a restored copy from a process that reused its pid.
+  const auto self = process::start_ticks(::getpid());
+  ASSERT_TRUE(self.has_value());
+  const std::uint64_t note = process::boot_ticks_now();
+  EXPECT_LE(*self, note);
+  // A command whose name has the separators of /proc/PID/stat in it.
+  const TempDir dir = test::scratch_dir("gpuckpt-ticks");
+  const fs::path odd = dir.path() / "s) 1 2 (3";
+  fs::copy_file("/bin/sleep", odd);
+  Child c = spawn({odd.string(), "600"});
+  ASSERT_TRUE(test::wait_until([&] { return process::read_proc(c.pid())->comm == "s) 1 2 (3"; }));
+  const auto child = process::start_ticks(c.pid());
+  ASSERT_TRUE(child.has_value());
+  EXPECT_GE(*child, note);
+  EXPECT_LE(*child, process::boot_ticks_now());
+  c.kill(SIGKILL);
+  c.wait();
+  EXPECT_FALSE(process::start_ticks(c.pid()).has_value());
+  EXPECT_FALSE(process::start_ticks(0).has_value());
+}
+
 TEST(ProcInfo, FindsListeningSockets) {
   EXPECT_FALSE(process::has_tcp_listener(::getpid()));
   UniqueFd tcp(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));

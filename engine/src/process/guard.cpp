@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <limits>
 #include <mutex>
 #include <set>
 
@@ -151,6 +153,11 @@ void Guard::durable(bool end_targets) {
 void Guard::kill_on_recovery(pid_t pid, pid_t pidns_init) {
   send({{"op", "copy"}, {"pid", pid}, {"pidns_init", pidns_init}});
 }
+void Guard::kill_copy_named_in(const fs::path& pidfile) {
+  // Taken here, before criu starts, not when the guard reads the line (maybe only after
+  // gpuckpt died): the copy started after this tick, a process reusing its pid did not.
+  send({{"op", "copy_pidfile"}, {"path", pidfile.string()}, {"after", boot_ticks_now()}});
+}
 void Guard::keep_copy() {
   send({{"op", "keep_copy"}});
 }
@@ -263,6 +270,8 @@ struct Plan {
   pid_t criu = 0;
   bool durable = false, end_targets = false;
   std::vector<std::pair<pid_t, pid_t>> copies;  // (pid, pidns init)
+  // Copies known only by criu's pidfile, each with the tick before criu started.
+  std::vector<std::pair<fs::path, std::uint64_t>> copy_pidfiles;
   std::vector<std::pair<fs::path, fs::path>> renames;
   std::vector<fs::path> remove;
   fs::path restore_from, restore_staging, restore_criu;
@@ -297,7 +306,20 @@ std::string recover(const Plan& p) {
     }
   }
   // 2. the copies, which may own the service's endpoints.
-  for (const auto& [pid, init] : p.copies) {
+  auto copies = p.copies;
+  for (const auto& [pidfile, after] : p.copy_pidfiles) {
+    // criu has finished: its pidfile names the copy if it restored one. A pid whose process
+    // started before criu is someone else's.
+    std::ifstream in(pidfile);
+    long pid = 0;
+    if (!(in >> pid) || pid <= 0 || pid > std::numeric_limits<pid_t>::max()) continue;
+    const auto q = static_cast<pid_t>(pid);
+    const auto started = start_ticks(q);
+    const bool known =
+        std::any_of(copies.begin(), copies.end(), [q](const auto& c) { return c.first == q; });
+    if (started && *started >= after && !known) copies.emplace_back(q, 0);
+  }
+  for (const auto& [pid, init] : copies) {
     // The namespace's init with everything below it, or the copy's own tree. end_tree locks
     // restored CUDA processes before it kills them (cuda-checkpoint#53).
     std::vector<pid_t> tree = process_tree(init > 0 ? init : pid);
@@ -383,8 +405,12 @@ void apply(Plan& p, const json& m) {
     p.end_targets = m.at("end").get<bool>();
   } else if (op == "copy") {
     p.copies.emplace_back(m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>());
+  } else if (op == "copy_pidfile") {
+    p.copy_pidfiles.emplace_back(m.at("path").get<std::string>(),
+                                 m.at("after").get<std::uint64_t>());
   } else if (op == "keep_copy") {
     p.copies.clear();
+    p.copy_pidfiles.clear();
   } else if (op == "remove") {
     p.remove.emplace_back(m.at("path").get<std::string>());
   } else if (op == "keep") {

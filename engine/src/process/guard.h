@@ -60,6 +60,10 @@ class Guard {
   // A restored copy (its root, and its pid namespace's init if any) to kill on recovery;
   // keep_copy() forgets them once the copy is the service.
   void kill_on_recovery(pid_t pid, pid_t pidns_init);
+  // A copy that criu is about to restore in this pid namespace, whose root's pid it will write
+  // to `pidfile`: recovery kills it if criu got that far, though gpuckpt may die before it
+  // reads the pid and calls kill_on_recovery.
+  void kill_copy_named_in(const std::filesystem::path& pidfile);
   void keep_copy();
   // Paths to remove on recovery (staging, temporary outputs); keep() forgets one.
   void remove_on_recovery(const std::filesystem::path& path);

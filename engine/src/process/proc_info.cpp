@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -102,6 +103,31 @@ std::uint64_t huge_page_bytes(pid_t pid) {
 bool alive(pid_t pid) {
   auto p = read_proc(pid);
   return p && p->state != 'Z' && p->state != 'X';
+}
+
+std::uint64_t boot_ticks_now() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_BOOTTIME, &ts);
+  const auto hz = static_cast<std::uint64_t>(::sysconf(_SC_CLK_TCK));
+  // Truncated as the kernel truncates a start time, so a process started after this call never
+  // shows an earlier tick.
+  return static_cast<std::uint64_t>(ts.tv_sec) * hz +
+         static_cast<std::uint64_t>(ts.tv_nsec) * hz / 1000000000ULL;
+}
+
+std::optional<std::uint64_t> start_ticks(pid_t pid) {
+  if (pid <= 0) return std::nullopt;
+  const std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  // Fields after the command: state is field 3, the start time field 22.
+  std::istringstream f(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i < 22; ++i)
+    if (!(f >> field)) return std::nullopt;
+  std::uint64_t ticks = 0;
+  if (!(f >> ticks)) return std::nullopt;
+  return ticks;
 }
 
 bool wait_ended(pid_t pid, std::chrono::milliseconds timeout) {

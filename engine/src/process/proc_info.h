@@ -34,6 +34,12 @@ std::uint64_t huge_page_bytes(pid_t pid);
 // Alive = exists and is not a zombie.
 bool alive(pid_t pid);
 
+// Now, in clock ticks since boot: the clock and unit of a process's start time in /proc, so that
+// a pid read later can be told from one reused by a process that started before this moment.
+std::uint64_t boot_ticks_now();
+// When the process started, in the same ticks; nullopt if it is gone.
+std::optional<std::uint64_t> start_ticks(pid_t pid);
+
 // Sends `sig` (0 = none) and polls until the process is gone or a zombie. Returns false on
 // timeout. For processes that are not our children (we cannot reap them).
 bool wait_ended(pid_t pid, std::chrono::milliseconds timeout);

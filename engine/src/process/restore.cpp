@@ -299,6 +299,9 @@ void run_criu_restore(RestoreState& r) {
     if (r.o.new_pid_ns) {
       criu_restore_in_new_pidns(r);
     } else {
+      // criu gives the copy the checkpoint's pids, and gpuckpt reads them only after criu
+      // exits: a guard recovering before that finds the copy by criu's pidfile.
+      if (r.guard && r.provisional) r.guard->kill_copy_named_in(r.args.pidfile);
       r.run = criu::restore(r.inst, r.args);
       r.out.pid = r.out.ns_pid = read_pidfile(r.args.pidfile);
     }
