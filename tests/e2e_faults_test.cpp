@@ -253,6 +253,38 @@ TEST_F(E2eFaults, InterruptedRestoreLeavesNoStaging) {
   }
 }
 
+TEST_F(E2eFaults, AnInterruptedRestoreLeavesItsCopyServingAndSaysSo) {
+  // A restore without a commit to wait for keeps what it restored, as after a timeout: the
+  // copy is the service now. The operator must learn that it runs, and as which pid.
+  for (const std::string point : {"criu_restored", "first_answer"}) {
+    SCOPED_TRACE(point);
+    const std::string name = "i" + point;
+    Child s = server(name);
+    const fs::path ckpt = out_ / (name + ".ckpt");
+    auto d = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string()});
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    ASSERT_TRUE(s.wait_for(10s).has_value());
+    Child g = paused_cli({"restore", ckpt.string(), "--staging", staging_.string(), "--probe",
+                          "unix:" + sock(name).string()},
+                         point);
+    g.kill(SIGINT);
+    const ExitStatus st = g.wait();
+    EXPECT_FALSE(st.exited);
+    EXPECT_EQ(st.code, SIGINT);
+    const std::vector<pid_t> copy = serving(sock(name).string());
+    ASSERT_EQ(copy.size(), 1u) << "the restored copy did not stay";
+    EXPECT_EQ(ask_unix_line(sock(name), "PING"), "PONG");
+    const std::string err = read_file(dir_.path() / "cli.err");
+    EXPECT_NE(err.find("the restored process " + std::to_string(copy[0]) + " is left running"),
+              std::string::npos)
+        << err;
+    EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }))
+        << entries(staging_).front();
+    ::kill(copy[0], SIGKILL);
+    process::wait_ended(copy[0], 10s);
+  }
+}
+
 TEST_F(E2eFaults, AnUnconfirmedCopyDiesWithItsGpuckptEvenBeforeItsPidIsKnown) {
   // The target side of a migration between hosts restores with the checkpoint's pids and keeps
   // the copy only on "commit". Killed or interrupted after criu restored the copy but before

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <mutex>
 #include <set>
 
@@ -150,13 +151,16 @@ void Guard::criu_finished() {
 void Guard::durable(bool end_targets) {
   send({{"op", "durable"}, {"end", end_targets}});
 }
-void Guard::kill_on_recovery(pid_t pid, pid_t pidns_init) {
-  send({{"op", "copy"}, {"pid", pid}, {"pidns_init", pidns_init}});
+void Guard::copy_on_recovery(pid_t pid, pid_t pidns_init, Copy what) {
+  send({{"op", "copy"}, {"pid", pid}, {"pidns_init", pidns_init}, {"kill", what == Copy::kKill}});
 }
-void Guard::kill_copy_named_in(const fs::path& pidfile) {
+void Guard::copy_named_in(const fs::path& pidfile, Copy what) {
   // Taken here, before criu starts, not when the guard reads the line (maybe only after
   // gpuckpt died): the copy started after this tick, a process reusing its pid did not.
-  send({{"op", "copy_pidfile"}, {"path", pidfile.string()}, {"after", boot_ticks_now()}});
+  send({{"op", "copy_pidfile"},
+        {"path", pidfile.string()},
+        {"after", boot_ticks_now()},
+        {"kill", what == Copy::kKill}});
 }
 void Guard::keep_copy() {
   send({{"op", "keep_copy"}});
@@ -269,9 +273,18 @@ struct Plan {
   std::set<pid_t> cuda;
   pid_t criu = 0;
   bool durable = false, end_targets = false;
-  std::vector<std::pair<pid_t, pid_t>> copies;  // (pid, pidns init)
+  struct Copy {
+    pid_t pid = 0, pidns_init = 0;
+    bool kill = true;
+  };
+  std::vector<Copy> copies;
   // Copies known only by criu's pidfile, each with the tick before criu started.
-  std::vector<std::pair<fs::path, std::uint64_t>> copy_pidfiles;
+  struct NamedCopy {
+    fs::path pidfile;
+    std::uint64_t after = 0;
+    bool kill = true;
+  };
+  std::vector<NamedCopy> copy_pidfiles;
   std::vector<std::pair<fs::path, fs::path>> renames;
   std::vector<fs::path> remove;
   fs::path restore_from, restore_staging, restore_criu;
@@ -307,27 +320,41 @@ std::string recover(const Plan& p) {
   }
   // 2. the copies, which may own the service's endpoints.
   auto copies = p.copies;
-  for (const auto& [pidfile, after] : p.copy_pidfiles) {
+  for (const auto& n : p.copy_pidfiles) {
     // criu has finished: its pidfile names the copy if it restored one. A pid whose process
     // started before criu is someone else's.
-    std::ifstream in(pidfile);
+    std::ifstream in(n.pidfile);
     long pid = 0;
     if (!(in >> pid) || pid <= 0 || pid > std::numeric_limits<pid_t>::max()) continue;
     const auto q = static_cast<pid_t>(pid);
     const auto started = start_ticks(q);
-    const bool known =
-        std::any_of(copies.begin(), copies.end(), [q](const auto& c) { return c.first == q; });
-    if (started && *started >= after && !known) copies.emplace_back(q, 0);
+    if (started && *started >= n.after) copies.push_back({q, 0, n.kill});
   }
-  for (const auto& [pid, init] : copies) {
+  // A copy may be named twice, first by its pidfile or its namespace's init, then by its pid:
+  // once each, by what is known best.
+  std::map<pid_t, Plan::Copy> unique;
+  for (const auto& c : copies) {
+    auto& u = unique[c.pidns_init > 0 ? c.pidns_init : c.pid];
+    if (u.pid == 0 && u.pidns_init == 0) u = c;
+    if (c.pid > 0) u.pid = c.pid;
+    u.kill = u.kill || c.kill;
+  }
+  for (const auto& [key, c] : unique) {
+    const pid_t shown = c.pid > 0 ? c.pid : c.pidns_init;
+    if (!c.kill) {
+      if (alive(shown))
+        say(log, "the restored process " + std::to_string(shown) +
+                     (c.pid > 0 ? "" : " (the init of its pid namespace)") + " is left running");
+      continue;
+    }
     // The namespace's init with everything below it, or the copy's own tree. end_tree locks
     // restored CUDA processes before it kills them (cuda-checkpoint#53).
-    std::vector<pid_t> tree = process_tree(init > 0 ? init : pid);
-    if (init > 0 && pid > 0)
-      for (pid_t q : process_tree(pid))
+    std::vector<pid_t> tree = process_tree(c.pidns_init > 0 ? c.pidns_init : c.pid);
+    if (c.pidns_init > 0 && c.pid > 0)
+      for (pid_t q : process_tree(c.pid))
         if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
     end_tree(tree, 10000);
-    say(log, "the restored copy " + std::to_string(pid > 0 ? pid : init) + " was killed");
+    say(log, "the restored copy " + std::to_string(shown) + " was killed");
   }
   // 3. paths a rollback must put back.
   for (const auto& [from, to] : p.renames) {
@@ -404,10 +431,11 @@ void apply(Plan& p, const json& m) {
     p.durable = true;
     p.end_targets = m.at("end").get<bool>();
   } else if (op == "copy") {
-    p.copies.emplace_back(m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>());
+    p.copies.push_back(
+        {m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>(), m.value("kill", true)});
   } else if (op == "copy_pidfile") {
-    p.copy_pidfiles.emplace_back(m.at("path").get<std::string>(),
-                                 m.at("after").get<std::uint64_t>());
+    p.copy_pidfiles.push_back({m.at("path").get<std::string>(), m.at("after").get<std::uint64_t>(),
+                               m.value("kill", true)});
   } else if (op == "keep_copy") {
     p.copies.clear();
     p.copy_pidfiles.clear();

@@ -57,13 +57,17 @@ class Guard {
   // The checkpoint is durable. `end_targets`: recovery now ends the protected trees instead of
   // resuming them (a dump that is to end the process).
   void durable(bool end_targets);
-  // A restored copy (its root, and its pid namespace's init if any) to kill on recovery;
-  // keep_copy() forgets them once the copy is the service.
-  void kill_on_recovery(pid_t pid, pid_t pidns_init);
+  // What recovery does with a restored copy: one that is not the service yet (a migration's,
+  // or a restore awaiting its commit) is killed; any other restore's copy is left running, and
+  // the summary says so, for an interrupted restore still restored what it could.
+  enum class Copy { kKill, kLeave };
+  // A restored copy: its root, and its pid namespace's init if any (either may be 0 while it is
+  // not known yet). keep_copy() forgets them all once the copy is the service.
+  void copy_on_recovery(pid_t pid, pid_t pidns_init, Copy what);
   // A copy that criu is about to restore in this pid namespace, whose root's pid it will write
-  // to `pidfile`: recovery kills it if criu got that far, though gpuckpt may die before it
-  // reads the pid and calls kill_on_recovery.
-  void kill_copy_named_in(const std::filesystem::path& pidfile);
+  // to `pidfile`: recovery finds it there if criu got that far, though gpuckpt may die before
+  // it reads the pid and calls copy_on_recovery.
+  void copy_named_in(const std::filesystem::path& pidfile, Copy what);
   void keep_copy();
   // Paths to remove on recovery (staging, temporary outputs); keep() forgets one.
   void remove_on_recovery(const std::filesystem::path& path);

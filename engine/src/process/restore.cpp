@@ -138,6 +138,10 @@ struct RestoreState {
   criu::Run run;
 };
 
+Guard::Copy fate(const RestoreState& r) {
+  return r.provisional ? Guard::Copy::kKill : Guard::Copy::kLeave;
+}
+
 void read_record(RestoreState& r) {
   const RestoreOptions& o = r.o;
   r.info = inspect(o.checkpoint);
@@ -273,8 +277,7 @@ void criu_restore_in_new_pidns(RestoreState& r) {
                                          // The whole namespace goes with its init: the copy
                                          // cannot outlive a rollback, even one that starts
                                          // while criu still restores it.
-                                         if (r.guard && r.provisional)
-                                           r.guard->kill_on_recovery(0, init);
+                                         if (r.guard) r.guard->copy_on_recovery(0, init, fate(r));
                                          fault_point("criu_restore");
                                        });
   run.end = std::chrono::steady_clock::now();
@@ -301,7 +304,7 @@ void run_criu_restore(RestoreState& r) {
     } else {
       // criu gives the copy the checkpoint's pids, and gpuckpt reads them only after criu
       // exits: a guard recovering before that finds the copy by criu's pidfile.
-      if (r.guard && r.provisional) r.guard->kill_copy_named_in(r.args.pidfile);
+      if (r.guard) r.guard->copy_named_in(r.args.pidfile, fate(r));
       r.run = criu::restore(r.inst, r.args);
       r.out.pid = r.out.ns_pid = read_pidfile(r.args.pidfile);
     }
@@ -337,7 +340,7 @@ void finish_streaming(RestoreState& r) {
 void check_restored(RestoreState& r) {
   RestoreResult& out = r.out;
   if (r.guard) r.guard->criu_finished();
-  if (r.guard && r.provisional) r.guard->kill_on_recovery(out.pid, out.pidns_init);
+  if (r.guard) r.guard->copy_on_recovery(out.pid, out.pidns_init, fate(r));
   out.tree = process_tree(out.pid);
   for (pid_t p : out.tree) out.huge_page_bytes += huge_page_bytes(p);
   const auto plugin = criu::read_plugin_report(r.report_path);
