@@ -9,6 +9,9 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <random>
+
+#include <xxhash.h>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
@@ -214,6 +217,25 @@ TEST(Image, ManifestRecordsFilesChunksAndHashes) {
   EXPECT_EQ(info.files.size(), m["entries"].size());
   EXPECT_EQ(info.blob_count, 1u);
   EXPECT_TRUE(info.extra.is_null());
+}
+
+TEST(Image, ChecksumsAreXxh3WhicheverCodeThisCpuRuns) {
+  // The engine may hash with the AVX2 or AVX-512 code chosen at run time; a checkpoint made on
+  // one host is verified on another, so every length must give the portable XXH3 value, which
+  // the library's plain entry point (its SSE2 build) computes.
+  EXPECT_EQ(image::xxh3("", 0), 0x2D06800538D394C2ULL);  // XXH3's published value for ""
+  std::vector<unsigned char> data(3 << 20);
+  std::mt19937_64 rng(12);
+  for (auto& b : data) b = static_cast<unsigned char>(rng());
+  for (std::size_t len : {1ul, 16ul, 129ul, 240ul, 241ul, 1023ul, 4096ul, 65536ul + 7,
+                          static_cast<unsigned long>(data.size())}) {
+    SCOPED_TRACE(len);
+    EXPECT_EQ(image::xxh3(data.data(), len), XXH3_64bits(data.data(), len));
+    image::StreamHash h;
+    for (std::size_t at = 0; at < len; at += 100003)
+      h.update(&data[at], std::min<std::size_t>(100003, len - at));
+    EXPECT_EQ(h.digest(), XXH3_64bits(data.data(), len));
+  }
 }
 
 TEST(Image, SingleFileInputUnpacksIntoADirectory) {

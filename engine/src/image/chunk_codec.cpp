@@ -2,6 +2,10 @@
 
 #include <sodium.h>
 #include <xxhash.h>
+#ifdef GPUCKPT_HAVE_XXH3_DISPATCH
+// XXH3_64bits and XXH3_64bits_update become the versions chosen for this CPU at run time.
+#include <xxh_x86dispatch.h>
+#endif
 #include <zstd.h>
 #include <zstd_errors.h>
 
