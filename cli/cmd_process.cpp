@@ -170,6 +170,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
                      {"staging_mode", staging_mode_name(res.staging_mode)},
                      {"huge_page_bytes", res.huge_page_bytes}};
     if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
+    if (!res.damaged_unread.empty()) j["damaged_unread"] = res.damaged_unread;
     if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
     return j;
   };

@@ -18,6 +18,7 @@
 #include "criu/plugin_report.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "image/manifest.h"
 #include "probe/probe.h"
 #include "process/proc_info.h"
 #include "process/record.h"
@@ -450,6 +451,45 @@ TEST_F(E2eProcess, CorruptedCheckpointFailsBeforeAnyProcessStarts) {
   EXPECT_EQ(ask_unix_line(s.socket(), "PING"), "");
   EXPECT_TRUE(pids_mentioning(s.socket().string()).empty()) << "a process was started";
   EXPECT_FALSE(process::alive(s.pid()));
+}
+
+TEST_F(E2eProcess, ADamagedFileTheRestoreDoesNotNeedIsReportedButRestoresTheProcess) {
+  DemoServer s(dir_.path(), "log", weights_);
+  const std::string state = s.ask("GEN y");
+  const fs::path ckpt = dir_.path() / "log.ckpt";
+  Cli d = run({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string()});
+  ASSERT_EQ(d.code, 0) << d.err;
+  s.child().wait_for(std::chrono::seconds(10));
+
+  // One byte of CRIU's dump log, which a restore never reads, flipped in its blob.
+  const image::Manifest m = image::load_manifest(ckpt);
+  const image::ManifestEntry* log = nullptr;
+  for (const auto& e : m.entries)
+    if (e.path == "dump.log" && !e.chunks.empty()) log = &e;
+  ASSERT_NE(log, nullptr) << "the checkpoint holds no dump.log";
+  const image::ChunkRecord& c = log->chunks.front();
+  {
+    std::fstream f(ckpt / m.blobs[c.blob].name, std::ios::in | std::ios::out | std::ios::binary);
+    const auto at = static_cast<std::streamoff>(c.offset + c.stored / 2);
+    f.seekg(at);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x5a);
+    f.seekp(at);
+    f.write(&b, 1);
+  }
+
+  Cli r = run({"--json", "restore", ckpt.string(), "--probe", "unix:" + s.socket().string()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(ask_unix_line(s.socket(), "STATE"), state);
+  ASSERT_TRUE(r.j.contains("damaged_unread")) << r.out;
+  ASSERT_EQ(r.j["damaged_unread"].size(), 1u) << r.out;
+  EXPECT_NE(r.j["damaged_unread"][0].get<std::string>().find("'dump.log'"), std::string::npos);
+  EXPECT_NE(r.err.find("the restore did not need that file"), std::string::npos) << r.err;
+  // The checkpoint is still reported as damaged by the full check.
+  EXPECT_EQ(run({"verify", ckpt.string()}).code, 4);
+  EXPECT_EQ(ask_unix_line(s.socket(), "QUIT"), "BYE");
+  EXPECT_TRUE(process::wait_ended(r.j["pid"].get<pid_t>(), std::chrono::seconds(10)));
 }
 
 TEST_F(E2eProcess, BadInputIsAClearError) {

@@ -54,12 +54,16 @@ TEST(ProcInfo, StartTicksTellAProcessStartedAfterANoteFromOneStartedBefore) {
   ASSERT_TRUE(self.has_value());
   const std::uint64_t note = process::boot_ticks_now();
   EXPECT_LE(*self, note);
-  // A command whose name has the separators of /proc/PID/stat in it.
+  // A command whose name has the separators of /proc/PID/stat in it (the kernel names a
+  // process after the path it was started by, here a link).
   const TempDir dir = test::scratch_dir("gpuckpt-ticks");
   const fs::path odd = dir.path() / "s) 1 2 (3";
-  fs::copy_file("/bin/sleep", odd);
+  fs::create_symlink("/bin/sleep", odd);
   Child c = spawn({odd.string(), "600"});
-  ASSERT_TRUE(test::wait_until([&] { return process::read_proc(c.pid())->comm == "s) 1 2 (3"; }));
+  ASSERT_TRUE(test::wait_until([&] {
+    const auto p = process::read_proc(c.pid());
+    return p && p->comm == "s) 1 2 (3";
+  }));
   const auto child = process::start_ticks(c.pid());
   ASSERT_TRUE(child.has_value());
   EXPECT_GE(*child, note);

@@ -78,11 +78,12 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {
 }
 
 Child paused_cli(const std::vector<std::string>& args, const std::string& point,
-                 const fs::path& dir) {
+                 const fs::path& dir, bool resume_on_interrupt) {
   const fs::path mark = dir / ("mark-" + point);
   fs::remove(mark);
   SpawnOptions o;
   o.env = {"GPUCKPT_FAULT_PAUSE=" + point, "GPUCKPT_FAULT_MARK=" + mark.string()};
+  if (resume_on_interrupt) o.env.push_back("GPUCKPT_FAULT_RESUME=interrupt");
   o.stderr_file = dir / "cli.err";
   o.stdout_file = dir / "cli.out";
   std::vector<std::string> argv{gpuckpt_binary().string()};

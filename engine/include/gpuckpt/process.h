@@ -162,6 +162,9 @@ struct RestoreResult {
   StagingMode staging_mode = StagingMode::kStream;  // the one used
   // Memory of the restored tree mapped by huge pages right after the restore (AnonHugePages).
   std::uint64_t huge_page_bytes = 0;
+  // Files of a local checkpoint that the restore did not need (the dump's log) and that fail
+  // their checksums, one message each: the restored process is as good, the checkpoint is not.
+  std::vector<std::string> damaged_unread;
 };
 
 RestoreResult restore(const RestoreOptions& opts);

@@ -661,7 +661,39 @@ class DescriptorSink : public ChunkSink {
 
 }  // namespace
 
+std::vector<Error> CheckpointSource::check_unread() const {
+  std::vector<Error> damaged;
+  for (std::size_t i = 0; i < m_.entries.size(); ++i) {
+    const ManifestEntry& e = m_.entries[i];
+    {
+      std::lock_guard lk(asked_mu_);
+      if (e.type != EntryType::kFile || (i < asked_.size() && asked_[i])) continue;
+    }
+    std::uint32_t largest = 1;
+    for (const auto& c : e.chunks) largest = std::max(largest, c.raw);
+    AlignedBuffer in(largest), out(largest);
+    Decompressor dec;
+    StreamHash hash;
+    try {
+      for (std::size_t k = 0; k < e.chunks.size(); ++k)
+        hash.update(decode(e, k, in, out, dec), e.chunks[k].raw);
+      if (hash.digest() != e.xxh3)
+        throw Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: '" + e.path +
+                                        "' fails its whole-file xxh3 checksum");
+    } catch (const Error& err) {
+      if (err.code() != Errc::kCorrupt) throw;
+      damaged.push_back(err);
+    }
+  }
+  return damaged;
+}
+
 bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
+  {
+    std::lock_guard lk(asked_mu_);
+    asked_.resize(m_.entries.size());
+    asked_[static_cast<std::size_t>(&e - m_.entries.data())] = true;
+  }
   std::uint32_t largest = 1;
   for (const auto& c : e.chunks) largest = std::max(largest, c.raw);
   const std::size_t n = e.chunks.size();

@@ -157,6 +157,10 @@ class CheckpointSource {
   bool write_to(const ManifestEntry& e, int fd) const;
   // The raw bytes of chunk `k` of `e`, checked (zstd's sample for the path ceilings).
   std::vector<std::byte> raw_chunk(const ManifestEntry& e, std::size_t k) const;
+  // Checks every file that write_to was never asked for (a restore reads only the images CRIU
+  // needs, not the dump's logs), chunk by chunk and whole, writing it nowhere. Returns one
+  // Error(kCorrupt) per damaged file; throws only what reading itself throws (kIo).
+  std::vector<Error> check_unread() const;
   // Bytes read from the blobs and bytes written out, so far (any thread).
   std::uint64_t stored_read() const { return stored_read_.load(); }
   std::uint64_t raw_written() const { return raw_written_.load(); }
@@ -172,6 +176,8 @@ class CheckpointSource {
   Manifest m_;
   std::vector<UniqueFd> blobs_;
   mutable std::atomic<std::uint64_t> stored_read_{0}, raw_written_{0};
+  mutable std::mutex asked_mu_;
+  mutable std::vector<bool> asked_;  // per manifest entry: write_to was called for it
 };
 
 }  // namespace gpuckpt::image

@@ -22,6 +22,7 @@
 #include "process/proc_info.h"
 #include "process/restore_impl.h"
 #include "process/support.h"
+#include "util/fault.h"
 #include "util/fs.h"
 #include "util/write_fully.h"
 
@@ -152,7 +153,13 @@ void Guard::durable(bool end_targets) {
   send({{"op", "durable"}, {"end", end_targets}});
 }
 void Guard::copy_on_recovery(pid_t pid, pid_t pidns_init, Copy what) {
-  send({{"op", "copy"}, {"pid", pid}, {"pidns_init", pidns_init}, {"kill", what == Copy::kKill}});
+  // With their start times: the guard acts on these pids only while they are these processes.
+  send({{"op", "copy"},
+        {"pid", pid},
+        {"pid_started", start_ticks(pid).value_or(0)},
+        {"pidns_init", pidns_init},
+        {"init_started", start_ticks(pidns_init).value_or(0)},
+        {"kill", what == Copy::kKill}});
 }
 void Guard::copy_named_in(const fs::path& pidfile, Copy what) {
   // Taken here, before criu starts, not when the guard reads the line (maybe only after
@@ -195,6 +202,7 @@ std::string Guard::abort(std::chrono::milliseconds timeout) {
     send_locked({{"op", "abort"}});
     finished_ = true;
   }
+  guard_recovery_begun();
   std::string summary = read_line(from_guard_.get(), timeout);
   child_.wait_for(std::chrono::seconds(10));
   if (summary.empty())
@@ -214,6 +222,7 @@ void Guard::disarm() {
 }
 
 std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout) {
+  leave_handed_over_temp_dirs();
   // Held throughout: the operation's thread, which runs on and unwinds once its guard refuses
   // it, blocks in ~Guard (erase) until the abort that uses that guard is over.
   std::lock_guard lk(g_guards_mu);
@@ -275,6 +284,7 @@ struct Plan {
   bool durable = false, end_targets = false;
   struct Copy {
     pid_t pid = 0, pidns_init = 0;
+    std::uint64_t pid_started = 0, init_started = 0;  // start ticks; 0: the pid is not known
     bool kill = true;
   };
   std::vector<Copy> copies;
@@ -318,17 +328,22 @@ std::string recover(const Plan& p) {
       say(log, "criu (pid " + std::to_string(p.criu) + ") was killed");
     }
   }
-  // 2. the copies, which may own the service's endpoints.
+  // 2. the copies, which may own the service's endpoints. A pid counts only while it is the
+  // process gpuckpt named (same start tick): one reused since is someone else's.
+  auto is = [](pid_t q, std::uint64_t started) {
+    const auto t = q > 0 && started > 0 ? start_ticks(q) : std::nullopt;
+    return t && *t == started;
+  };
   auto copies = p.copies;
   for (const auto& n : p.copy_pidfiles) {
-    // criu has finished: its pidfile names the copy if it restored one. A pid whose process
-    // started before criu is someone else's.
+    // criu has finished: its pidfile names the copy if it restored one, and that copy started
+    // after gpuckpt's tick, taken before criu started.
     std::ifstream in(n.pidfile);
     long pid = 0;
     if (!(in >> pid) || pid <= 0 || pid > std::numeric_limits<pid_t>::max()) continue;
     const auto q = static_cast<pid_t>(pid);
     const auto started = start_ticks(q);
-    if (started && *started >= n.after) copies.push_back({q, 0, n.kill});
+    if (started && *started >= n.after) copies.push_back({q, 0, *started, 0, n.kill});
   }
   // A copy may be named twice, first by its pidfile or its namespace's init, then by its pid:
   // once each, by what is known best.
@@ -336,25 +351,33 @@ std::string recover(const Plan& p) {
   for (const auto& c : copies) {
     auto& u = unique[c.pidns_init > 0 ? c.pidns_init : c.pid];
     if (u.pid == 0 && u.pidns_init == 0) u = c;
-    if (c.pid > 0) u.pid = c.pid;
+    if (c.pid > 0) {
+      u.pid = c.pid;
+      u.pid_started = c.pid_started;
+    }
     u.kill = u.kill || c.kill;
   }
   for (const auto& [key, c] : unique) {
-    const pid_t shown = c.pid > 0 ? c.pid : c.pidns_init;
-    if (!c.kill) {
-      if (alive(shown))
-        say(log, "the restored process " + std::to_string(shown) +
-                     (c.pid > 0 ? "" : " (the init of its pid namespace)") + " is left running");
+    const bool root = is(c.pid, c.pid_started), init = is(c.pidns_init, c.init_started);
+    if (!root && !init) continue;  // gone already
+    if (!c.kill && c.pid > 0) {
+      if (root) say(log, "the restored process " + std::to_string(c.pid) + " is left running");
       continue;
     }
-    // The namespace's init with everything below it, or the copy's own tree. end_tree locks
-    // restored CUDA processes before it kills them (cuda-checkpoint#53).
-    std::vector<pid_t> tree = process_tree(c.pidns_init > 0 ? c.pidns_init : c.pid);
-    if (c.pidns_init > 0 && c.pid > 0)
+    // To kill: an unconfirmed copy, or a namespace whose restore was cut short before gpuckpt
+    // saw it restored (no root pid yet: criu may still be running in it, or have failed).
+    std::vector<pid_t> tree;
+    if (init) tree = process_tree(c.pidns_init);
+    if (root)
       for (pid_t q : process_tree(c.pid))
         if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
+    // end_tree locks restored CUDA processes before it kills them (cuda-checkpoint#53).
     end_tree(tree, 10000);
-    say(log, "the restored copy " + std::to_string(shown) + " was killed");
+    say(log,
+        c.kill ? "the restored copy " + std::to_string(root ? c.pid : c.pidns_init) + " was killed"
+               : "the restore was interrupted before criu finished in its pid namespace, "
+                 "so that namespace (init " +
+                     std::to_string(c.pidns_init) + ") was killed");
   }
   // 3. paths a rollback must put back.
   for (const auto& [from, to] : p.renames) {
@@ -431,11 +454,12 @@ void apply(Plan& p, const json& m) {
     p.durable = true;
     p.end_targets = m.at("end").get<bool>();
   } else if (op == "copy") {
-    p.copies.push_back(
-        {m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>(), m.value("kill", true)});
+    p.copies.push_back({m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>(),
+                        m.at("pid_started").get<std::uint64_t>(),
+                        m.at("init_started").get<std::uint64_t>(), m.at("kill").get<bool>()});
   } else if (op == "copy_pidfile") {
     p.copy_pidfiles.push_back({m.at("path").get<std::string>(), m.at("after").get<std::uint64_t>(),
-                               m.value("kill", true)});
+                               m.at("kill").get<bool>()});
   } else if (op == "keep_copy") {
     p.copies.clear();
     p.copy_pidfiles.clear();

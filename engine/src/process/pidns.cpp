@@ -57,7 +57,7 @@ ArgArea arg_area() {
 }
 
 [[noreturn]] void ns_init(char* const* argv, char* const* envp, const char* out_path, int report,
-                          ArgArea args) {
+                          int gate, ArgArea args) {
   ::prctl(PR_SET_NAME, "gpuckpt-pidns", 0, 0, 0);
   static const char kTitle[] = "gpuckpt-pidns (init of a restored process's pid namespace)";
   if (args.start && args.size > 1) {
@@ -71,6 +71,19 @@ ArgArea arg_area() {
     (void)!::write(report, &st, sizeof st);
     ::_exit(126);
   }
+  // criu starts only once gpuckpt has said whoever must undo it knows this namespace: EOF
+  // (gpuckpt gone, or it could not tell) ends the namespace before anything is restored.
+  char go = 0;
+  ssize_t n;
+  do {
+    n = ::read(gate, &go, 1);
+  } while (n < 0 && errno == EINTR);
+  if (n != 1) {
+    int st = 125 << 8;
+    (void)!::write(report, &st, sizeof st);
+    ::_exit(125);
+  }
+  ::close(gate);
   const int devnull = ::open("/dev/null", O_RDWR);
   const pid_t criu = ::fork();
   if (criu == 0) {
@@ -107,7 +120,8 @@ ArgArea arg_area() {
 
 PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
                           const std::vector<std::string>& env, const fs::path& out_file,
-                          std::chrono::seconds timeout, const std::function<void(pid_t)>& on_init) {
+                          std::chrono::seconds timeout, const std::function<void(pid_t)>& on_init,
+                          const std::function<void()>& on_started) {
   std::vector<char*> argv;
   for (const auto& a : argv_in) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -128,6 +142,9 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
   UniqueFd rd(fds[0]), wr(fds[1]);
+  // One byte on it lets the init start criu.
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
+  UniqueFd gate_rd(fds[0]), gate_wr(fds[1]);
 
   const pid_t helper = ::fork();
   if (helper < 0) throw_errno(Errc::kInternal, "fork");
@@ -138,13 +155,16 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
     if (init == 0) {
       // The report fd must survive close_range in the init: move it to fd 3.
       if (wr.get() == 3 ? ::fcntl(3, F_SETFD, 0) < 0 : ::dup3(wr.get(), 3, 0) < 0) ::_exit(125);
-      ns_init(argv.data(), envp.data(), out_path.c_str(), 3, args);
+      // Our copy of the gate's write end would keep the init from ever seeing gpuckpt gone.
+      ::close(gate_wr.get());
+      ns_init(argv.data(), envp.data(), out_path.c_str(), 3, gate_rd.get(), args);
     }
     if (init < 0) ::_exit(125);
     (void)!::write(wr.get(), &init, sizeof init);
     ::_exit(0);  // the init is adopted by the host's reaper, independent of gpuckpt
   }
   wr.reset();
+  gate_rd.reset();
   int hs = 0;
   while (::waitpid(helper, &hs, 0) < 0 && errno == EINTR) {
   }
@@ -157,7 +177,20 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
   PidnsRun run;
   if (::read(rd.get(), &run.init_pid, sizeof run.init_pid) != sizeof run.init_pid)
     throw Error(Errc::kInternal, "pid namespace helper did not report its init");
-  if (on_init) on_init(run.init_pid);
+  try {
+    if (on_init) on_init(run.init_pid);
+  } catch (...) {
+    ::kill(run.init_pid, SIGKILL);  // criu never started in it
+    throw;
+  }
+  const char go = 1;
+  if (::write(gate_wr.get(), &go, 1) != 1) {
+    const int err = errno;
+    ::kill(run.init_pid, SIGKILL);
+    throw_syserr(Errc::kInternal, err, "cannot start criu in the pid namespace");
+  }
+  gate_wr.reset();
+  if (on_started) on_started();
 
   pollfd p{rd.get(), POLLIN, 0};
   int pr;

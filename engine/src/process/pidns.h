@@ -28,10 +28,13 @@ struct PidnsRun {
 
 // Runs argv (a criu restore command line) as described above, its stdout/stderr appended to
 // `out_file`. Past `timeout` the whole namespace is killed and Error(kTimeout) is thrown.
-// `on_init` is called with the init's host pid as soon as it exists (criu is running then).
+// `on_init` is called with the init's host pid as soon as it exists, before criu may start:
+// criu starts once it returns, and never if it throws (the namespace is killed, and the
+// exception passes on) or if this process dies first. `on_started` is called once criu may run.
 PidnsRun run_in_new_pidns(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                           const std::filesystem::path& out_file, std::chrono::seconds timeout,
-                          const std::function<void(pid_t)>& on_init = nullptr);
+                          const std::function<void(pid_t)>& on_init = nullptr,
+                          const std::function<void()>& on_started = nullptr);
 
 // Host pid of the process that has pid `ns_pid` in the namespace whose init is `init_pid`;
 // throws Error(kProcess) if there is none.

@@ -10,4 +10,10 @@ namespace gpuckpt {
 
 void fault_point(std::string_view name);
 
+// With $GPUCKPT_FAULT_RESUME=interrupt as well, the paused point returns once a guard has been
+// told to recover (an interrupt's rollback), so that the operation's thread unwinds while the
+// guard recovers, as it does when a signal lands between two fault points. Guard::abort calls
+// guard_recovery_begun.
+void guard_recovery_begun();
+
 }  // namespace gpuckpt

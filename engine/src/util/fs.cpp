@@ -92,6 +92,7 @@ struct LiveDirs {
   std::mutex mu;
   std::set<fs::path> paths;
   std::set<fs::path> handed_over;  // a guard removes these: hand_over_temp_dir()
+  bool leave_handed_over = false;  // leave_handed_over_temp_dirs() was called
 };
 LiveDirs& live_dirs() {
   static auto* d = new LiveDirs;
@@ -173,6 +174,12 @@ void hand_over_temp_dir(const fs::path& path) {
   live.handed_over.insert(path);
 }
 
+void leave_handed_over_temp_dirs() {
+  auto& live = live_dirs();
+  std::lock_guard lk(live.mu);
+  live.leave_handed_over = true;
+}
+
 void take_back_temp_dir(const fs::path& path) {
   auto& live = live_dirs();
   std::lock_guard lk(live.mu);
@@ -206,9 +213,20 @@ void TempDir::forget() noexcept {
 
 void TempDir::drop() noexcept {
   if (path_.empty()) return;
+  bool leave = false;
+  {
+    auto& live = live_dirs();
+    std::lock_guard lk(live.mu);
+    leave = live.leave_handed_over && live.handed_over.contains(path_);
+  }
   forget();
-  std::error_code ec;
-  fs::remove_all(path_, ec);
+  if (leave) {
+    // Still locked until this process ends, so that no sweep takes it before the guard.
+    (void)lock_.release();
+  } else {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
   path_.clear();
   lock_.reset();
 }

@@ -83,6 +83,10 @@ UniqueFd hold_dir(const std::filesystem::path& path);
 // it, since the guard may still need it then. take_back_temp_dir undoes this.
 void hand_over_temp_dir(const std::filesystem::path& path);
 void take_back_temp_dir(const std::filesystem::path& path);
+// From now on a TempDir that was handed over is left to its guard when dropped, too: after an
+// interrupt the guards recover while the operation's thread unwinds, and that unwinding must
+// not remove what a recovery still reads (criu's pidfile in a restore's staging).
+void leave_handed_over_temp_dirs();
 
 // For an interrupt, whose program exits next: removes the directory of every TempDir of this
 // process that is still alive and was not handed over to a guard. Each is first renamed away, so
