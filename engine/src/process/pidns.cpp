@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "gpuckpt/error.h"
+#include "util/no_sigpipe.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -184,6 +185,7 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
     throw;
   }
   const char go = 1;
+  NoSigpipe nosig;  // an init that failed its setup has closed the gate: EPIPE, not a death
   if (::write(gate_wr.get(), &go, 1) != 1) {
     const int err = errno;
     ::kill(run.init_pid, SIGKILL);
