@@ -661,6 +661,29 @@ class DescriptorSink : public ChunkSink {
 
 }  // namespace
 
+std::optional<std::uint64_t> CheckpointSource::decode_serially(
+    const ManifestEntry& e,
+    const std::function<bool(const std::byte*, std::uint32_t)>& each) const {
+  std::uint32_t largest = 1;
+  for (const auto& c : e.chunks) largest = std::max(largest, c.raw);
+  StreamHash hash;
+  AlignedBuffer in(largest), out(largest);
+  Decompressor dec;
+  for (std::size_t k = 0; k < e.chunks.size(); ++k) {
+    const std::byte* data = decode(e, k, in, out, dec);
+    const std::uint32_t len = e.chunks[k].raw;
+    hash.update(data, len);
+    if (!each(data, len)) return std::nullopt;
+  }
+  return hash.digest();
+}
+
+void CheckpointSource::check_whole(const ManifestEntry& e, std::uint64_t digest) const {
+  if (digest != e.xxh3)
+    throw Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: '" + e.path +
+                                    "' fails its whole-file xxh3 checksum");
+}
+
 std::vector<Error> CheckpointSource::check_unread() const {
   std::vector<Error> damaged;
   for (std::size_t i = 0; i < m_.entries.size(); ++i) {
@@ -669,17 +692,8 @@ std::vector<Error> CheckpointSource::check_unread() const {
       std::lock_guard lk(asked_mu_);
       if (e.type != EntryType::kFile || (i < asked_.size() && asked_[i])) continue;
     }
-    std::uint32_t largest = 1;
-    for (const auto& c : e.chunks) largest = std::max(largest, c.raw);
-    AlignedBuffer in(largest), out(largest);
-    Decompressor dec;
-    StreamHash hash;
     try {
-      for (std::size_t k = 0; k < e.chunks.size(); ++k)
-        hash.update(decode(e, k, in, out, dec), e.chunks[k].raw);
-      if (hash.digest() != e.xxh3)
-        throw Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: '" + e.path +
-                                        "' fails its whole-file xxh3 checksum");
+      check_whole(e, *decode_serially(e, [](const std::byte*, std::uint32_t) { return true; }));
     } catch (const Error& err) {
       if (err.code() != Errc::kCorrupt) throw;
       damaged.push_back(err);
@@ -700,16 +714,11 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
   NoSigpipe nosig;
   std::uint64_t digest = 0;
   if (n <= 2) {  // small files (most CRIU images): decoded right here
-    StreamHash hash;
-    AlignedBuffer in(largest), out(largest);
-    Decompressor dec;
-    for (std::size_t k = 0; k < n; ++k) {
-      const std::byte* data = decode(e, k, in, out, dec);
-      const std::uint32_t len = e.chunks[k].raw;
-      hash.update(data, len);
-      if (!write_all(fd, data, len, e.path, raw_written_)) return false;
-    }
-    digest = hash.digest();
+    const auto d = decode_serially(e, [&](const std::byte* data, std::uint32_t len) {
+      return write_all(fd, data, len, e.path, raw_written_);
+    });
+    if (!d) return false;
+    digest = *d;
   } else {
     // Large files (pages-*.img): the pipeline reads ahead with O_DIRECT through io_uring (cold
     // buffered reads ran at a third of the disk's speed here, docs/PERFORMANCE.md), workers
@@ -766,9 +775,7 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
     }
     digest = sink.hash.digest();
   }
-  if (digest != e.xxh3)
-    throw Error(Errc::kCorrupt, "checkpoint " + ckpt_.string() + " is corrupt: '" + e.path +
-                                    "' fails its whole-file xxh3 checksum");
+  check_whole(e, digest);
   return true;
 }
 

@@ -18,8 +18,10 @@
 #include <deque>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -168,6 +170,13 @@ class CheckpointSource {
  private:
   const std::byte* decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
                           AlignedBuffer& out, Decompressor& dec) const;
+  // Decodes the chunks of `e` in order on this thread, each handed to `each` (false: stop).
+  // Returns the whole file's xxh3, or nullopt if `each` stopped.
+  std::optional<std::uint64_t> decode_serially(
+      const ManifestEntry& e,
+      const std::function<bool(const std::byte*, std::uint32_t)>& each) const;
+  // Throws Error(kCorrupt) unless `digest` is the whole-file xxh3 of `e`.
+  void check_whole(const ManifestEntry& e, std::uint64_t digest) const;
   // Error(kCorrupt) naming chunk `k` of `e`, its blob and offset.
   Error corrupt(const ManifestEntry& e, std::size_t k, const std::string& why) const;
   std::filesystem::path ckpt_;

@@ -9,8 +9,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -338,10 +336,12 @@ std::string recover(const Plan& p) {
   for (const auto& n : p.copy_pidfiles) {
     // criu has finished: its pidfile names the copy if it restored one, and that copy started
     // after gpuckpt's tick, taken before criu started.
-    std::ifstream in(n.pidfile);
-    long pid = 0;
-    if (!(in >> pid) || pid <= 0 || pid > std::numeric_limits<pid_t>::max()) continue;
-    const auto q = static_cast<pid_t>(pid);
+    pid_t q = 0;
+    try {
+      q = read_pidfile(n.pidfile);
+    } catch (const Error&) {
+      continue;  // criu restored nothing
+    }
     const auto started = start_ticks(q);
     if (started && *started >= n.after) copies.push_back({q, 0, *started, 0, n.kill});
   }

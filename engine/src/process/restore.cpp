@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <thread>
 
@@ -43,15 +44,15 @@ namespace gpuckpt {
 
 namespace process {
 
-namespace {
-
 pid_t read_pidfile(const fs::path& p) {
   std::ifstream in(p);
   long pid = 0;
-  if (!(in >> pid) || pid <= 0)
+  if (!(in >> pid) || pid <= 0 || pid > std::numeric_limits<pid_t>::max())
     throw Error(Errc::kCriu, "criu restore succeeded but wrote no pid to " + p.string());
   return static_cast<pid_t>(pid);
 }
+
+namespace {
 
 // Returns true if it had to wait for a zombie to be reaped.
 bool check_pid_free(const ProcessRecord& rec, pid_t pid) {

@@ -23,4 +23,7 @@ void restore_into(const RestoreOptions& opts, RestoreResult& out, Guard* guard =
 // Ends a restored process (and its pid namespace, if any).
 void kill_restored(const RestoreResult& r);
 
+// The pid criu restore wrote to `pidfile`; Error(kCriu) if there is none.
+pid_t read_pidfile(const std::filesystem::path& pidfile);
+
 }  // namespace gpuckpt::process

@@ -10,12 +10,12 @@
 namespace gpuckpt {
 
 namespace {
-std::atomic<bool> g_rollback_begun{false};
+std::atomic<bool> g_guard_recovery_begun{false};
 }  // namespace
 
 void guard_recovery_begun() {
-  g_rollback_begun.store(true);
-  g_rollback_begun.notify_all();
+  g_guard_recovery_begun.store(true);
+  g_guard_recovery_begun.notify_all();
 }
 
 void fault_point(std::string_view name) {
@@ -27,7 +27,7 @@ void fault_point(std::string_view name) {
   }
   if (const char* resume = std::getenv("GPUCKPT_FAULT_RESUME");
       resume && std::strcmp(resume, "interrupt") == 0) {
-    g_rollback_begun.wait(false);
+    g_guard_recovery_begun.wait(false);
     return;
   }
   for (;;) ::pause();
