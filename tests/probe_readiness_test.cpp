@@ -88,7 +88,9 @@ std::string read_http_request(int fd) {
 
 // A tiny HTTP server: one connection per answer, in order; each request is recorded. With
 // `repeat`, the last answer is given to every further connection until the listener is shut
-// down.
+// down. The answer kHold is none: that connection is kept open, silent, until stop().
+const std::string kHold = "(hold)";
+
 class HttpServer {
  public:
   HttpServer(std::vector<std::string> answers, bool repeat = false)
@@ -100,6 +102,10 @@ class HttpServer {
         if (!c) return;  // shut down
         requests_.push_back(read_http_request(c.get()));
         const std::string& a = answers_[std::min(i, answers_.size() - 1)];
+        if (a == kHold) {
+          held_.push_back(std::move(c));
+          continue;
+        }
         if (::write(c.get(), a.data(), a.size()) < 0) return;
       }
     });
@@ -120,6 +126,7 @@ class HttpServer {
   int port_ = 0;
   UniqueFd listener_;
   std::vector<std::string> answers_, requests_;
+  std::vector<UniqueFd> held_;
   std::thread thread_;
 };
 
@@ -461,6 +468,24 @@ TEST(ProbeHttp, ChunkedEmptyAndNonHttpAnswers) {
     FAIL() << "not HTTP";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("not an HTTP answer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ProbeHttp, ATimedOutProbeStillSaysWhatTheEarlierAttemptsGot) {
+  // The deadline ends the last attempt while it waits: that alone would hide what the service
+  // answered before it, which is what an operator needs to see.
+  HttpServer server({"PONG\n", kHold}, /*repeat=*/true);
+  auto p = parse_probe(server.url("/"));
+  p.timeout = 300ms;
+  try {
+    wait_ready(p);
+    FAIL() << "not HTTP, then silent";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kTimeout);
+    const std::string what = e.what();
+    EXPECT_NE(what.find("last attempt: connected, but no HTTP answer in time"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find("before that: not an HTTP answer: 'PONG'"), std::string::npos) << what;
   }
 }
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "gpuckpt/error.h"
 #include "util/unique_fd.h"
@@ -28,8 +29,10 @@ using std::chrono::milliseconds;
 // A reply line or a partial stdout line is capped so a misbehaving peer cannot grow us forever.
 constexpr size_t kMaxLine = 1 << 20;
 
+// Rounded up: a poll that wakes before the deadline would end an attempt as timed out while time
+// is left, and the next attempt, started in that last millisecond, would time out the same way.
 int ms_left(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+  auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
   return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
 }
 
@@ -388,7 +391,9 @@ std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>&
   // Short back-off: the probe's polling granularity is part of every measured restore time.
   auto sleep = std::chrono::microseconds(500);
   std::string err = "no attempt made";
-  std::string before;  // the previous attempt's error
+  // The deadline often cuts the last attempt short, so the message also says why the attempts
+  // before it failed: the latest error unlike the last one.
+  std::string last, before;
   for (;;) {
     UniqueFd fd = probe.kind == K::kUnix ? connect_unix(probe.target, deadline, err)
                                          : connect_tcp(probe.target, deadline, err);
@@ -400,8 +405,8 @@ std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>&
       std::string reply;
       if (exchange(fd.get(), probe.request, deadline, reply, err)) return reply;
     }
+    if (err != last) before = std::exchange(last, err);
     if (Clock::now() >= deadline) break;
-    before = err;
     if (between_attempts) between_attempts();
     std::this_thread::sleep_for(
         std::min<Clock::duration>(sleep, std::max<Clock::duration>(deadline - Clock::now(), {})));
@@ -410,8 +415,7 @@ std::string wait_ready(const ReadinessProbe& probe, const std::function<void()>&
   throw Error(Errc::kTimeout,
               "readiness probe " + describe_probe(probe) + " did not succeed within " +
                   std::to_string(probe.timeout.count()) + " ms (last attempt: " + err +
-                  // The deadline often cuts the last attempt short: say why the others failed.
-                  (before.empty() || before == err ? "" : "; the one before: " + before) + ")");
+                  (before.empty() ? "" : "; before that: " + before) + ")");
 }
 
 std::string wait_for_line(int fd, const std::string& text, std::chrono::milliseconds timeout) {
