@@ -25,6 +25,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "probe/probe.h"
+#include "util/poll_timeout.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -137,16 +138,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-int ms_until(Clock::time_point deadline) {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return static_cast<int>(std::max<long long>(left.count(), 0));
-}
-
 // Waits for `events` on `fd` until the deadline; throws Error(kTimeout) naming `what`.
 void wait_fd(int fd, short events, Clock::time_point deadline, const std::string& what) {
   for (;;) {
     pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, ms_until(deadline));
+    const int r = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (r > 0) return;
     if (r == 0) throw Error(Errc::kTimeout, what + ": timed out");
     if (errno != EINTR) throw_errno(Errc::kInternal, "poll");
@@ -266,7 +262,7 @@ VllmDemo start_vllm_demo(const fs::path& dir, const std::vector<std::string>& ar
   }
   d.port = std::stoi(read_file(port_file));
   ReadinessProbe health = parse_probe("http://127.0.0.1:" + std::to_string(d.port) + "/health");
-  health.timeout = std::chrono::milliseconds(std::max(ms_until(deadline), 1));
+  health.timeout = std::chrono::milliseconds(std::max(poll_timeout_ms(deadline), 1));
   wait_ready(health, exited);
   return d;
 }

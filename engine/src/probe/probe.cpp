@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "gpuckpt/error.h"
+#include "util/poll_timeout.h"
 #include "util/unique_fd.h"
 
 namespace gpuckpt {
@@ -28,13 +29,6 @@ using std::chrono::milliseconds;
 
 // A reply line or a partial stdout line is capped so a misbehaving peer cannot grow us forever.
 constexpr size_t kMaxLine = 1 << 20;
-
-// Rounded up: a poll that wakes before the deadline would end an attempt as timed out while time
-// is left, and the next attempt, started in that last millisecond, would time out the same way.
-int ms_left(Clock::time_point deadline) {
-  auto left = std::chrono::ceil<milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
-}
 
 // Splits "HOST:PORT" / "[V6]:PORT" at the last ':'; false if malformed.
 bool split_host_port(const std::string& s, std::string& host, std::string& port) {
@@ -65,7 +59,7 @@ UniqueFd connect_once(const sockaddr* sa, socklen_t len, Clock::time_point deadl
   }
   // Cap one connect at 1 s so a black-holed address is retried rather than waited on forever.
   pollfd p{fd.get(), POLLOUT, 0};
-  int pr = ::poll(&p, 1, std::min(ms_left(deadline), 1000));
+  int pr = ::poll(&p, 1, std::min(poll_timeout_ms(deadline), 1000));
   if (pr < 0 && errno != EINTR) throw_errno(Errc::kInternal, "poll");
   if (pr <= 0) {
     err = "connect did not complete";
@@ -132,7 +126,7 @@ bool send_all(int fd, const std::string& msg, Clock::time_point deadline, std::s
       return false;
     }
     pollfd p{fd, POLLOUT, 0};
-    if (::poll(&p, 1, ms_left(deadline)) == 0) {
+    if (::poll(&p, 1, poll_timeout_ms(deadline)) == 0) {
       err = "connected, but the request could not be sent";
       return false;
     }
@@ -155,7 +149,7 @@ bool exchange(int fd, const std::string& request, Clock::time_point deadline, st
       return true;
     }
     pollfd p{fd, POLLIN, 0};
-    int pr = ::poll(&p, 1, ms_left(deadline));
+    int pr = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (pr < 0 && errno != EINTR) throw_errno(Errc::kInternal, "poll");
     if (pr == 0) {
       err = "connected, but no reply line to '" + request + "'";
@@ -182,7 +176,7 @@ int recv_some(int fd, Clock::time_point deadline, std::string& buf, std::string&
   char chunk[4096];
   for (;;) {
     pollfd p{fd, POLLIN, 0};
-    int pr = ::poll(&p, 1, ms_left(deadline));
+    int pr = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (pr < 0 && errno != EINTR) throw_errno(Errc::kInternal, "poll");
     if (pr == 0) {
       err = "connected, but no HTTP answer in time";
@@ -424,7 +418,7 @@ std::string wait_for_line(int fd, const std::string& text, std::chrono::millisec
   char chunk[4096];
   for (;;) {
     pollfd p{fd, POLLIN, 0};
-    int pr = ::poll(&p, 1, ms_left(deadline));
+    int pr = ::poll(&p, 1, poll_timeout_ms(deadline));
     if (pr < 0 && errno != EINTR) throw_errno(Errc::kInternal, "poll");
     if (pr == 0)
       throw Error(Errc::kTimeout, "no line containing '" + text + "' on stdout within " +

@@ -22,6 +22,7 @@
 #include "process/support.h"
 #include "util/fault.h"
 #include "util/fs.h"
+#include "util/poll_timeout.h"
 #include "util/write_fully.h"
 
 namespace fs = std::filesystem;
@@ -54,11 +55,10 @@ std::string read_line(int fd, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string line;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return line;
+    const int left_ms = poll_timeout_ms(deadline);
+    if (left_ms == 0) return line;
     pollfd p{fd, POLLIN, 0};
-    const int pr = ::poll(&p, 1, static_cast<int>(left.count()));
+    const int pr = ::poll(&p, 1, left_ms);
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) return line;
     char buf[4096];

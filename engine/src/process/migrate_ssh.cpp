@@ -30,6 +30,7 @@
 #include "remote/ssh.h"
 #include "util/fault.h"
 #include "util/no_sigpipe.h"
+#include "util/poll_timeout.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -51,11 +52,10 @@ std::optional<std::string> read_line_until(int fd, std::chrono::steady_clock::ti
                                            const std::string& what) {
   std::string s;
   for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) throw Error(Errc::kTimeout, "no answer from " + what + " in time");
+    const int left_ms = poll_timeout_ms(deadline);
+    if (left_ms == 0) throw Error(Errc::kTimeout, "no answer from " + what + " in time");
     pollfd p{fd, POLLIN, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<long>(left.count(), 1000)));
+    const int r = ::poll(&p, 1, std::min(left_ms, 1000));
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) throw_errno(Errc::kIo, "poll");
     if (r == 0) continue;

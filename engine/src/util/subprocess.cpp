@@ -14,6 +14,7 @@
 
 #include "gpuckpt/error.h"
 #include "util/no_sigpipe.h"
+#include "util/poll_timeout.h"
 #include "util/write_fully.h"
 
 namespace fs = std::filesystem;
@@ -222,16 +223,15 @@ RunResult run_capture(const std::vector<std::string>& argv, std::chrono::millise
   RunResult r;
   char buf[65536];
   for (;;) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) {
+    const int left_ms = poll_timeout_ms(deadline);
+    if (left_ms == 0) {
       c.kill(SIGKILL);
       c.wait();
       throw Error(Errc::kTimeout,
                   argv[0] + " did not finish within " + std::to_string(timeout.count()) + " ms");
     }
     pollfd p{c.stdout_fd(), POLLIN, 0};
-    int pr = ::poll(&p, 1, static_cast<int>(left.count()));
+    int pr = ::poll(&p, 1, left_ms);
     if (pr < 0 && errno != EINTR) throw_errno(Errc::kInternal, "poll");
     if (pr <= 0) continue;
     ssize_t n = ::read(c.stdout_fd(), buf, sizeof buf);
