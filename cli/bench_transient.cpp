@@ -72,7 +72,10 @@ void run_coldstart(const ColdArgs& a, Context& ctx) {
   o.log_file = a.log;
   o.on_running = [](pid_t pgid) { g_service_pgid = pgid; };
   OnInterrupt kill_service([] {
-    if (const pid_t pg = g_service_pgid.load(); pg > 0) ::kill(-pg, SIGKILL);
+    if (const pid_t pg = g_service_pgid.load(); pg > 0) {
+      ::kill(pg, SIGKILL);  // not yet the leader of its group: it dies before it can be one
+      ::kill(-pg, SIGKILL);
+    }
   });
   std::vector<Timeline> runs;
   for (int i = 0; i < a.runs; ++i) {

@@ -5,6 +5,7 @@
 #include <sys/un.h>
 
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "test_support.h"
@@ -23,8 +24,13 @@ class DemoServer {
     child_ = spawn({(test::bin_dir() / "gpuckpt-demo-server").string(), "--socket",
                     socket_.string(), "--weights", weights.string(), "--kv-per-request", "64K"},
                    o);
-    for (int i = 0; i < 500 && !fs::exists(socket_); ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // READY, not the socket file: a connect between bind and listen is refused.
+    const bool ready = test::wait_until([&] {
+      std::ifstream in(o.stdout_file);
+      std::string line;
+      return std::getline(in, line) && line.rfind("READY", 0) == 0;
+    });
+    EXPECT_TRUE(ready) << "demo server " << name << " did not get ready";
   }
   std::string ask(const std::string& line) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);

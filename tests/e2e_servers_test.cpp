@@ -61,9 +61,11 @@ Child start_service(const std::vector<std::string>& argv, const fs::path& dir,
   return spawn(argv, o);
 }
 
+// A server just resumed or restored may not have run yet: the kernel holds the connection until
+// it does, so the answer is waited for rather than expected within a scheduling slice.
 bool http_ok(int port, const std::string& path = "/") {
   try {
-    return test::http_request(port, "GET", path, {}, 2s).status == 200;
+    return test::http_request(port, "GET", path, {}, 20s).status == 200;
   } catch (const Error&) {
     return false;
   }

@@ -198,34 +198,36 @@ TEST(ProbeParse, RejectsBadHttpSpecsAsUsageErrors) {
 TEST(ProbeWait, UnixListenerThatStartsLateAnswersTheRequest) {
   auto dir = test::scratch_dir();
   const fs::path sock = dir.path() / "svc.sock";
+  std::atomic<int> attempts{0};
   std::thread server([&] {
-    std::this_thread::sleep_for(150ms);
+    // The listener appears only after the probe has failed twice: so the probe must poll.
+    while (attempts < 2) std::this_thread::yield();
     UniqueFd l = unix_listener(sock);
     serve_one(l.get());
   });
-  ASSERT_FALSE(fs::exists(sock));  // so the probe must poll
   auto p = parse_probe("unix:" + sock.string());
   p.request = "ping";
   p.timeout = 20s;
-  EXPECT_EQ(wait_ready(p), "pong ping");
+  EXPECT_EQ(wait_ready(p, [&] { ++attempts; }), "pong ping");
+  EXPECT_GE(attempts, 2);
   server.join();
 }
 
 TEST(ProbeWait, TcpListenerThatStartsLateAnswersTheRequest) {
   int port = 0;
   UniqueFd l = bound_tcp_socket(port);
-  std::atomic<bool> listening{false};
+  std::atomic<int> attempts{0};
   std::thread server([&] {
-    std::this_thread::sleep_for(150ms);
+    // Bound but not listening (refused) until the probe has failed twice: so it must poll.
+    while (attempts < 2) std::this_thread::yield();
     ::listen(l.get(), 8);
-    listening = true;
     serve_one(l.get());
   });
   auto p = parse_probe("tcp:127.0.0.1:" + std::to_string(port));
   p.request = "hello";
   p.timeout = 20s;
-  EXPECT_FALSE(listening.load());
-  EXPECT_EQ(wait_ready(p), "pong hello");
+  EXPECT_EQ(wait_ready(p, [&] { ++attempts; }), "pong hello");
+  EXPECT_GE(attempts, 2);
   server.join();
 }
 
@@ -405,7 +407,7 @@ TEST(ProbeHttp, PollsUntilA2xxAndReturnsTheFirstBodyLine) {
 TEST(ProbeHttp, NotFoundIsRetriedUntilTheTimeout) {
   HttpServer server({http_answer("404 Not Found", "no such page\n")}, /*repeat=*/true);
   auto p = parse_probe(server.url("/missing"));
-  p.timeout = 300ms;
+  p.timeout = 3s;  // long enough for the server thread to answer twice on a starved machine
   try {
     wait_ready(p);
     FAIL() << "a 404 is not ready";
@@ -476,7 +478,7 @@ TEST(ProbeHttp, ATimedOutProbeStillSaysWhatTheEarlierAttemptsGot) {
   // answered before it, which is what an operator needs to see.
   HttpServer server({"PONG\n", kHold}, /*repeat=*/true);
   auto p = parse_probe(server.url("/"));
-  p.timeout = 300ms;
+  p.timeout = 3s;  // long enough for the server thread to answer PONG on a starved machine
   try {
     wait_ready(p);
     FAIL() << "not HTTP, then silent";

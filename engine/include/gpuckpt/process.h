@@ -239,8 +239,10 @@ struct ColdStartOptions {
   // The service's stderr (and stdout unless probed); else stdout goes to /dev/null and stderr
   // is inherited.
   std::filesystem::path log_file;
-  // Called with the service's process group id once it runs, and with 0 once it is stopped:
-  // lets a caller's signal handler stop it if gpuckpt itself is interrupted.
+  // Called with the service's pid before it runs anything (it then makes that pid its process
+  // group's id, in a session of its own), and with 0 once it is stopped: lets a caller's signal
+  // handler stop it if gpuckpt itself is interrupted. Kill the pid and then the group: before
+  // its setsid() the group does not exist yet.
   std::function<void(pid_t)> on_running;
 };
 

@@ -43,6 +43,9 @@ Timeline measure_cold_start(const ColdStartOptions& o) {
   else
     so.stdout_file = o.log_file.empty() ? std::filesystem::path("/dev/null") : o.log_file;
   if (!o.log_file.empty()) so.stderr_file = o.log_file;
+  // Told before the service runs anything: an interrupt that comes before spawn() returns still
+  // finds the service to stop.
+  if (o.on_running) so.before_exec = o.on_running;
 
   Timeline t;  // its origin is the decision to start
   Child child;
@@ -61,7 +64,6 @@ Timeline measure_cold_start(const ColdStartOptions& o) {
     auto s = t.scope("spawn");
     child = spawn(o.argv, so);
   }
-  if (o.on_running) o.on_running(child.pid());
   const std::string what = o.argv[0];
   const auto exited = [&](std::chrono::milliseconds grace = std::chrono::milliseconds(0)) {
     if (auto st = child.wait_for(grace))
