@@ -491,6 +491,10 @@ bool write_all(int fd, const std::string& s) {
 }  // namespace
 
 int guard_main(int in_fd, int out_fd) {
+  // The fault hooks stop gpuckpt under test. The guard inherits its environment, and its own
+  // recovery (a restore) passes the same points: it must run through, not pause for good.
+  for (const char* var : {"GPUCKPT_FAULT_PAUSE", "GPUCKPT_FAULT_MARK", "GPUCKPT_FAULT_RESUME"})
+    ::unsetenv(var);
   // Terminal and termination signals are gpuckpt's business; the guard must outlive them. A
   // SIGPIPE (gpuckpt gone before reading the summary) must not kill it mid-recovery either.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT}) ::signal(sig, SIG_IGN);
