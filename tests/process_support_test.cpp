@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 
 #include <cstring>
 #include <fstream>
@@ -20,6 +21,7 @@
 #include "process/proc_info.h"
 #include "process/record.h"
 #include "process/stages.h"
+#include "process/support.h"
 #include "test_support.h"
 #include "util/subprocess.h"
 
@@ -312,4 +314,22 @@ TEST(Guard, KeepsTheSpoolItMayRestoreFromAfterItsGpuckptIsGone) {
   EXPECT_TRUE(test::wait_until(
       [&] { return !remove_abandoned(parent.path(), {"gpuckpt-dump-spool-"}).empty(); }));
   EXPECT_FALSE(fs::exists(path));
+}
+
+TEST(EndTree, EndsEveryProcessRunningOrStoppedAndCountsOneThatHadEndedAsEnded) {
+  Child running = spawn({"sleep", "600"});
+  Child stopped = spawn({"sleep", "600"});
+  ASSERT_EQ(::kill(stopped.pid(), SIGSTOP), 0);  // as a dumped tree is when it is ended
+  Child ended = spawn({"true"});
+  siginfo_t info{};  // a zombie until wait() below: its pid cannot name anything else meanwhile
+  ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(ended.pid()), &info, WEXITED | WNOWAIT), 0);
+  EXPECT_TRUE(process::end_tree({running.pid(), stopped.pid(), ended.pid()}, 20000).empty());
+  EXPECT_FALSE(process::alive(running.pid()));
+  EXPECT_FALSE(process::alive(stopped.pid()));
+  for (Child* c : {&running, &stopped}) {
+    const ExitStatus st = c->wait();
+    EXPECT_FALSE(st.exited);
+    EXPECT_EQ(st.code, SIGKILL);
+  }
+  EXPECT_TRUE(ended.wait().ok());
 }
