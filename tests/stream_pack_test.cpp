@@ -18,6 +18,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "image/arrival.h"
 #include "image/manifest.h"
 #include "remote/ssh.h"
 #include "test_support.h"
@@ -149,6 +150,48 @@ TEST_F(StreamPack, DamagedChunkIsRefusedBeforeAnyOfItsBytesAreWritten) {
   }
   // Only the chunks before the damaged one reached the reader.
   EXPECT_LE(fd_contents(fd.get()).size(), 3u * opts_.chunk_bytes);
+}
+
+// A restore from a checkpoint still arriving checks the files it did not read once the restore
+// is done; it must say which are damaged among those in, and never wait for the others (a
+// migration's downtime would include that wait).
+TEST_F(StreamPack, AnArrivingCheckpointChecksTheUnreadFilesThatAreInAndNeverWaitsForTheRest) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  const image::Manifest m = image::CheckpointSource(ckpt).manifest();
+  auto entry = [&](const std::string& name) {
+    for (const auto& e : m.entries)
+      if (e.path == name) return e;
+    throw std::runtime_error("no " + name);
+  };
+  const image::ChunkRecord damaged = entry("core-1.img").chunks.at(0);
+  {
+    std::fstream f(ckpt / m.blobs[damaged.blob].name,
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(damaged.offset + damaged.stored / 2));
+    f.put('\x5a');
+  }
+  image::BlobArrival arrival(m.blobs.size());
+  for (const auto& e : m.entries)
+    if (e.path != "pagemap-1.img")
+      for (const auto& c : e.chunks) arrival.add(c.blob, c.offset, c.offset + c.stored);
+  image::CheckpointSource src(ckpt, &arrival);
+  UniqueFd fd(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+  ASSERT_TRUE(src.write_to(*src.find("pages-1.img"), fd.get()));
+
+  std::vector<std::string> not_arrived;
+  const std::vector<Error> bad = src.check_unread(&not_arrived);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].code(), Errc::kCorrupt);
+  EXPECT_NE(std::string(bad[0].what()).find("core-1.img"), std::string::npos) << bad[0].what();
+  EXPECT_EQ(not_arrived, std::vector<std::string>{"pagemap-1.img"});
+
+  // Once it is in, it is checked like the rest.
+  for (const auto& c : entry("pagemap-1.img").chunks)
+    arrival.add(c.blob, c.offset, c.offset + c.stored);
+  not_arrived.clear();
+  EXPECT_EQ(src.check_unread(&not_arrived).size(), 1u);
+  EXPECT_TRUE(not_arrived.empty());
 }
 
 // Into a pipe the chunks are spliced by reference: a chunk's buffer may be reused only once the

@@ -113,6 +113,11 @@ class BlobArrival {
     cv_.wait(lock, [&] { return done_ || failed_; });
     if (!done_) throw Error(Errc::kIo, why_);
   }
+  // Whether bytes [begin, end) of `blob` are all there now (never waits).
+  bool has(std::size_t blob, std::uint64_t begin, std::uint64_t end) const {
+    std::lock_guard lock(mu_);
+    return in_.at(blob).covers(begin, end);
+  }
   // A reader: returns once bytes [begin, end) of `blob` are all there; Error(kIo) if they
   // never come.
   void wait(std::size_t blob, std::uint64_t begin, std::uint64_t end) const {

@@ -684,13 +684,19 @@ void CheckpointSource::check_whole(const ManifestEntry& e, std::uint64_t digest)
                                     "' fails its whole-file xxh3 checksum");
 }
 
-std::vector<Error> CheckpointSource::check_unread() const {
+std::vector<Error> CheckpointSource::check_unread(std::vector<std::string>* not_arrived) const {
   std::vector<Error> damaged;
   for (std::size_t i = 0; i < m_.entries.size(); ++i) {
     const ManifestEntry& e = m_.entries[i];
     {
       std::lock_guard lk(asked_mu_);
       if (e.type != EntryType::kFile || (i < asked_.size() && asked_[i])) continue;
+    }
+    if (arrival_ && !std::all_of(e.chunks.begin(), e.chunks.end(), [&](const ChunkRecord& c) {
+          return arrival_->has(c.blob, c.offset, c.offset + c.stored);
+        })) {
+      if (not_arrived) not_arrived->push_back(e.path);
+      continue;
     }
     try {
       check_whole(e, *decode_serially(e, [](const std::byte*, std::uint32_t) { return true; }));

@@ -161,8 +161,10 @@ class CheckpointSource {
   std::vector<std::byte> raw_chunk(const ManifestEntry& e, std::size_t k) const;
   // Checks every file that write_to was never asked for (a restore reads only the images CRIU
   // needs, not the dump's logs), chunk by chunk and whole, writing it nowhere. Returns one
-  // Error(kCorrupt) per damaged file; throws only what reading itself throws (kIo).
-  std::vector<Error> check_unread() const;
+  // Error(kCorrupt) per damaged file; throws only what reading itself throws (kIo). Of a
+  // checkpoint still arriving, it checks the files already in and never waits for the others:
+  // their paths go to `not_arrived`.
+  std::vector<Error> check_unread(std::vector<std::string>* not_arrived = nullptr) const;
   // Bytes read from the blobs and bytes written out, so far (any thread).
   std::uint64_t stored_read() const { return stored_read_.load(); }
   std::uint64_t raw_written() const { return raw_written_.load(); }

@@ -377,16 +377,24 @@ void wait_first_answer(RestoreState& r) {
 
 // CRIU asked only for the images it needed. A damaged file it did not need (the dump's log)
 // leaves the restored process as good, so it is said, not thrown; checked after the first
-// answer, so the restore's time does not include it. Arriving blobs may still be on their way
-// when the restore is done: `gpuckpt verify` checks those.
+// answer, so the restore's time does not include it. Of a checkpoint still arriving, only the
+// files already in are checked: waiting for the rest would lengthen a migration's downtime
+// (the dump's log comes last), and `gpuckpt verify` checks them. An s3:// download fetches
+// every file but the pages first, so those are all in.
 void check_unread(RestoreState& r) {
-  if (!r.source || r.arrival) return;
+  if (!r.source) return;
   try {
-    for (const Error& e : r.source->check_unread()) {
+    std::vector<std::string> not_arrived;
+    for (const Error& e : r.source->check_unread(&not_arrived)) {
       spdlog::warn("{} (the restore did not need that file; the restored process is unaffected)",
                    e.what());
       r.out.damaged_unread.push_back(e.what());
     }
+    if (!not_arrived.empty())
+      spdlog::info(
+          "{} file(s) the restore did not need had not arrived yet and were not checked "
+          "(first: {}); gpuckpt verify checks them",
+          not_arrived.size(), not_arrived.front());
   } catch (const Error& e) {
     spdlog::warn("could not check the files of {} that the restore did not read: {}",
                  r.o.checkpoint.string(), e.what());
