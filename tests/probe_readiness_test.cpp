@@ -262,27 +262,19 @@ TEST(ProbeWait, TimesOutNamingTheTarget) {
   auto dir = test::scratch_dir();
   auto p = parse_probe("unix:" + (dir.path() / "never.sock").string());
   p.timeout = 200ms;
-  try {
-    wait_ready(p);
-    FAIL() << "should time out";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("never.sock"), std::string::npos) << e.what();
-  }
+  const Error never = test::error_from([&] { wait_ready(p); });
+  EXPECT_EQ(never.code(), Errc::kTimeout);
+  EXPECT_NE(std::string(never.what()).find("never.sock"), std::string::npos) << never.what();
 
   int port = 0;
   UniqueFd refusing = bound_tcp_socket(port);
   auto t = parse_probe("tcp:127.0.0.1:" + std::to_string(port));
   t.timeout = 200ms;
-  try {
-    wait_ready(t);
-    FAIL() << "should time out";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos)
-        << e.what();
-    EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
-  }
+  const Error e = test::error_from([&] { wait_ready(t); });
+  EXPECT_EQ(e.code(), Errc::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos)
+      << e.what();
+  EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
 }
 
 TEST(ProbeWait, ServiceThatNeverRepliesTimesOut) {
@@ -292,13 +284,9 @@ TEST(ProbeWait, ServiceThatNeverRepliesTimesOut) {
   auto p = parse_probe("tcp:127.0.0.1:" + std::to_string(port));
   p.request = "ping";
   p.timeout = 300ms;
-  try {
-    wait_ready(p);
-    FAIL() << "should time out";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("no reply"), std::string::npos) << e.what();
-  }
+  const Error e = test::error_from([&] { wait_ready(p); });
+  EXPECT_EQ(e.code(), Errc::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("no reply"), std::string::npos) << e.what();
 }
 
 TEST(ProbeWait, HookCanAbortTheWait) {
@@ -319,12 +307,8 @@ TEST(ProbeWait, HookCanAbortTheWait) {
 
 TEST(ProbeWait, StdoutProbeNeedsAProcessWeStarted) {
   auto p = parse_probe("stdout:ready");
-  try {
-    wait_ready(p);
-    FAIL() << "stdout probe without a pipe must be refused";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kUsage);
-  }
+  const Error e = test::error_from([&] { wait_ready(p); });
+  EXPECT_EQ(e.code(), Errc::kUsage);
   EXPECT_EQ(wait_ready(ReadinessProbe{}), "");  // kNone: nothing to wait for
 }
 
@@ -350,25 +334,17 @@ TEST(ProbeStdout, ExitBeforeTheLineIsAProcessError) {
   SpawnOptions o;
   o.capture_stdout = true;
   Child c = spawn({"sh", "-c", "echo crashed; exit 1"}, o);
-  try {
-    wait_for_line(c.stdout_fd(), "READY", 20s);
-    FAIL() << "should fail on EOF";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kProcess);
-    EXPECT_NE(std::string(e.what()).find("READY"), std::string::npos);
-  }
+  const Error e = test::error_from([&] { wait_for_line(c.stdout_fd(), "READY", 20s); });
+  EXPECT_EQ(e.code(), Errc::kProcess);
+  EXPECT_NE(std::string(e.what()).find("READY"), std::string::npos);
 }
 
 TEST(ProbeStdout, SilentChildTimesOut) {
   SpawnOptions o;
   o.capture_stdout = true;
   Child c = spawn({"sleep", "30"}, o);
-  try {
-    wait_for_line(c.stdout_fd(), "READY", 200ms);
-    FAIL() << "should time out";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-  }
+  const Error e = test::error_from([&] { wait_for_line(c.stdout_fd(), "READY", 200ms); });
+  EXPECT_EQ(e.code(), Errc::kTimeout);
 }
 
 TEST(ProbeWait, AbstractUnixSocket) {
@@ -408,14 +384,10 @@ TEST(ProbeHttp, NotFoundIsRetriedUntilTheTimeout) {
   HttpServer server({http_answer("404 Not Found", "no such page\n")}, /*repeat=*/true);
   auto p = parse_probe(server.url("/missing"));
   p.timeout = 3s;  // long enough for the server thread to answer twice on a starved machine
-  try {
-    wait_ready(p);
-    FAIL() << "a 404 is not ready";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("HTTP/1.1 404 Not Found"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find(server.url("/missing")), std::string::npos) << e.what();
-  }
+  const Error e = test::error_from([&] { wait_ready(p); });
+  EXPECT_EQ(e.code(), Errc::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("HTTP/1.1 404 Not Found"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find(server.url("/missing")), std::string::npos) << e.what();
   server.stop();
   EXPECT_GT(server.requests().size(), 1u) << "the probe polls";
 }
@@ -425,13 +397,9 @@ TEST(ProbeHttp, RefusedConnectionsTimeOut) {
   UniqueFd refusing = bound_tcp_socket(port);
   auto p = parse_probe("http://127.0.0.1:" + std::to_string(port) + "/health");
   p.timeout = 200ms;
-  try {
-    wait_ready(p);
-    FAIL() << "should time out";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
-  }
+  const Error e = test::error_from([&] { wait_ready(p); });
+  EXPECT_EQ(e.code(), Errc::kTimeout);
+  EXPECT_NE(std::string(e.what()).find("refused"), std::string::npos) << e.what();
 }
 
 TEST(ProbeHttp, RequestIsPostedAsJson) {
@@ -465,12 +433,8 @@ TEST(ProbeHttp, ChunkedEmptyAndNonHttpAnswers) {
   HttpServer garbage({"PONG\n"}, /*repeat=*/true);
   auto g = parse_probe(garbage.url("/"));
   g.timeout = 3s;  // long enough for one attempt even under the sanitizers
-  try {
-    wait_ready(g);
-    FAIL() << "not HTTP";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not an HTTP answer"), std::string::npos) << e.what();
-  }
+  const Error e = test::error_from([&] { wait_ready(g); });
+  EXPECT_NE(std::string(e.what()).find("not an HTTP answer"), std::string::npos) << e.what();
 }
 
 TEST(ProbeHttp, ATimedOutProbeStillSaysWhatTheEarlierAttemptsGot) {
@@ -479,16 +443,12 @@ TEST(ProbeHttp, ATimedOutProbeStillSaysWhatTheEarlierAttemptsGot) {
   HttpServer server({"PONG\n", kHold}, /*repeat=*/true);
   auto p = parse_probe(server.url("/"));
   p.timeout = 3s;  // long enough for the server thread to answer PONG on a starved machine
-  try {
-    wait_ready(p);
-    FAIL() << "not HTTP, then silent";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), Errc::kTimeout);
-    const std::string what = e.what();
-    EXPECT_NE(what.find("last attempt: connected, but no HTTP answer in time"), std::string::npos)
-        << what;
-    EXPECT_NE(what.find("before that: not an HTTP answer: 'PONG'"), std::string::npos) << what;
-  }
+  const Error e = test::error_from([&] { wait_ready(p); });
+  EXPECT_EQ(e.code(), Errc::kTimeout);
+  const std::string what = e.what();
+  EXPECT_NE(what.find("last attempt: connected, but no HTTP answer in time"), std::string::npos)
+      << what;
+  EXPECT_NE(what.find("before that: not an HTTP answer: 'PONG'"), std::string::npos) << what;
 }
 
 TEST(ProbeHttp, AnswersOfTheVllmDemo) {

@@ -105,10 +105,12 @@ TEST(ProcInfo, FindsListeningSockets) {
   UniqueFd abs(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un b{};
   b.sun_family = AF_UNIX;
-  const char name[] = "gpuckpt-test-abstract";
-  std::memcpy(b.sun_path + 1, name, sizeof name - 1);
+  // Abstract names are per network namespace, not per directory: the pid keeps two runs of
+  // this test (a CI checkout beside a developer's) apart.
+  const std::string name = "gpuckpt-test-abstract-" + std::to_string(::getpid());
+  std::memcpy(b.sun_path + 1, name.data(), name.size());
   ASSERT_EQ(::bind(abs.get(), reinterpret_cast<sockaddr*>(&b),
-                   offsetof(sockaddr_un, sun_path) + 1 + sizeof name - 1),
+                   static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())),
             0);
   ASSERT_EQ(::listen(abs.get(), 1), 0);
   listeners = process::unix_listeners(::getpid());

@@ -320,6 +320,19 @@ int free_tcp_port() {
   return ntohs(sa.sin_port);
 }
 
+Error error_from(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e;
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "threw something other than gpuckpt::Error: " << e.what();
+    return Error(Errc::kInternal, std::string("not a gpuckpt::Error: ") + e.what());
+  }
+  ADD_FAILURE() << "returned instead of throwing";
+  return Error(Errc::kInternal, "nothing was thrown");
+}
+
 bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!cond()) {

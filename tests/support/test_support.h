@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "gpuckpt/error.h"
 #include "util/fs.h"
 #include "util/subprocess.h"
 
@@ -117,6 +118,10 @@ int free_tcp_port();
 // Polls `cond` (every few ms) until it holds or `timeout` passes; returns whether it held.
 bool wait_until(const std::function<bool()>& cond,
                 std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// The gpuckpt::Error that `f` throws. If it returns, or throws anything else, the test fails
+// and the result is an Error of code kInternal saying so.
+Error error_from(const std::function<void()>& f);
 
 // The state letter of /proc/PID/stat ('R', 'S', 'T', 'Z', ...), or 0 if there is no process.
 char process_state(pid_t pid);
