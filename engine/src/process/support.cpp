@@ -70,20 +70,24 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
   // A pidfd tells when its process has ended without polling /proc. Where the kernel has none,
   // kill() and wait_ended() do the same job.
   std::vector<UniqueFd> pidfds;
+  std::vector<bool> reap;
   pidfds.reserve(tree.size());
   for (pid_t p : tree) {
     UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, p, 0)));
+    const bool device = device::holds_device_files(p);
     if (!fd || ::syscall(SYS_pidfd_send_signal, fd.get(), SIGKILL, nullptr, 0) != 0)
       ::kill(p, SIGKILL);
+    reap.push_back(fd && !device);
     pidfds.push_back(std::move(fd));
   }
-  // A killed process frees its memory on its way out, on one CPU, and a checkpointed CUDA
-  // process holds its VRAM in host memory as well. process_mrelease frees it from this thread
-  // at the same time (as the kernel's OOM reaper does): a process of 4 GiB was gone in 0.16 s
-  // instead of 0.20 s (docs/PERFORMANCE.md). Best effort: it fails for memory shared with a
-  // live process, and kernels before 5.15 lack it.
-  for (const auto& fd : pidfds)
-    if (fd) (void)::syscall(SYS_process_mrelease, fd.get(), 0);
+  // A killed process frees its memory on its way out, on one CPU. process_mrelease frees it
+  // from this thread at the same time (as the kernel's OOM reaper does): a process of 4 GiB was
+  // gone in 0.16 s instead of 0.20 s (docs/PERFORMANCE.md). It waits for the process's mmap
+  // lock, which a driver stuck in a GPU process's teardown could hold for good, so processes
+  // with device files are left to end on their own. Best effort: it fails for memory shared
+  // with a live process, and kernels before 5.15 lack it.
+  for (std::size_t i = 0; i < tree.size(); ++i)
+    if (reap[i]) (void)::syscall(SYS_process_mrelease, pidfds[i].get(), 0);
   std::vector<pid_t> left;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   auto rest = [&] {
