@@ -434,6 +434,7 @@ TEST(ProbeHttp, ChunkedEmptyAndNonHttpAnswers) {
   auto g = parse_probe(garbage.url("/"));
   g.timeout = 3s;  // long enough for one attempt even under the sanitizers
   const Error e = test::error_from([&] { wait_ready(g); });
+  EXPECT_EQ(e.code(), Errc::kTimeout);
   EXPECT_NE(std::string(e.what()).find("not an HTTP answer"), std::string::npos) << e.what();
 }
 

@@ -322,6 +322,7 @@ TEST(EndTree, EndsEveryProcessRunningOrStoppedAndCountsOneThatHadEndedAsEnded) {
   Child running = spawn({"sleep", "600"});
   Child stopped = spawn({"sleep", "600"});
   ASSERT_EQ(::kill(stopped.pid(), SIGSTOP), 0);  // as a dumped tree is when it is ended
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(stopped.pid()) == 'T'; }));
   Child ended = spawn({"true"});
   siginfo_t info{};  // a zombie until wait() below: its pid cannot name anything else meanwhile
   ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(ended.pid()), &info, WEXITED | WNOWAIT), 0);

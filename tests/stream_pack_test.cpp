@@ -11,6 +11,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <random>
 #include <stdexcept>
@@ -168,8 +169,11 @@ TEST_F(StreamPack, AnArrivingCheckpointChecksTheUnreadFilesThatAreInAndNeverWait
   {
     std::fstream f(ckpt / m.blobs[damaged.blob].name,
                    std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(static_cast<std::streamoff>(damaged.offset + damaged.stored / 2));
-    f.put('\x5a');
+    const auto at = static_cast<std::streamoff>(damaged.offset + damaged.stored / 2);
+    f.seekg(at);
+    const char was = static_cast<char>(f.get());
+    f.seekp(at);
+    f.put(static_cast<char>(was ^ 0x5a));  // changed, whatever the byte was
   }
   image::BlobArrival arrival(m.blobs.size());
   for (const auto& e : m.entries)
@@ -180,7 +184,13 @@ TEST_F(StreamPack, AnArrivingCheckpointChecksTheUnreadFilesThatAreInAndNeverWait
   ASSERT_TRUE(src.write_to(*src.find("pages-1.img"), fd.get()));
 
   std::vector<std::string> not_arrived;
-  const std::vector<Error> bad = src.check_unread(&not_arrived);
+  // A check that waited for pagemap-1.img would wait for good: give it a bound, and fail.
+  auto checked = std::async(std::launch::async, [&] { return src.check_unread(&not_arrived); });
+  if (checked.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    arrival.fail("the test gave up waiting");  // lets the check return, so the test can end
+    FAIL() << "check_unread waited for a file that had not arrived";
+  }
+  const std::vector<Error> bad = checked.get();
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_EQ(bad[0].code(), Errc::kCorrupt);
   EXPECT_NE(std::string(bad[0].what()).find("core-1.img"), std::string::npos) << bad[0].what();

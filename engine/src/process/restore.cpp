@@ -380,7 +380,7 @@ void wait_first_answer(RestoreState& r) {
 // answer, so the restore's time does not include it. Of a checkpoint still arriving, only the
 // files already in are checked: waiting for the rest would lengthen a migration's downtime
 // (the dump's log comes last), and `gpuckpt verify` checks them. An s3:// download fetches
-// every file but the pages first, so those are all in.
+// every file but the pages first, so those are usually in.
 void check_unread(RestoreState& r) {
   if (!r.source) return;
   try {

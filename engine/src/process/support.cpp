@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <system_error>
+#include <thread>
 
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
@@ -64,44 +66,66 @@ TempDir make_staging(const fs::path& root, const std::string& prefix) {
 }
 
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   // A live CUDA process is locked before it is killed (cuda-checkpoint#53). The budget is a
   // part of the caller's: a lock that cannot be had in time does not stop the kill.
   device::lock_before_kill(tree, std::chrono::milliseconds(std::min(timeout_ms / 3, 10000)));
-  // A pidfd tells when its process has ended without polling /proc. Where the kernel has none,
-  // kill() and wait_ended() do the same job.
+  // A pidfd names the process itself, and says when all of it has ended without polling /proc
+  // (where a pid may already name another process). Where the kernel has none, kill() and
+  // wait_ended() do the job.
   std::vector<UniqueFd> pidfds;
-  std::vector<bool> reap;
+  std::vector<int> reap;  // duplicates, owned by the reaper thread below
   pidfds.reserve(tree.size());
   for (pid_t p : tree) {
+    if (p <= 0) {  // kill(0 or -1) would reach far more than the tree
+      pidfds.emplace_back();
+      continue;
+    }
     UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, p, 0)));
-    const bool device = device::holds_device_files(p);
+    const bool cuda = device::holds_device_files(p);
     if (!fd || ::syscall(SYS_pidfd_send_signal, fd.get(), SIGKILL, nullptr, 0) != 0)
       ::kill(p, SIGKILL);
-    reap.push_back(fd && !device);
+    if (fd && !cuda)
+      if (const int dup = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0); dup >= 0) reap.push_back(dup);
     pidfds.push_back(std::move(fd));
   }
   // A killed process frees its memory on its way out, on one CPU. process_mrelease frees it
-  // from this thread at the same time (as the kernel's OOM reaper does): a process of 4 GiB was
-  // gone in 0.16 s instead of 0.20 s (docs/PERFORMANCE.md). It waits for the process's mmap
-  // lock, which a driver stuck in a GPU process's teardown could hold for good, so processes
-  // with device files are left to end on their own. Best effort: it fails for memory shared
-  // with a live process, and kernels before 5.15 lack it.
-  for (std::size_t i = 0; i < tree.size(); ++i)
-    if (reap[i]) (void)::syscall(SYS_process_mrelease, pidfds[i].get(), 0);
-  std::vector<pid_t> left;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  // from another at the same time (as the kernel's OOM reaper does): a process of 4 GiB was gone
+  // in 0.16 s instead of 0.20 s (docs/PERFORMANCE.md). Unlike the OOM reaper it waits for the
+  // process's memory lock, which a thread stuck in a driver could hold for good: so it runs on
+  // a thread of its own that nothing waits for (the wait is killable, so it never holds up
+  // gpuckpt's exit). A CUDA process's teardown is left to the driver (cuda-checkpoint#53).
+  // Best effort: it fails for memory shared with a live process, and kernels before 5.15 lack
+  // it.
+  if (!reap.empty()) {
+    try {
+      std::thread([fds = reap] {
+        for (int fd : fds) {
+          (void)::syscall(SYS_process_mrelease, fd, 0);
+          ::close(fd);
+        }
+      }).detach();
+    } catch (const std::system_error&) {
+      for (int fd : reap) ::close(fd);
+    }
+  }
   auto rest = [&] {
     return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
                         deadline - std::chrono::steady_clock::now()),
                     std::chrono::milliseconds(1));
   };
+  std::vector<pid_t> left;
   for (std::size_t i = 0; i < tree.size(); ++i) {
-    if (pidfds[i]) {
-      pollfd pfd{pidfds[i].get(), POLLIN, 0};
-      while (::poll(&pfd, 1, static_cast<int>(rest().count())) < 0 && errno == EINTR) {
-      }
+    if (tree[i] <= 0) continue;
+    if (!pidfds[i]) {
+      if (!wait_ended(tree[i], rest())) left.push_back(tree[i]);
+      continue;
     }
-    if (!wait_ended(tree[i], rest())) left.push_back(tree[i]);
+    pollfd pfd{pidfds[i].get(), POLLIN, 0};
+    int n;
+    while ((n = ::poll(&pfd, 1, static_cast<int>(rest().count()))) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) left.push_back(tree[i]);
   }
   return left;
 }
