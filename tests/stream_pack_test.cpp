@@ -159,13 +159,9 @@ TEST_F(StreamPack, DamagedChunkIsRefusedBeforeAnyOfItsBytesAreWritten) {
 TEST_F(StreamPack, AnArrivingCheckpointChecksTheUnreadFilesThatAreInAndNeverWaitsForTheRest) {
   const fs::path ckpt = dir_.path() / "c.ckpt";
   write(ckpt);
-  const image::Manifest m = image::CheckpointSource(ckpt).manifest();
-  auto entry = [&](const std::string& name) {
-    for (const auto& e : m.entries)
-      if (e.path == name) return e;
-    throw std::runtime_error("no " + name);
-  };
-  const image::ChunkRecord damaged = entry("core-1.img").chunks.at(0);
+  const image::CheckpointSource probe(ckpt);
+  const image::Manifest& m = probe.manifest();
+  const image::ChunkRecord damaged = probe.find("core-1.img")->chunks.at(0);
   {
     std::fstream f(ckpt / m.blobs[damaged.blob].name,
                    std::ios::in | std::ios::out | std::ios::binary);
@@ -197,7 +193,7 @@ TEST_F(StreamPack, AnArrivingCheckpointChecksTheUnreadFilesThatAreInAndNeverWait
   EXPECT_EQ(not_arrived, std::vector<std::string>{"pagemap-1.img"});
 
   // Once it is in, it is checked like the rest.
-  for (const auto& c : entry("pagemap-1.img").chunks)
+  for (const auto& c : probe.find("pagemap-1.img")->chunks)
     arrival.add(c.blob, c.offset, c.offset + c.stored);
   not_arrived.clear();
   EXPECT_EQ(src.check_unread(&not_arrived).size(), 1u);

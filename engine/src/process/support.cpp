@@ -20,6 +20,7 @@
 #include "gpuckpt/error.h"
 #include "process/proc_info.h"
 #include "util/fs.h"
+#include "util/poll_timeout.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -109,21 +110,17 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
       for (int fd : reap) ::close(fd);
     }
   }
-  auto rest = [&] {
-    return std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
-                        deadline - std::chrono::steady_clock::now()),
-                    std::chrono::milliseconds(1));
-  };
+  auto rest_ms = [&] { return std::max(poll_timeout_ms(deadline), 1); };
   std::vector<pid_t> left;
   for (std::size_t i = 0; i < tree.size(); ++i) {
     if (tree[i] <= 0) continue;
     if (!pidfds[i]) {
-      if (!wait_ended(tree[i], rest())) left.push_back(tree[i]);
+      if (!wait_ended(tree[i], std::chrono::milliseconds(rest_ms()))) left.push_back(tree[i]);
       continue;
     }
     pollfd pfd{pidfds[i].get(), POLLIN, 0};
     int n;
-    while ((n = ::poll(&pfd, 1, static_cast<int>(rest().count()))) < 0 && errno == EINTR) {
+    while ((n = ::poll(&pfd, 1, rest_ms())) < 0 && errno == EINTR) {
     }
     if (n <= 0) left.push_back(tree[i]);
   }
