@@ -1,11 +1,8 @@
 // `gpuckpt bench coldstart | restore | migrate`: the three transient wall-clock numbers of the
 // report, per stage, each up to the service's first answer through the readiness probe. Their
 // --json output is what `gpuckpt report --coldstart/--restore/--migrate` reads.
-#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,24 +15,6 @@
 namespace gpuckpt::cli {
 
 namespace {
-
-// Ends a restored process that is not necessarily our child (CRIU restores it detached):
-// SIGTERM, then SIGKILL after `grace`, waiting on a pidfd for it to be gone.
-void end_process(pid_t pid, std::chrono::milliseconds grace) {
-  const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-  if (pidfd < 0) return;  // already gone
-  auto gone_within = [&](int ms) {
-    pollfd p{pidfd, POLLIN, 0};
-    return ::poll(&p, 1, ms) > 0;
-  };
-  ::kill(pid, SIGTERM);
-  if (!gone_within(static_cast<int>(grace.count()))) {
-    ::kill(pid, SIGKILL);
-    if (!gone_within(10000)) spdlog::warn("restored pid {} did not end after SIGKILL", pid);
-  }
-  ::close(pidfd);
-  ::waitpid(pid, nullptr, WNOHANG);  // reap it if it happens to be our child
-}
 
 void print_runs(const char* what, const std::vector<Timeline>& runs) {
   const Timeline& m = median_run(runs);
@@ -121,7 +100,9 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
     // The next run restores the same pid: this one must be gone first. The last one stays
     // up with --keep.
     if (i + 1 < a.runs || !a.keep)
-      end_process(last.pidns_init > 0 ? last.pidns_init : last.pid, grace);
+      if (const auto left = stop_restored(last, grace); !left.empty())
+        throw Error(Errc::kProcess, "restored process " + std::to_string(left.front()) +
+                                        " is still there after SIGKILL");
   }
   if (ctx.json) {
     nlohmann::json extra = {{"checkpoint", a.checkpoint},

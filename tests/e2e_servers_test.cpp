@@ -197,6 +197,47 @@ TEST_F(E2eServers, TreeDumpEndsEveryProcessAndRestoreBringsTheWholeTreeBack) {
   end_all(restored);
 }
 
+// `bench restore --runs 2` restores the same pids twice, so the first copy, its children
+// included, must be gone before the second. Each copy is stopped as an operator would: its
+// shell's SIGTERM trap runs, and its server, which ignores SIGTERM, is killed after the grace.
+TEST_F(E2eServers, BenchRestoreStopsTheWholeRestoredTreeGracefullyBeforeItsNextRun) {
+  const int port = test::free_tcp_port();
+  write_file_atomic(
+      path("server.py"),
+      "import functools, http.server, signal, sys\n"
+      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+      "h = functools.partial(http.server.SimpleHTTPRequestHandler, directory=sys.argv[2])\n"
+      "http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), h)"
+      ".serve_forever()\n");
+  Child sh = start_service(
+      {"bash", "-c",
+       "trap 'echo stopped >>stopped.txt; exit 0' TERM; python3 server.py " + std::to_string(port) +
+           " " + dir_.path().string() + " >srv.log 2>&1 & wait"},
+      dir_.path(), "tree");
+  ASSERT_TRUE(test::wait_until([&] { return http_ok(port); }));
+  Cli d =
+      cli({"--json", "dump", "--pid", std::to_string(sh.pid()), "-o", path("tree.ckpt").string()});
+  ASSERT_EQ(d.code, 0) << d.err;
+  const auto tree = json_pids(d.j["tree"]);
+  ASSERT_EQ(tree.size(), 2u) << d.out;
+  sh.wait_for(10s);
+  ASSERT_EQ(cat(path("stopped.txt")), "");  // the dump's SIGKILL runs no trap
+
+  Cli b = cli({"--json", "bench", "restore", path("tree.ckpt").string(), "--runs", "2", "--probe",
+               "tcp:127.0.0.1:" + std::to_string(port), "--stop-timeout", "1"});
+  EXPECT_EQ(b.code, 0) << b.err;
+  EXPECT_EQ(cat(path("stopped.txt")), "stopped\nstopped\n") << b.err;
+  EXPECT_TRUE(all_gone(tree));
+
+  // In a pid namespace of its own, the same: the trap runs, and nothing is left to fail.
+  Cli n = cli({"--json", "bench", "restore", path("tree.ckpt").string(), "--new-pidns", "--probe",
+               "tcp:127.0.0.1:" + std::to_string(port), "--stop-timeout", "1"});
+  EXPECT_EQ(n.code, 0) << n.err;
+  EXPECT_EQ(cat(path("stopped.txt")), "stopped\nstopped\nstopped\n") << n.err;
+  EXPECT_FALSE(http_ok(port));
+  end_all(tree);
+}
+
 TEST_F(E2eServers, FailedTreeDumpResumesEveryProcessOfTheTree) {
   const int p1 = test::free_tcp_port();
   Child sh = start_service(

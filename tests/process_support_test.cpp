@@ -336,3 +336,26 @@ TEST(EndTree, EndsEveryProcessRunningOrStoppedAndCountsOneThatHadEndedAsEnded) {
   }
   EXPECT_TRUE(ended.wait().ok());
 }
+
+// A graceful stop (stop_restored, `bench restore`): every process gets SIGTERM first, and only
+// one that is still there after the grace gets SIGKILL.
+TEST(EndTree, WithAGraceEveryProcessGetsSigtermAndOnlyOneThatIgnoresItIsKilled) {
+  const TempDir dir = test::scratch_dir();
+  const auto ready = dir.path() / "ready";
+  Child polite = spawn({"sleep", "600"});
+  Child stubborn = spawn({"python3", "-c",
+                          "import signal, sys, time\n"
+                          "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                          "open(sys.argv[1], 'w').close()\n"
+                          "time.sleep(600)\n",
+                          ready.string()});
+  ASSERT_TRUE(test::wait_until([&] { return std::filesystem::exists(ready); }));
+  EXPECT_TRUE(
+      process::end_tree({polite.pid(), stubborn.pid()}, 20000, std::chrono::milliseconds(300))
+          .empty());
+  const ExitStatus p = polite.wait(), s = stubborn.wait();
+  EXPECT_FALSE(p.exited);
+  EXPECT_EQ(p.code, SIGTERM);
+  EXPECT_FALSE(s.exited);
+  EXPECT_EQ(s.code, SIGKILL);
+}

@@ -169,6 +169,13 @@ struct RestoreResult {
 
 RestoreResult restore(const RestoreOptions& opts);
 
+// Stops what restore() started, as an operator would stop the service: every process of the
+// tree gets SIGTERM, and what is still there `grace` later gets SIGKILL; the pid namespace's
+// init (new_pid_ns) goes last. Live CUDA processes are locked first (cuda-checkpoint#53: a
+// restored one must not be killed running), so their own CUDA calls block during the grace.
+// Returns the pids still there 10 s after the SIGKILL (normally none).
+std::vector<pid_t> stop_restored(const RestoreResult& r, std::chrono::milliseconds grace);
+
 enum class MigrateHandoff {
   kAuto,  // kRelease if the tree listens on TCP or an abstract unix socket, else kFrozen
   // The original stays frozen until the copy (in a new pid namespace) answers; a rollback only

@@ -275,10 +275,11 @@ bool holds_device_files(pid_t pid, std::string_view prefix) {
 }
 
 std::vector<pid_t> lock_before_kill(const std::vector<pid_t>& pids,
-                                    std::chrono::milliseconds budget) {
+                                    std::chrono::milliseconds budget, std::vector<pid_t>* holders) {
   std::vector<pid_t> gpu, locked;
   for (pid_t p : pids)
     if (holds_device_files(p)) gpu.push_back(p);
+  if (holders) *holders = gpu;
   if (gpu.empty()) return locked;
   try {
     std::string why;

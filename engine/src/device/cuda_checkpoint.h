@@ -54,9 +54,11 @@ std::optional<pid_t> find_restore_thread(pid_t pid);
 // particular): killing a running CUDA process right after a restore has crashed hosts on some
 // drivers (NVIDIA/cuda-checkpoint#53), a locked one is safe. Locks each pid of `pids` that
 // holds /dev/nvidia* and is `running`, within `budget` in all; never throws, and touches the
-// driver only when some pid holds a GPU. Returns the pids it locked.
+// driver only when some pid holds a GPU. Returns the pids it locked; `holders`, if given, gets
+// every pid that holds /dev/nvidia* (locked or not), so that a caller need not read /proc again.
 std::vector<pid_t> lock_before_kill(const std::vector<pid_t>& pids,
-                                    std::chrono::milliseconds budget = std::chrono::seconds(10));
+                                    std::chrono::milliseconds budget = std::chrono::seconds(10),
+                                    std::vector<pid_t>* holders = nullptr);
 
 // RAII: locks in the constructor; the destructor unlocks if still locked (e.g. a dump failed
 // midway), restoring first if it was checkpointed, so an error never leaves a process frozen on

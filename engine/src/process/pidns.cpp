@@ -58,7 +58,7 @@ ArgArea arg_area() {
 }
 
 [[noreturn]] void ns_init(char* const* argv, char* const* envp, const char* out_path, int report,
-                          int gate, ArgArea args) {
+                          int gate, ArgArea args, int max_fd) {
   ::prctl(PR_SET_NAME, "gpuckpt-pidns", 0, 0, 0);
   static const char kTitle[] = "gpuckpt-pidns (init of a restored process's pid namespace)";
   if (args.start && args.size > 1) {
@@ -102,7 +102,9 @@ ArgArea arg_area() {
     ::dup2(devnull, 1);
     ::dup2(devnull, 2);
   }
-  ::syscall(SYS_close_range, static_cast<unsigned>(report) + 1, ~0u, 0u);  // report is fd 3
+  // report is fd 3. Kernels before 5.9 have no close_range: then one close() per possible fd.
+  if (::syscall(SYS_close_range, static_cast<unsigned>(report) + 1, ~0u, 0u) != 0)
+    for (int fd = report + 1; fd < max_fd; ++fd) ::close(fd);
   for (;;) {
     int status = 0;
     const pid_t r = ::waitpid(-1, &status, 0);
@@ -138,6 +140,9 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
   envp.push_back(nullptr);
   const std::string out_path = out_file.string();
   const ArgArea args = arg_area();
+  // The fd limit, read before fork(): sysconf() is not async-signal-safe.
+  const long open_max = ::sysconf(_SC_OPEN_MAX);
+  const int max_fd = open_max > 0 ? static_cast<int>(std::min(open_max, 1L << 20)) : 1024;
 
   // The init writes criu's wait status here; the helper writes the init's host pid first.
   int fds[2];
@@ -158,7 +163,7 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
       if (wr.get() == 3 ? ::fcntl(3, F_SETFD, 0) < 0 : ::dup3(wr.get(), 3, 0) < 0) ::_exit(125);
       // Our copy of the gate's write end would keep the init from ever seeing gpuckpt gone.
       ::close(gate_wr.get());
-      ns_init(argv.data(), envp.data(), out_path.c_str(), 3, gate_rd.get(), args);
+      ns_init(argv.data(), envp.data(), out_path.c_str(), 3, gate_rd.get(), args, max_fd);
     }
     if (init < 0) ::_exit(125);
     (void)!::write(wr.get(), &init, sizeof init);

@@ -88,16 +88,24 @@ bool check_pid_free(const ProcessRecord& rec, pid_t pid) {
 
 }  // namespace
 
-void kill_restored(const RestoreResult& r) {
+std::vector<pid_t> kill_restored(const RestoreResult& r, std::chrono::milliseconds grace) {
   std::vector<pid_t> tree = r.tree;
   if (r.pid > 0)
     for (pid_t q : process_tree(r.pid))
       if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
-  // Lock live CUDA processes before any SIGKILL, the namespace's init's included
+  // Lock live CUDA processes before any signal, the namespace's init's SIGKILL included
   // (cuda-checkpoint#53); best effort and bounded.
   device::lock_before_kill(tree);
-  if (r.pidns_init > 0) ::kill(r.pidns_init, SIGKILL);  // takes the whole namespace with it
-  end_tree(tree, 10000);
+  if (r.pidns_init > 0) {
+    if (grace.count() <= 0)
+      ::kill(r.pidns_init, SIGKILL);  // takes the whole namespace with it
+    else
+      // After a shutdown of their own: the init ends by itself once its namespace is empty (a
+      // SIGTERM from outside does not reach it), else it goes with the SIGKILLs, last, and
+      // takes whatever the tree started meanwhile with it.
+      tree.push_back(r.pidns_init);
+  }
+  return end_tree(tree, 10000, grace);
 }
 
 namespace {
@@ -433,6 +441,10 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
 }
 
 }  // namespace process
+
+std::vector<pid_t> stop_restored(const RestoreResult& r, std::chrono::milliseconds grace) {
+  return process::kill_restored(r, std::max(grace, std::chrono::milliseconds(1)));
+}
 
 RestoreResult restore(const RestoreOptions& opts) {
   require_socket_probe(opts.probe);

@@ -20,8 +20,9 @@ class Guard;
 void restore_into(const RestoreOptions& opts, RestoreResult& out, Guard* guard = nullptr,
                   bool provisional = false, const image::BlobArrival* arrival = nullptr);
 
-// Ends a restored process (and its pid namespace, if any).
-void kill_restored(const RestoreResult& r);
+// Ends a restored process tree (and its pid namespace, if any): SIGKILL, or with `grace` > 0
+// SIGTERM first and SIGKILL for what is left after it. Returns the pids still there.
+std::vector<pid_t> kill_restored(const RestoreResult& r, std::chrono::milliseconds grace = {});
 
 // The pid criu restore wrote to `pidfile`; Error(kCriu) if there is none.
 pid_t read_pidfile(const std::filesystem::path& pidfile);

@@ -66,29 +66,73 @@ TempDir make_staging(const fs::path& root, const std::string& prefix) {
   return TempDir(root, prefix);
 }
 
-std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  // A live CUDA process is locked before it is killed (cuda-checkpoint#53). The budget is a
-  // part of the caller's: a lock that cannot be had in time does not stop the kill.
-  device::lock_before_kill(tree, std::chrono::milliseconds(std::min(timeout_ms / 3, 10000)));
-  // A pidfd names the process itself, and says when all of it has ended without polling /proc
-  // (where a pid may already name another process). Where the kernel has none, kill() and
-  // wait_ended() do the job.
-  std::vector<UniqueFd> pidfds;
-  std::vector<int> reap;  // duplicates, owned by the reaper thread below
-  pidfds.reserve(tree.size());
-  for (pid_t p : tree) {
-    if (p <= 0) {  // kill(0 or -1) would reach far more than the tree
-      pidfds.emplace_back();
+namespace {
+
+// The pids of `tree` (with their pidfds, where there are any) that are still there at
+// `deadline`. A pidfd alone says when its process has ended; without one, /proc is polled.
+std::vector<pid_t> still_there(const std::vector<pid_t>& tree, const std::vector<UniqueFd>& pidfds,
+                               std::chrono::steady_clock::time_point deadline) {
+  auto rest_ms = [&] { return std::max(poll_timeout_ms(deadline), 1); };
+  std::vector<pid_t> left;
+  for (std::size_t i = 0; i < tree.size(); ++i) {
+    if (tree[i] <= 0) continue;
+    if (!pidfds[i]) {
+      if (!wait_ended(tree[i], std::chrono::milliseconds(rest_ms()))) left.push_back(tree[i]);
       continue;
     }
-    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, p, 0)));
-    const bool cuda = device::holds_device_files(p);
-    if (!fd || ::syscall(SYS_pidfd_send_signal, fd.get(), SIGKILL, nullptr, 0) != 0)
-      ::kill(p, SIGKILL);
-    if (fd && !cuda)
-      if (const int dup = ::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0); dup >= 0) reap.push_back(dup);
-    pidfds.push_back(std::move(fd));
+    pollfd pfd{pidfds[i].get(), POLLIN, 0};
+    int n;
+    while ((n = ::poll(&pfd, 1, rest_ms())) < 0 && errno == EINTR) {
+    }
+    if (n <= 0) left.push_back(tree[i]);
+  }
+  return left;
+}
+
+void send(pid_t pid, const UniqueFd& pidfd, int sig) {
+  if (!pidfd || ::syscall(SYS_pidfd_send_signal, pidfd.get(), sig, nullptr, 0) != 0)
+    ::kill(pid, sig);
+}
+
+}  // namespace
+
+std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms,
+                            std::chrono::milliseconds grace) {
+  using Clock = std::chrono::steady_clock;
+  grace = std::max(grace, std::chrono::milliseconds(0));
+  const auto deadline = Clock::now() + grace + std::chrono::milliseconds(timeout_ms);
+  // A live CUDA process is locked before it is signalled (cuda-checkpoint#53): SIGTERM ends a
+  // process without a handler for it as SIGKILL does. The budget is a part of the caller's: a
+  // lock that cannot be had in time does not stop the kill.
+  std::vector<pid_t> gpu;  // the processes holding /dev/nvidia*
+  device::lock_before_kill(tree, std::chrono::milliseconds(std::min(timeout_ms / 3, 10000)), &gpu);
+  // A pidfd names the process itself, and says when all of it has ended without polling /proc
+  // (where a pid may already name another process). Where the kernel has none, kill() and
+  // wait_ended() do the job. Pids <= 0 are skipped: kill(0 or -1) would reach far more than
+  // the tree.
+  std::vector<UniqueFd> pidfds;
+  pidfds.reserve(tree.size());
+  for (pid_t p : tree)
+    pidfds.emplace_back(p > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, p, 0)) : -1);
+  std::vector<pid_t> kill = tree;
+  if (grace.count() > 0) {
+    // The service's own shutdown first; what is still there after the grace is killed.
+    for (std::size_t i = 0; i < tree.size(); ++i)
+      if (tree[i] > 0) send(tree[i], pidfds[i], SIGTERM);
+    kill = still_there(tree, pidfds, Clock::now() + grace);
+    if (kill.empty()) return {};
+    spdlog::info("{} process(es) still there {} ms after SIGTERM; killing them", kill.size(),
+                 grace.count());
+  }
+  std::vector<int> reap;  // duplicates, owned by the reaper thread below
+  for (std::size_t i = 0; i < tree.size(); ++i) {
+    const pid_t p = tree[i];
+    if (p <= 0 || std::find(kill.begin(), kill.end(), p) == kill.end()) continue;
+    send(p, pidfds[i], SIGKILL);
+    const bool cuda = std::find(gpu.begin(), gpu.end(), p) != gpu.end();
+    if (pidfds[i] && !cuda)
+      if (const int dup = ::fcntl(pidfds[i].get(), F_DUPFD_CLOEXEC, 0); dup >= 0)
+        reap.push_back(dup);
   }
   // A killed process frees its memory on its way out, on one CPU. process_mrelease frees it
   // from another at the same time (as the kernel's OOM reaper does): a process of 4 GiB was gone
@@ -110,21 +154,7 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms) {
       for (int fd : reap) ::close(fd);
     }
   }
-  auto rest_ms = [&] { return std::max(poll_timeout_ms(deadline), 1); };
-  std::vector<pid_t> left;
-  for (std::size_t i = 0; i < tree.size(); ++i) {
-    if (tree[i] <= 0) continue;
-    if (!pidfds[i]) {
-      if (!wait_ended(tree[i], std::chrono::milliseconds(rest_ms()))) left.push_back(tree[i]);
-      continue;
-    }
-    pollfd pfd{pidfds[i].get(), POLLIN, 0};
-    int n;
-    while ((n = ::poll(&pfd, 1, rest_ms())) < 0 && errno == EINTR) {
-    }
-    if (n <= 0) left.push_back(tree[i]);
-  }
-  return left;
+  return still_there(tree, pidfds, deadline);
 }
 
 std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids) {

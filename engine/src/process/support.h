@@ -2,6 +2,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <chrono>
 
 #include <atomic>
 #include <cstdint>
@@ -45,9 +46,11 @@ bool kill_and_wait(pid_t pid, int timeout_ms = 30000);
 TempDir make_staging(const std::filesystem::path& root, const std::string& prefix);
 
 // SIGKILLs every process of a tree (not our children) and waits for each to end; returns those
-// still there after `timeout_ms`. Live CUDA processes are locked first (device::
-// lock_before_kill: best effort, bounded).
-std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 30000);
+// still there after `timeout_ms` (counted after the grace, if any). Live CUDA processes are
+// locked first (device::lock_before_kill: best effort, bounded). `grace` > 0: SIGTERM first,
+// and SIGKILL only for what is still there `grace` later (a service's own shutdown).
+std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 30000,
+                            std::chrono::milliseconds grace = {});
 
 // Environment handed to criu for the plugin (its GPU map is GpuMap::to_string()).
 // The device part of it (criu/plugin_report.h): the libcuda path this process found and, for a
