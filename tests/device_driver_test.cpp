@@ -435,7 +435,9 @@ TEST(DeviceNoDriver, NoGpuMemoryWithoutAGpu) {
   const auto gpus = describe_checkpointed_gpus({kUuidA}, {::getpid()});
   ASSERT_EQ(gpus.size(), 1u);
   EXPECT_EQ(gpus[0].uuid, kUuidA);
-  if (device::nvml_gpus().empty()) EXPECT_EQ(gpus[0].name, "");
+  if (device::nvml_gpus().empty()) {
+    EXPECT_EQ(gpus[0].name, "");
+  }
 }
 
 TEST(ProcessRecordGpus, RoundTripAndOldRecordsStayReadable) {

@@ -353,9 +353,10 @@ TEST_F(E2eFaults, AnUnconfirmedCopyDiesWithItsGpuckptEvenBeforeItsPidIsKnown) {
     Child g =
         paused_cli({"restore", ckpt.string(), "--staging", staging_.string(), "--await-commit"},
                    k.point, k.racing);
-    if (!k.racing)
+    if (!k.racing) {
       EXPECT_EQ(serving(sock(name).string()).size(), 1u)
           << "criu had not restored the copy at " << k.point;
+    }
     g.kill(k.sig);
     g.wait();
     EXPECT_TRUE(test::wait_until([&] { return serving(sock(name).string()).empty(); }))
