@@ -224,14 +224,14 @@ TEST_F(E2eServers, BenchRestoreStopsTheWholeRestoredTreeGracefullyBeforeItsNextR
   ASSERT_EQ(cat(path("stopped.txt")), "");  // the dump's SIGKILL runs no trap
 
   Cli b = cli({"--json", "bench", "restore", path("tree.ckpt").string(), "--runs", "2", "--probe",
-               "tcp:127.0.0.1:" + std::to_string(port), "--stop-timeout", "1"});
+               "tcp:127.0.0.1:" + std::to_string(port), "--stop-timeout", "3"});
   EXPECT_EQ(b.code, 0) << b.err;
   EXPECT_EQ(cat(path("stopped.txt")), "stopped\nstopped\n") << b.err;
   EXPECT_TRUE(all_gone(tree));
 
   // In a pid namespace of its own, the same: the trap runs, and nothing is left to fail.
   Cli n = cli({"--json", "bench", "restore", path("tree.ckpt").string(), "--new-pidns", "--probe",
-               "tcp:127.0.0.1:" + std::to_string(port), "--stop-timeout", "1"});
+               "tcp:127.0.0.1:" + std::to_string(port), "--stop-timeout", "3"});
   EXPECT_EQ(n.code, 0) << n.err;
   EXPECT_EQ(cat(path("stopped.txt")), "stopped\nstopped\nstopped\n") << n.err;
   EXPECT_FALSE(http_ok(port));

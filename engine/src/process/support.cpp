@@ -68,30 +68,50 @@ TempDir make_staging(const fs::path& root, const std::string& prefix) {
 
 namespace {
 
-// The pids of `tree` (with their pidfds, where there are any) that are still there at
-// `deadline`. A pidfd alone says when its process has ended; without one, /proc is polled.
-std::vector<pid_t> still_there(const std::vector<pid_t>& tree, const std::vector<UniqueFd>& pidfds,
+// One process to end. A pidfd names the process itself, and says when all of it has ended
+// without polling /proc (where a pid may already name another process). Where the kernel has
+// none, kill() and wait_ended() do the job. A pid that pidfd_open finds gone (ESRCH) had ended
+// already: its number is never signalled, since it may name another process by now.
+struct Target {
+  pid_t pid = 0;
+  UniqueFd fd;
+  bool gone = false;
+
+  explicit Target(pid_t p) : pid(p) {
+    if (p <= 0) return;  // kill(0 or -1) would reach far more than the tree
+    const int r = static_cast<int>(::syscall(SYS_pidfd_open, p, 0));
+    gone = r < 0 && errno == ESRCH;
+    fd = UniqueFd(r);
+  }
+  bool signalled() const { return pid > 0 && !gone; }
+  void send(int sig) const {
+    if (!signalled()) return;
+    // A pidfd that cannot take the signal names a process that has ended (ESRCH).
+    if (fd)
+      (void)::syscall(SYS_pidfd_send_signal, fd.get(), sig, nullptr, 0);
+    else
+      ::kill(pid, sig);
+  }
+};
+
+// The pids of `targets` still there at `deadline`.
+std::vector<pid_t> still_there(const std::vector<Target>& targets,
                                std::chrono::steady_clock::time_point deadline) {
   auto rest_ms = [&] { return std::max(poll_timeout_ms(deadline), 1); };
   std::vector<pid_t> left;
-  for (std::size_t i = 0; i < tree.size(); ++i) {
-    if (tree[i] <= 0) continue;
-    if (!pidfds[i]) {
-      if (!wait_ended(tree[i], std::chrono::milliseconds(rest_ms()))) left.push_back(tree[i]);
+  for (const Target& t : targets) {
+    if (!t.signalled()) continue;
+    if (!t.fd) {
+      if (!wait_ended(t.pid, std::chrono::milliseconds(rest_ms()))) left.push_back(t.pid);
       continue;
     }
-    pollfd pfd{pidfds[i].get(), POLLIN, 0};
+    pollfd pfd{t.fd.get(), POLLIN, 0};
     int n;
     while ((n = ::poll(&pfd, 1, rest_ms())) < 0 && errno == EINTR) {
     }
-    if (n <= 0) left.push_back(tree[i]);
+    if (n <= 0) left.push_back(t.pid);
   }
   return left;
-}
-
-void send(pid_t pid, const UniqueFd& pidfd, int sig) {
-  if (!pidfd || ::syscall(SYS_pidfd_send_signal, pidfd.get(), sig, nullptr, 0) != 0)
-    ::kill(pid, sig);
 }
 
 }  // namespace
@@ -106,33 +126,25 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms,
   // lock that cannot be had in time does not stop the kill.
   std::vector<pid_t> gpu;  // the processes holding /dev/nvidia*
   device::lock_before_kill(tree, std::chrono::milliseconds(std::min(timeout_ms / 3, 10000)), &gpu);
-  // A pidfd names the process itself, and says when all of it has ended without polling /proc
-  // (where a pid may already name another process). Where the kernel has none, kill() and
-  // wait_ended() do the job. Pids <= 0 are skipped: kill(0 or -1) would reach far more than
-  // the tree.
-  std::vector<UniqueFd> pidfds;
-  pidfds.reserve(tree.size());
-  for (pid_t p : tree)
-    pidfds.emplace_back(p > 0 ? static_cast<int>(::syscall(SYS_pidfd_open, p, 0)) : -1);
+  std::vector<Target> targets;
+  targets.reserve(tree.size());
+  for (pid_t p : tree) targets.emplace_back(p);
   std::vector<pid_t> kill = tree;
   if (grace.count() > 0) {
     // The service's own shutdown first; what is still there after the grace is killed.
-    for (std::size_t i = 0; i < tree.size(); ++i)
-      if (tree[i] > 0) send(tree[i], pidfds[i], SIGTERM);
-    kill = still_there(tree, pidfds, Clock::now() + grace);
+    for (const Target& t : targets) t.send(SIGTERM);
+    kill = still_there(targets, Clock::now() + grace);
     if (kill.empty()) return {};
     spdlog::info("{} process(es) still there {} ms after SIGTERM; killing them", kill.size(),
                  grace.count());
   }
   std::vector<int> reap;  // duplicates, owned by the reaper thread below
-  for (std::size_t i = 0; i < tree.size(); ++i) {
-    const pid_t p = tree[i];
-    if (p <= 0 || std::find(kill.begin(), kill.end(), p) == kill.end()) continue;
-    send(p, pidfds[i], SIGKILL);
-    const bool cuda = std::find(gpu.begin(), gpu.end(), p) != gpu.end();
-    if (pidfds[i] && !cuda)
-      if (const int dup = ::fcntl(pidfds[i].get(), F_DUPFD_CLOEXEC, 0); dup >= 0)
-        reap.push_back(dup);
+  for (const Target& t : targets) {
+    if (!t.signalled() || std::find(kill.begin(), kill.end(), t.pid) == kill.end()) continue;
+    t.send(SIGKILL);
+    const bool cuda = std::find(gpu.begin(), gpu.end(), t.pid) != gpu.end();
+    if (t.fd && !cuda)
+      if (const int dup = ::fcntl(t.fd.get(), F_DUPFD_CLOEXEC, 0); dup >= 0) reap.push_back(dup);
   }
   // A killed process frees its memory on its way out, on one CPU. process_mrelease frees it
   // from another at the same time (as the kernel's OOM reaper does): a process of 4 GiB was gone
@@ -154,7 +166,7 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms,
       for (int fd : reap) ::close(fd);
     }
   }
-  return still_there(tree, pidfds, deadline);
+  return still_there(targets, deadline);
 }
 
 std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids) {
