@@ -2,9 +2,9 @@
 #pragma once
 
 #include <sys/types.h>
-#include <chrono>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
