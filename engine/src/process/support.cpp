@@ -55,11 +55,6 @@ DirProgress::~DirProgress() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool kill_and_wait(pid_t pid, int timeout_ms) {
-  if (::kill(pid, SIGKILL) != 0 && errno == ESRCH) return true;
-  return wait_ended(pid, std::chrono::milliseconds(timeout_ms));
-}
-
 TempDir make_staging(const fs::path& root, const std::string& prefix) {
   remove_abandoned(
       root, {"gpuckpt-dump-", "gpuckpt-restore-", "gpuckpt-dump-spool-", "gpuckpt-restore-spool-"});

@@ -36,10 +36,6 @@ class DirProgress {
   std::thread thread_;
 };
 
-// SIGKILLs a process that is not our child and waits until it has ended (or is a zombie).
-// Returns false if it is still there after `timeout_ms`.
-bool kill_and_wait(pid_t pid, int timeout_ms = 30000);
-
 // A staging directory PREFIX-XXXXXX under `root` for one operation. It first removes the
 // staging directories that no live gpuckpt holds (TempDir's lock): what a SIGKILL of both
 // gpuckpt and its guard, or a host that went down, left behind.
