@@ -173,7 +173,7 @@ RestoreResult restore(const RestoreOptions& opts);
 // tree gets SIGTERM, and what is still there `grace` later gets SIGKILL; the pid namespace's
 // init (new_pid_ns) goes last. Live CUDA processes are locked first (cuda-checkpoint#53: a
 // restored one must not be killed running), so their own CUDA calls block during the grace.
-// Returns the pids still there 10 s after the SIGKILL (normally none).
+// Returns the pids still there 30 s after the grace, the lock included (normally none).
 std::vector<pid_t> stop_restored(const RestoreResult& r, std::chrono::milliseconds grace);
 
 enum class MigrateHandoff {

@@ -93,19 +93,14 @@ std::vector<pid_t> kill_restored(const RestoreResult& r, std::chrono::millisecon
   if (r.pid > 0)
     for (pid_t q : process_tree(r.pid))
       if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
-  // end_tree locks live CUDA processes before it signals them (cuda-checkpoint#53).
-  if (r.pidns_init > 0) {
-    if (grace.count() <= 0) {
-      device::lock_before_kill(tree);  // the init's SIGKILL ends them too
-      ::kill(r.pidns_init, SIGKILL);   // takes the whole namespace with it
-    } else {
-      // After a shutdown of their own: the init ends by itself once its namespace is empty (a
-      // SIGTERM from outside does not reach it), else it goes with the SIGKILLs, last, and
-      // takes whatever the tree started meanwhile with it.
-      tree.push_back(r.pidns_init);
-    }
-  }
-  return end_tree(tree, 10000, grace);
+  // The namespace's init, if any: without a grace it goes first, and its SIGKILL takes the
+  // whole namespace with it. After a shutdown of their own it goes last: it ends by itself once
+  // its namespace is empty (a SIGTERM from outside does not reach it), else it takes whatever
+  // the tree started meanwhile with it.
+  if (r.pidns_init > 0) tree.insert(grace.count() > 0 ? tree.end() : tree.begin(), r.pidns_init);
+  // end_tree locks live CUDA processes before any signal (cuda-checkpoint#53), within a third
+  // of its timeout: 10 s, as lock_before_kill's own default.
+  return end_tree(tree, 30000, grace);
 }
 
 namespace {
