@@ -359,3 +359,35 @@ TEST(EndTree, WithAGraceEveryProcessGetsSigtermAndOnlyOneThatIgnoresItIsKilled) 
   EXPECT_FALSE(s.exited);
   EXPECT_EQ(s.code, SIGKILL);
 }
+
+// A service's shutdown may start processes of its own (its SIGTERM handler here): they got no
+// SIGTERM, and the SIGKILL of their parent would orphan them out of reach. end_tree stops what
+// is still there after the grace, takes in what it started (passing over a zombie, which needs
+// no signal), and kills all of it.
+TEST(EndTree, WhatTheTreeStartsDuringTheGraceIsEndedWithIt) {
+  const TempDir dir = test::scratch_dir();
+  const auto ready = dir.path() / "ready", late = dir.path() / "late";
+  Child service = spawn({"python3", "-c",
+                         "import os, signal, sys, time\n"
+                         "def stop(*_):\n"
+                         "    if os.fork() == 0: os._exit(0)  # never reaped: a zombie\n"
+                         "    pid = os.fork()\n"
+                         "    if pid == 0: os.execvp('sleep', ['sleep', '600'])\n"
+                         "    with open(sys.argv[1], 'w') as f: f.write(str(pid))\n"
+                         "signal.signal(signal.SIGTERM, stop)\n"
+                         "open(sys.argv[2], 'w').close()\n"
+                         "while True: time.sleep(600)\n",
+                         late.string(), ready.string()});
+  ASSERT_TRUE(test::wait_until([&] { return std::filesystem::exists(ready); }));
+  const std::vector<pid_t> tree = process::process_tree(service.pid());
+  ASSERT_EQ(tree.size(), 1U);
+  // The grace only has to outlast the handler's two forks.
+  EXPECT_TRUE(process::end_tree(tree, 20000, std::chrono::seconds(3)).empty());
+  const ExitStatus st = service.wait();
+  EXPECT_FALSE(st.exited);
+  EXPECT_EQ(st.code, SIGKILL);
+  std::ifstream in(late);
+  pid_t started = 0;
+  ASSERT_TRUE(in >> started) << "the handler did not start its sleep within the grace";
+  EXPECT_FALSE(process::alive(started)) << "the sleep the handler started outlived its parent";
+}

@@ -170,8 +170,9 @@ struct RestoreResult {
 RestoreResult restore(const RestoreOptions& opts);
 
 // Stops what restore() started, as an operator would stop the service: every process of the
-// tree gets SIGTERM, and what is still there `grace` later gets SIGKILL; the pid namespace's
-// init (new_pid_ns) goes last. Live CUDA processes are locked first (cuda-checkpoint#53: a
+// tree gets SIGTERM, and what is still there `grace` later gets SIGKILL, with what it started
+// meanwhile (stopped first, so that it starts nothing more); the pid namespace's init
+// (new_pid_ns) goes last. Live CUDA processes are locked first (cuda-checkpoint#53: a
 // restored one must not be killed running), so their own CUDA calls block during the grace.
 // Returns the pids still there 30 s after the grace, the lock included (normally none).
 std::vector<pid_t> stop_restored(const RestoreResult& r, std::chrono::milliseconds grace);

@@ -10,6 +10,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <string_view>
 #include <system_error>
 #include <thread>
 
@@ -18,6 +21,7 @@
 #include "device/cuda_driver.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
 #include "process/proc_info.h"
 #include "util/fs.h"
 #include "util/poll_timeout.h"
@@ -72,6 +76,7 @@ struct Target {
   UniqueFd fd;
   bool gone = false;
 
+  Target() = default;
   explicit Target(pid_t p) : pid(p) {
     if (p <= 0) return;  // kill(0 or -1) would reach far more than the tree
     const int r = static_cast<int>(::syscall(SYS_pidfd_open, p, 0));
@@ -109,6 +114,120 @@ std::vector<pid_t> still_there(const std::vector<Target>& targets,
   return left;
 }
 
+// True once every thread of `pid` is stopped (or the process has ended): a process whose
+// threads are all stopped forks no more. A thread is stopped by SIGSTOP only once it leaves the
+// kernel, so the main thread's state alone does not say it.
+bool stopped_or_ended(pid_t pid) {
+  std::error_code ec;  // no task directory: the process has ended
+  for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec))
+    if (const auto info = read_proc(std::stoi(t.path().filename().string()));
+        info && std::string_view("TtZX").find(info->state) == std::string_view::npos)
+      return false;
+  return true;
+}
+
+bool has_ended(const Target& t) {
+  if (!t.fd) return !alive(t.pid);
+  pollfd pfd{t.fd.get(), POLLIN, 0};
+  return ::poll(&pfd, 1, 0) > 0;
+}
+
+// The processes a graceful stop has stopped and not yet killed. They were on their way out:
+// if gpuckpt is interrupted meanwhile, its OnInterrupt hook kills them rather than leave them
+// stopped for good. The hook runs a copy of itself on the signal-handling thread, possibly after
+// end_tree has returned, so this is shared, and it holds its own pidfds.
+struct StoppedSet {
+  std::mutex mu;
+  std::vector<Target> procs;
+  bool interrupted = false;
+
+  // Stops `t` and keeps a duplicate of its pidfd; once interrupted, kills it instead.
+  void stop(const Target& t) {
+    std::lock_guard lk(mu);
+    if (interrupted) {
+      t.send(SIGKILL);
+      return;
+    }
+    t.send(SIGSTOP);
+    Target& kept = procs.emplace_back();
+    kept.pid = t.pid;
+    if (t.fd) kept.fd = UniqueFd(::fcntl(t.fd.get(), F_DUPFD_CLOEXEC, 0));
+  }
+  void kill_all() {
+    std::lock_guard lk(mu);
+    interrupted = true;
+    for (const Target& t : procs) t.send(SIGKILL);
+  }
+};
+
+// What a tree started during a graceful stop's grace got no SIGTERM, and the SIGKILL of its
+// parent would orphan it out of reach: the next restore of the same pids would then find them in
+// use. So the survivors (`kill`) are stopped, and what they started is taken in (into `targets`
+// and `kill`) and stopped too, until a scan made after every one of them was seen stopped finds
+// nothing new, or `deadline`. (A fork under way when SIGSTOP arrives still completes before its
+// thread stops: hence a scan after, not before, the check.) A newcomer that holds a GPU is
+// locked first, while it runs, and joins `gpu`. Returns how many were taken in. A process whose
+// parent ended during the grace was orphaned already: only a pid namespace's init reaches it.
+std::size_t stop_and_take_in(std::vector<Target>& targets, std::vector<pid_t>& kill,
+                             std::vector<pid_t>& gpu, StoppedSet& stopped,
+                             std::chrono::steady_clock::time_point deadline) {
+  auto target = [&](pid_t p) -> Target* {
+    for (Target& t : targets)
+      if (t.pid == p) return &t;
+    return nullptr;
+  };
+  auto settled = [&](pid_t p) {
+    const Target* t = target(p);
+    return !t || !t->signalled() || has_ended(*t) || stopped_or_ended(p);
+  };
+  for (pid_t p : kill)
+    if (const Target* t = target(p); t && t->signalled()) stopped.stop(*t);
+  std::size_t taken = 0;
+  std::vector<pid_t> passed;  // zombies, and pids that named no child of the tree
+  auto pause = std::chrono::milliseconds(1);
+  while (std::chrono::steady_clock::now() < deadline) {
+    const bool all_stopped = std::all_of(kill.begin(), kill.end(), settled);
+    std::vector<pid_t> fresh;
+    for (std::size_t i = 0; i < kill.size(); ++i) {
+      const Target* t = target(kill[i]);
+      // An ended process's pid may name another process by now: its children are not ours.
+      if (!t || !t->signalled() || has_ended(*t)) continue;
+      for (pid_t q : process_tree(kill[i]))
+        if (!target(q) && std::find(fresh.begin(), fresh.end(), q) == fresh.end() &&
+            std::find(passed.begin(), passed.end(), q) == passed.end())
+          fresh.push_back(q);
+    }
+    if (fresh.empty() && all_stopped) break;
+    if (!fresh.empty()) {
+      std::vector<pid_t> held;
+      device::lock_before_kill(fresh,
+                               std::max(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            deadline - std::chrono::steady_clock::now()),
+                                        std::chrono::milliseconds(1)),
+                               &held);
+      gpu.insert(gpu.end(), held.begin(), held.end());
+      for (pid_t q : fresh) {
+        Target t(q);
+        // Only a live child of the tree: a zombie needs no signal, and a pid reaped and reused
+        // since the scan names someone else (its parent is not in the tree).
+        const auto info = t.signalled() ? read_proc(q) : std::nullopt;
+        if (!info || info->state == 'Z' || !target(info->ppid)) {
+          passed.push_back(q);
+          continue;
+        }
+        stopped.stop(t);
+        targets.push_back(std::move(t));
+        kill.push_back(q);
+        ++taken;
+      }
+      continue;
+    }
+    std::this_thread::sleep_for(pause);  // a stop takes effect as each thread leaves the kernel
+    pause = std::min(pause * 2, std::chrono::milliseconds(20));
+  }
+  return taken;
+}
+
 }  // namespace
 
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms,
@@ -125,13 +244,26 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms,
   targets.reserve(tree.size());
   for (pid_t p : tree) targets.emplace_back(p);
   std::vector<pid_t> kill = tree;
+  const auto stopped = std::make_shared<StoppedSet>();
+  const OnInterrupt kill_stopped([stopped] { stopped->kill_all(); });
   if (grace.count() > 0) {
     // The service's own shutdown first; what is still there after the grace is killed.
     for (const Target& t : targets) t.send(SIGTERM);
     kill = still_there(targets, Clock::now() + grace);
     if (kill.empty()) return {};
-    spdlog::info("{} process(es) still there {} ms after SIGTERM; killing them", kill.size(),
-                 grace.count());
+    const std::size_t left = kill.size();
+    std::size_t started = 0;
+    try {
+      started = stop_and_take_in(targets, kill, gpu, *stopped,
+                                 std::min(deadline, Clock::now() + std::chrono::seconds(2)));
+    } catch (const std::exception& e) {
+      // What was stopped is killed below all the same.
+      spdlog::warn("could not look for what the stopping processes started: {}", e.what());
+    }
+    spdlog::info(
+        "{} process(es) still there {} ms after SIGTERM, and {} they started meanwhile; "
+        "killing them",
+        left, grace.count(), started);
   }
   std::vector<int> reap;  // duplicates, owned by the reaper thread below
   for (const Target& t : targets) {

@@ -44,7 +44,8 @@ TempDir make_staging(const std::filesystem::path& root, const std::string& prefi
 // SIGKILLs every process of a tree (not our children) and waits for each to end; returns those
 // still there after `timeout_ms` (counted after the grace, if any). Live CUDA processes are
 // locked first (device::lock_before_kill: best effort, bounded). `grace` > 0: SIGTERM first,
-// and SIGKILL only for what is still there `grace` later (a service's own shutdown).
+// and SIGKILL only for what is still there `grace` later (a service's own shutdown), and for
+// what those processes started meanwhile (stopped first, so that they start nothing more).
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 30000,
                             std::chrono::milliseconds grace = {});
 
