@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <set>
 
@@ -491,6 +494,12 @@ bool write_all(int fd, const std::string& s) {
 }  // namespace
 
 int guard_main(int in_fd, int out_fd) {
+  // spdlog's default logger writes to stdout, which is the summary pipe in gpuckpt-guard: a log
+  // line of its recovery (a restore's) would then be read as the summary, and the operator of
+  // an interrupted gpuckpt would never learn what the guard did. Its diagnostics go to stderr.
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>(
+      "gpuckpt-guard", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
+  spdlog::set_pattern("%^[%l]%$ gpuckpt-guard: %v");
   // The fault hooks stop gpuckpt under test. The guard inherits its environment, and its own
   // recovery (a restore) passes the same points: it must run through, not pause for good.
   for (const char* var : {"GPUCKPT_FAULT_PAUSE", "GPUCKPT_FAULT_MARK", "GPUCKPT_FAULT_RESUME"})
