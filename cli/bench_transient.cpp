@@ -8,6 +8,8 @@
 #include <atomic>
 #include <cstdio>
 #include <memory>
+#include <mutex>
+#include <optional>
 
 #include "commands.h"
 #include "flags.h"
@@ -50,11 +52,12 @@ void run_coldstart(const ColdArgs& a, Context& ctx) {
   o.stop_timeout = std::chrono::milliseconds(static_cast<long>(a.stop_timeout_s * 1000));
   o.log_file = a.log;
   o.on_running = [](pid_t pgid) { g_service_pgid = pgid; };
-  OnInterrupt kill_service([] {
-    if (const pid_t pg = g_service_pgid.load(); pg > 0) {
-      ::kill(pg, SIGKILL);  // not yet the leader of its group: it dies before it can be one
-      ::kill(-pg, SIGKILL);
-    }
+  OnInterrupt kill_service([]() -> std::string {
+    const pid_t pg = g_service_pgid.load();
+    if (pg <= 0) return {};
+    ::kill(pg, SIGKILL);  // not yet the leader of its group: it dies before it can be one
+    ::kill(-pg, SIGKILL);
+    return "the benchmark's service (process group " + std::to_string(pg) + ") was killed";
   });
   std::vector<Timeline> runs;
   for (int i = 0; i < a.runs; ++i) {
@@ -92,17 +95,42 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
   const auto grace = std::chrono::milliseconds(static_cast<long>(a.stop_timeout_s * 1000));
   std::vector<Timeline> runs;
   RestoreResult last;
+  // The copy between its restore and the end of its stop: an interrupt then ends it (a restore
+  // in flight is its guard's business, which leaves its copy running and says so). Shared: the
+  // hook runs on the signal-handling thread.
+  struct Current {
+    std::mutex mu;
+    std::optional<RestoreResult> copy;
+  };
+  const auto current = std::make_shared<Current>();
+  const OnInterrupt end_copy([current]() -> std::string {
+    std::lock_guard lk(current->mu);
+    if (!current->copy) return {};
+    const auto left = stop_restored(*current->copy, std::chrono::milliseconds(0));
+    return "the restored copy (pid " + std::to_string(current->copy->pid) + ") was " +
+           (left.empty() ? "ended"
+                         : "killed, but pid " + std::to_string(left.front()) + " is still there");
+  });
+  auto set_current = [&](std::optional<RestoreResult> r) {
+    std::lock_guard lk(current->mu);
+    current->copy = std::move(r);
+  };
   for (int i = 0; i < a.runs; ++i) {
     last = restore(o);
+    const bool stop = i + 1 < a.runs || !a.keep;  // the last one stays up with --keep
+    if (stop) set_current(last);
     runs.push_back(last.timeline);
     spdlog::info("restore run {}/{}: {}", i + 1, a.runs,
                  format_seconds(last.timeline.total_seconds()));
-    // The next run restores the same pid: this one must be gone first. The last one stays
-    // up with --keep.
-    if (i + 1 < a.runs || !a.keep)
-      if (const auto left = stop_restored(last, grace); !left.empty())
+    // The next run restores the same pid: this one must be gone first.
+    if (stop) {
+      fault_point("bench_stop");
+      const auto left = stop_restored(last, grace);
+      set_current(std::nullopt);
+      if (!left.empty())
         throw Error(Errc::kProcess, "restored process " + std::to_string(left.front()) +
                                         " is still there after SIGKILL");
+    }
   }
   if (ctx.json) {
     nlohmann::json extra = {{"checkpoint", a.checkpoint},

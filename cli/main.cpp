@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "context.h"
 #include "flags.h"
+#include "gpuckpt/support.h"
 #include "signals.h"
 
 namespace {
@@ -51,7 +52,7 @@ void check_pids(CLI::App& app) {
 int main(int argc, char** argv) {
   using namespace gpuckpt;
   cli::Context ctx;
-  cli::install_interrupt_handler(ctx);
+  cli::install_interrupt_handler(ctx, json_requested(argc, argv));
   CLI::App app{"gpuckpt: checkpoint, restore and migrate GPU serving processes"};
   app.set_version_flag("--version", std::string("gpuckpt ") + version());
   app.require_subcommand(1);
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(ctx.log_level)); });
 
   try {
+    fault_point("parse");  // a signal before the command line is parsed: tests stop here
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help/--version exit 0; every usage error exits 2 (CLI11's own codes are >100).

@@ -23,14 +23,14 @@ void stop_here_if_interrupted() {
   for (;;) ::pause();
 }
 
-void install_interrupt_handler(const Context& ctx) {
+void install_interrupt_handler(const Context& ctx, bool json) {
   sigset_t set;
   sigemptyset(&set);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set, sig);
   // Blocked here, before any other thread exists, so every thread inherits the mask and the
   // signals reach only the waiting thread below (children get the default mask back: spawn()).
   if (::pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
-  std::thread([set, &ctx] {
+  std::thread([set, &ctx, json] {
     int sig = 0;
     if (::sigwait(&set, &sig) != 0) return;
     g_interrupted.store(true);
@@ -40,7 +40,8 @@ void install_interrupt_handler(const Context& ctx) {
     if (what.empty()) what = "nothing was in flight";
     const std::string msg = std::string("interrupted by ") + sigabbrev_np(sig) + ": " + what;
     ctx.progress_done();
-    if (ctx.json) ctx.emit({{"ok", false}, {"error", {{"code", "interrupted"}, {"message", msg}}}});
+    if (json || ctx.json)
+      ctx.emit({{"ok", false}, {"error", {{"code", "interrupted"}, {"message", msg}}}});
     std::cerr << "gpuckpt: " << msg << "\n" << std::flush;
     std::cout << std::flush;
     // Die of the signal itself, as a shell expects of an interrupted program.

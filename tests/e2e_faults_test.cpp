@@ -277,6 +277,55 @@ TEST_F(E2eFaults, SignalDuringAReleaseMigrationRestoresTheOriginalFromTheCheckpo
   }
 }
 
+// A benchmark's processes are its own business: an interrupt ends them and says so, whichever
+// phase it lands in. `bench restore` between a run's restore and its stop:
+TEST_F(E2eFaults, AnInterruptedBenchRestoreEndsItsCopyAndSaysSo) {
+  Child s = server("b");
+  const pid_t pid = s.pid();  // the copies' too
+  const fs::path ckpt = out_ / "b.ckpt";
+  auto d = test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  ASSERT_TRUE(s.wait_for(10s).has_value());
+  Child g = paused_cli({"bench", "restore", ckpt.string(), "--runs", "2", "--staging",
+                        staging_.string(), "--probe", "unix:" + sock("b").string()},
+                       "bench_stop");
+  ASSERT_EQ(ask_unix_line(sock("b"), "PING"), "PONG") << "no copy to stop";
+  g.kill(SIGINT);
+  const ExitStatus st = g.wait();
+  EXPECT_FALSE(st.exited);
+  EXPECT_EQ(st.code, SIGINT);
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_NE(err.find("the restored copy (pid " + std::to_string(pid) + ") was ended"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(process::alive(pid));
+}
+
+// ...and `bench dump` while one of its dumps runs: the dump rolls back (its guard resumes the
+// demo server), then the server is ended and the benchmark's scratch files removed.
+TEST_F(E2eFaults, AnInterruptedBenchDumpEndsItsServerAndRemovesItsFiles) {
+  const fs::path bench = dir_.path() / "bench";
+  fs::create_directories(bench);
+  Child g = paused_cli({"bench", "dump", "--dir", bench.string(), "--size", "64M", "--runs", "1",
+                        "--staging", staging_.string()},
+                       "criu_dump");
+  const std::vector<pid_t> servers = serving((bench / "bench.sock").string());
+  ASSERT_EQ(servers.size(), 1u) << "no demo server";
+  ASSERT_TRUE(fs::exists(bench / "bench-weights.bin"));
+  g.kill(SIGINT);
+  const ExitStatus st = g.wait();
+  EXPECT_FALSE(st.exited);
+  EXPECT_EQ(st.code, SIGINT);
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_NE(err.find("its demo server " + std::to_string(servers[0]) + " was ended"),
+            std::string::npos)
+      << err;
+  EXPECT_FALSE(process::alive(servers[0]));
+  EXPECT_FALSE(fs::exists(bench / "bench-weights.bin"));
+  EXPECT_FALSE(fs::exists(bench / "bench-stream.ckpt"));
+  EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }));
+}
+
 TEST_F(E2eFaults, InterruptedRestoreLeavesNoStaging) {
   Child s = server("r");
   const fs::path ckpt = out_ / "r.ckpt";

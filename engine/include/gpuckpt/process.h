@@ -305,16 +305,18 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& opts);
 std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout);
 
 // Extra work for interrupt_operations() while this object lives (e.g. a benchmark's service to
-// kill); it runs after the guards' rollbacks, in the signal-handling thread.
+// kill); it runs after the guards' rollbacks, in the signal-handling thread, and returns what it
+// did for the operator ("" if nothing). It runs a copy of `fn`, possibly after this object is
+// gone: what it uses must be shared, not borrowed.
 class OnInterrupt {
  public:
-  explicit OnInterrupt(std::function<void()> fn);
+  explicit OnInterrupt(std::function<std::string()> fn);
   ~OnInterrupt();
   OnInterrupt(const OnInterrupt&) = delete;
   OnInterrupt& operator=(const OnInterrupt&) = delete;
 
  private:
-  std::function<void()> fn_;
+  std::function<std::string()> fn_;
 };
 
 }  // namespace gpuckpt

@@ -25,6 +25,12 @@ std::string shell_quote(std::string_view s);
 // This machine's host name (gethostname), "" if it has none.
 std::string host_name();
 
+// Test hook: deterministic places to interrupt gpuckpt. When $GPUCKPT_FAULT_PAUSE names a point
+// that gpuckpt reaches, it creates the file $GPUCKPT_FAULT_MARK and then blocks there forever,
+// so that a test can send its signal (or SIGKILL) at exactly that phase. Unset, a fault point
+// costs one getenv. docs/PROCESS.md ("Faults") lists the points.
+void fault_point(std::string_view name);
+
 // Free page reporting (a virtio balloon with VIRTIO_BALLOON_F_REPORTING) hands memory that has
 // stayed free a while back to the host, a few hundred MiB every 2 s; a first touch of it then
 // costs a host fault as well, many times a plain first touch (docs/PERFORMANCE.md). Waits until

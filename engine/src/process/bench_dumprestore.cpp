@@ -15,6 +15,9 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include "criu/criu.h"
@@ -23,6 +26,7 @@
 #include "gpuckpt/support.h"
 #include "probe/probe.h"
 #include "process/proc_info.h"
+#include "process/support.h"
 #include "util/fs.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
@@ -41,11 +45,53 @@ struct Sampled {
   ExitStatus status;
 };
 
+// What the benchmark has running, for an interrupt: its commands run in process groups of their
+// own (a Ctrl-C does not reach them), and its demo server in a session of its own. Shared with
+// the OnInterrupt hook, which runs on the signal-handling thread.
+struct InFlight {
+  std::mutex mu;
+  pid_t command = 0;  // a dump or restore, the leader of its process group
+  pid_t server = 0;   // the demo server, or its restored copy (the same pid)
+  std::vector<fs::path> scratch;
+
+  void set_command(pid_t p) {
+    std::lock_guard lk(mu);
+    command = p;
+  }
+  void set_server(pid_t p) {
+    std::lock_guard lk(mu);
+    server = p;
+  }
+  // The command gets the interrupt itself: a gpuckpt rolls its operation back (its guard) and
+  // plain criu lets its tasks go. Then the server, or the copy a restore left, is killed, and
+  // the scratch files are removed.
+  std::string interrupt() {
+    std::lock_guard lk(mu);
+    std::vector<std::string> said;
+    if (command > 0 && process::alive(command)) {
+      ::kill(-command, SIGINT);
+      if (!process::wait_ended(command, std::chrono::seconds(60))) ::kill(-command, SIGKILL);
+      said.push_back("its command (pid " + std::to_string(command) + ") was interrupted");
+    }
+    if (const auto p = server > 0 ? process::read_proc(server) : std::nullopt;
+        p && p->state != 'Z' && p->comm.starts_with("gpuckpt-demo")) {
+      process::end_tree(process::process_tree(server), 10000);
+      said.push_back("its demo server " + std::to_string(server) + " was ended");
+    }
+    std::error_code ec;
+    for (const fs::path& f : scratch)
+      if (fs::remove_all(f, ec) > 0) said.push_back("removed " + f.string());
+    std::string out;
+    for (const auto& s : said) out += (out.empty() ? "the benchmark: " : "; ") + s;
+    return out;
+  }
+};
+
 // Runs argv to completion, sampling every few ms the peak RSS (VmHWM) of it and its
 // descendants (`exclude`: the process being restored, which is criu's child meanwhile) and the
 // bytes in `staging`.
 Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& staging, pid_t exclude,
-                    const fs::path& out_file, std::chrono::seconds timeout) {
+                    const fs::path& out_file, std::chrono::seconds timeout, InFlight& flight) {
   SpawnOptions so;
   so.stdout_file = out_file;
   so.stderr_file = out_file;
@@ -55,6 +101,7 @@ Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& stagin
   // What the staging tmpfs already holds is not this run's.
   const std::uint64_t staged_before = allocated_bytes(staging);
   Child c = spawn(argv, so);
+  flight.set_command(c.pid());
   std::map<pid_t, std::uint64_t> peak;
   std::uint64_t staged = staged_before;
   std::optional<ExitStatus> st;
@@ -72,6 +119,7 @@ Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& stagin
                   argv[0] + " did not finish within " + std::to_string(timeout.count()) + " s");
     }
   }
+  flight.set_command(0);
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   s.status = *st;
   for (const auto& [p, v] : peak) s.extra += v;
@@ -144,6 +192,12 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   const fs::path gpuckpt = fs::read_symlink("/proc/self/exe");
   const criu::Installation inst = criu::locate(o.criu.binary);
   const fs::path weights = o.dir / "bench-weights.bin";
+  const auto flight = std::make_shared<InFlight>();
+  const OnInterrupt on_interrupt([flight] { return flight->interrupt(); });
+  {
+    std::lock_guard lk(flight->mu);
+    flight->scratch.push_back(weights);
+  }
   {
     auto r =
         run_capture({(self_exe_dir() / "gpuckpt-demo-server").string(), "--generate-weights",
@@ -159,9 +213,14 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   for (unsigned run = 0; run < o.runs; ++run) {
     for (auto& m : res.methods) {
       Server srv(o.dir, weights);
+      flight->set_server(srv.pid());
       const std::string weights_answer = ask_unix_line(srv.socket(), "WEIGHTS");
       res.process_bytes = process::dumpable_memory_bytes(srv.pid());
       const fs::path ckpt = o.dir / ("bench-" + m.name + ".ckpt");
+      {
+        std::lock_guard lk(flight->mu);
+        flight->scratch = {weights, ckpt};
+      }
       const std::string mode = m.name == "staged" ? "staged" : "stream";
       fs::remove_all(ckpt);
       const fs::path out = o.dir / ("bench-" + m.name + ".out");
@@ -170,7 +229,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
         fs::create_directories(ckpt);
         d = run_sampled({inst.binary.string(), "dump", "-t", std::to_string(srv.pid()), "-D",
                          ckpt.string(), "-o", "dump.log", "-v2"},
-                        o.staging_root, 0, out, timeout);
+                        o.staging_root, 0, out, timeout, *flight);
         const auto t = Clock::now();
         sync_dir(ckpt);
         d.seconds += std::chrono::duration<double>(Clock::now() - t).count();
@@ -178,7 +237,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
         d = run_sampled(
             {gpuckpt.string(), "dump", "--pid", std::to_string(srv.pid()), "-o", ckpt.string(),
              "--staging", o.staging_root.string(), "--staging-mode", mode, "--no-criu-check"},
-            o.staging_root, 0, out, timeout);
+            o.staging_root, 0, out, timeout, *flight);
       }
       if (!d.status.ok())
         throw Error(Errc::kCriu,
@@ -203,13 +262,13 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
       if (m.name == "criu") {
         r = run_sampled({inst.binary.string(), "restore", "-D", ckpt.string(), "-d", "-o",
                          "restore.log", "-v2"},
-                        o.staging_root, pid, out, timeout);
+                        o.staging_root, pid, out, timeout, *flight);
       } else {
         std::vector<std::string> argv{
             gpuckpt.string(),        "restore",        ckpt.string(), "--staging",
             o.staging_root.string(), "--staging-mode", mode,          "--no-criu-check"};
         if (m.name == "stream-4k") argv.push_back("--no-huge-pages");
-        r = run_sampled(argv, o.staging_root, pid, out, timeout);
+        r = run_sampled(argv, o.staging_root, pid, out, timeout, *flight);
       }
       if (!r.status.ok())
         throw Error(Errc::kCriu,
@@ -226,6 +285,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
         throw Error(Errc::kCorrupt, m.name + ": the restored weights differ");
       ask_unix_line(srv.socket(), "QUIT");
       process::wait_ended(pid, std::chrono::seconds(30));
+      flight->set_server(0);
       m.dump_seconds.push_back(d.seconds);
       m.restore_seconds.push_back(r.seconds);
       m.dump_extra_bytes.push_back(d.extra);

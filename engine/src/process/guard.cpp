@@ -37,7 +37,7 @@ namespace {
 
 std::mutex g_guards_mu;
 std::set<Guard*> g_guards;
-std::set<std::function<void()>*> g_on_interrupt;  // guarded by g_guards_mu
+std::set<std::function<std::string()>*> g_on_interrupt;  // guarded by g_guards_mu
 
 fs::path guard_binary() {
   if (const char* e = std::getenv("GPUCKPT_GUARD"); e && *e) return e;
@@ -244,12 +244,13 @@ namespace gpuckpt {
 
 std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout) {
   auto out = process::abort_all_guards(timeout);
-  std::vector<std::function<void()>> hooks;
+  std::vector<std::function<std::string()>> hooks;
   {
     std::lock_guard lk(process::g_guards_mu);
     for (auto* f : process::g_on_interrupt) hooks.push_back(*f);
   }
-  for (auto& f : hooks) f();
+  for (auto& f : hooks)
+    if (std::string said = f(); !said.empty()) out.push_back(std::move(said));
   // An output being built, a download, a benchmark's scratch: the guards removed theirs, and
   // the rest would stay hidden on disk (or in tmpfs) until a later run's sweep.
   for (const auto& r : remove_live_temp_dirs())
@@ -258,7 +259,7 @@ std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout)
   return out;
 }
 
-OnInterrupt::OnInterrupt(std::function<void()> fn) : fn_(std::move(fn)) {
+OnInterrupt::OnInterrupt(std::function<std::string()> fn) : fn_(std::move(fn)) {
   std::lock_guard lk(process::g_guards_mu);
   process::g_on_interrupt.insert(&fn_);
 }

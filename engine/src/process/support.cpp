@@ -153,10 +153,14 @@ struct StoppedSet {
     kept.pid = t.pid;
     if (t.fd) kept.fd = UniqueFd(::fcntl(t.fd.get(), F_DUPFD_CLOEXEC, 0));
   }
-  void kill_all() {
+  std::string kill_all() {
     std::lock_guard lk(mu);
     interrupted = true;
     for (const Target& t : procs) t.send(SIGKILL);
+    if (procs.empty()) return {};
+    std::string ids;
+    for (const Target& t : procs) ids += (ids.empty() ? "" : ",") + std::to_string(t.pid);
+    return "killed " + ids + ", which a graceful stop had stopped";
   }
 };
 
@@ -245,7 +249,7 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms,
   for (pid_t p : tree) targets.emplace_back(p);
   std::vector<pid_t> kill = tree;
   const auto stopped = std::make_shared<StoppedSet>();
-  const OnInterrupt kill_stopped([stopped] { stopped->kill_all(); });
+  const OnInterrupt kill_stopped([stopped] { return stopped->kill_all(); });
   if (grace.count() > 0) {
     // The service's own shutdown first; what is still there after the grace is killed.
     for (const Target& t : targets) t.send(SIGTERM);

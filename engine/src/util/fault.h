@@ -1,14 +1,10 @@
-// Test hook: deterministic places to interrupt gpuckpt. When $GPUCKPT_FAULT_PAUSE names a point
-// that an operation reaches, gpuckpt creates the file $GPUCKPT_FAULT_MARK and then blocks there
-// forever, so that a test can send its signal (or SIGKILL) at exactly that phase. Unset, a
-// fault point costs one getenv. docs/PROCESS.md ("Faults") lists the points.
+// Test hooks: fault_point (declared in gpuckpt/support.h, which the CLI uses too), and the
+// resumption of a paused point once a guard recovers.
 #pragma once
 
-#include <string_view>
+#include "gpuckpt/support.h"
 
 namespace gpuckpt {
-
-void fault_point(std::string_view name);
 
 // With $GPUCKPT_FAULT_RESUME=interrupt as well, the paused point returns once a guard has been
 // told to recover (an interrupt's rollback), so that the operation's thread unwinds while the
