@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
     fault_point("parse");  // a signal before the command line is parsed: tests stop here
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    cli::stop_here_if_interrupted();  // the interrupt's JSON is the one printed
     // --help/--version exit 0; every usage error exits 2 (CLI11's own codes are >100).
     if (e.get_exit_code() == 0) return app.exit(e);
     if (ctx.json || json_requested(argc, argv)) {

@@ -53,30 +53,45 @@ struct InFlight {
   pid_t command = 0;  // a dump or restore, the leader of its process group
   pid_t server = 0;   // the demo server, or its restored copy (the same pid)
   std::vector<fs::path> scratch;
+  bool interrupted = false;
 
+  // Once interrupted, the benchmark's thread runs on until gpuckpt dies of the signal: what it
+  // starts meanwhile is ended at once.
   void set_command(pid_t p) {
     std::lock_guard lk(mu);
     command = p;
+    if (interrupted && p > 0) ::kill(-p, SIGINT);  // a gpuckpt rolls back; criu lets go
   }
   void set_server(pid_t p) {
     std::lock_guard lk(mu);
     server = p;
+    if (interrupted && p > 0) ::kill(p, SIGKILL);  // our child, just started
   }
   // The command gets the interrupt itself: a gpuckpt rolls its operation back (its guard) and
   // plain criu lets its tasks go. Then the server, or the copy a restore left, is killed, and
   // the scratch files are removed.
   std::string interrupt() {
     std::lock_guard lk(mu);
+    interrupted = true;
     std::vector<std::string> said;
     if (command > 0 && process::alive(command)) {
       ::kill(-command, SIGINT);
-      if (!process::wait_ended(command, std::chrono::seconds(60))) ::kill(-command, SIGKILL);
-      said.push_back("its command (pid " + std::to_string(command) + ") was interrupted");
+      // A gpuckpt's own rollback may take its guard up to 120 s (cli/signals.cpp).
+      if (process::wait_ended(command, std::chrono::seconds(125))) {
+        said.push_back("its command (pid " + std::to_string(command) + ") was interrupted");
+      } else {
+        ::kill(-command, SIGKILL);
+        said.push_back("its command (pid " + std::to_string(command) +
+                       ") did not end within 125 s of SIGINT and was killed");
+      }
     }
+    // The server (its own session), or the copy a restore left with its pid; a criu restore
+    // still in flight names it "criu", and was interrupted above.
     if (const auto p = server > 0 ? process::read_proc(server) : std::nullopt;
         p && p->state != 'Z' && p->comm.starts_with("gpuckpt-demo")) {
-      process::end_tree(process::process_tree(server), 10000);
-      said.push_back("its demo server " + std::to_string(server) + " was ended");
+      const auto left = process::end_tree(process::process_tree(server), 10000);
+      said.push_back("its demo server " + std::to_string(server) +
+                     (left.empty() ? " was ended" : " is still there after SIGKILL"));
     }
     std::error_code ec;
     for (const fs::path& f : scratch)
@@ -155,7 +170,8 @@ double median(std::vector<double> v) {
 
 class Server {
  public:
-  Server(const fs::path& dir, const fs::path& weights) : sock_(dir / "bench.sock") {
+  Server(const fs::path& dir, const fs::path& weights, InFlight& flight)
+      : sock_(dir / "bench.sock") {
     const fs::path log = dir / "bench-server.log";
     fs::remove(log);
     SpawnOptions so;
@@ -165,6 +181,7 @@ class Server {
     child_ = spawn({(self_exe_dir() / "gpuckpt-demo-server").string(), "--socket", sock_.string(),
                     "--weights", weights.string()},
                    so);
+    flight.set_server(child_.pid());  // while it loads its weights too
     const auto deadline = Clock::now() + std::chrono::seconds(300);
     while (ask_unix_line(sock_, "PING") != "PONG") {
       if (child_.wait_for(std::chrono::milliseconds(20)))
@@ -212,8 +229,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   const auto timeout = std::chrono::seconds(1800);
   for (unsigned run = 0; run < o.runs; ++run) {
     for (auto& m : res.methods) {
-      Server srv(o.dir, weights);
-      flight->set_server(srv.pid());
+      Server srv(o.dir, weights, *flight);
       const std::string weights_answer = ask_unix_line(srv.socket(), "WEIGHTS");
       res.process_bytes = process::dumpable_memory_bytes(srv.pid());
       const fs::path ckpt = o.dir / ("bench-" + m.name + ".ckpt");

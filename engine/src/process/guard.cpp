@@ -38,6 +38,10 @@ namespace {
 std::mutex g_guards_mu;
 std::set<Guard*> g_guards;
 std::set<std::function<std::string()>*> g_on_interrupt;  // guarded by g_guards_mu
+// Set once an interrupt's rollback has begun: the operation's thread runs on until gpuckpt dies
+// of the signal, and must not start a new guarded operation (a restore whose copy nobody would
+// end) in the meantime.
+bool g_interrupting = false;  // guarded by g_guards_mu
 
 fs::path guard_binary() {
   if (const char* e = std::getenv("GPUCKPT_GUARD"); e && *e) return e;
@@ -77,6 +81,11 @@ std::string read_line(int fd, std::chrono::milliseconds timeout) {
 }  // namespace
 
 Guard::Guard(const std::string& operation) {
+  {
+    std::lock_guard lk(g_guards_mu);
+    if (g_interrupting)
+      throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
+  }
   int down[2], up[2];
   // O_CLOEXEC: criu and every other child of gpuckpt must not hold the write end, or the
   // guard would not see gpuckpt's death.
@@ -227,6 +236,7 @@ std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout) {
   // Held throughout: the operation's thread, which runs on and unwinds once its guard refuses
   // it, blocks in ~Guard (erase) until the abort that uses that guard is over.
   std::lock_guard lk(g_guards_mu);
+  g_interrupting = true;
   std::vector<std::string> out;
   for (Guard* g : g_guards) {
     try {
@@ -501,6 +511,7 @@ int guard_main(int in_fd, int out_fd) {
   spdlog::set_default_logger(std::make_shared<spdlog::logger>(
       "gpuckpt-guard", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   spdlog::set_pattern("%^[%l]%$ gpuckpt-guard: %v");
+  spdlog::set_level(spdlog::level::warn);  // its summary says what it did; --quiet holds
   // The fault hooks stop gpuckpt under test. The guard inherits its environment, and its own
   // recovery (a restore) passes the same points: it must run through, not pause for good.
   for (const char* var : {"GPUCKPT_FAULT_PAUSE", "GPUCKPT_FAULT_MARK", "GPUCKPT_FAULT_RESUME"})
