@@ -12,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -248,14 +249,15 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms,
   targets.reserve(tree.size());
   for (pid_t p : tree) targets.emplace_back(p);
   std::vector<pid_t> kill = tree;
-  const auto stopped = std::make_shared<StoppedSet>();
-  const OnInterrupt kill_stopped([stopped] { return stopped->kill_all(); });
+  std::optional<OnInterrupt> kill_stopped;  // only a graceful stop stops anything
   if (grace.count() > 0) {
     // The service's own shutdown first; what is still there after the grace is killed.
     for (const Target& t : targets) t.send(SIGTERM);
     kill = still_there(targets, Clock::now() + grace);
     if (kill.empty()) return {};
     const std::size_t left = kill.size();
+    const auto stopped = std::make_shared<StoppedSet>();
+    kill_stopped.emplace([stopped] { return stopped->kill_all(); });
     std::size_t started = 0;
     try {
       started = stop_and_take_in(targets, kill, gpu, *stopped,
