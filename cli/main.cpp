@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <cstring>
 #include <iostream>
+#include <string_view>
 
 #include "commands.h"
 #include "context.h"
@@ -15,14 +16,26 @@
 
 namespace {
 
-// Whether --json was given, from argv itself: a parse error can stop CLI11 before it has
-// stored the flag, and scripts must get their JSON error object all the same.
+// Whether --json was given, from argv itself, read as CLI11 reads the flag: the last one wins,
+// and `--json=VALUE` takes CLI11's truth values. A parse error can stop CLI11 before it has
+// stored the flag, and the interrupt handler runs on a thread of its own, so both ask argv
+// rather than Context::json, which the parse writes.
 bool json_requested(int argc, char** argv) {
+  bool json = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--") == 0) break;
-    if (std::strcmp(argv[i], "--json") == 0) return true;
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (arg == "--json") {
+      json = true;
+    } else if (arg.starts_with("--json=")) {
+      try {
+        json = CLI::detail::to_flag_value(std::string(arg.substr(7))) > 0;
+      } catch (const std::exception&) {
+        json = true;  // a usage error, which JSON was asked for with a value CLI11 rejects
+      }
+    }
   }
-  return false;
+  return json;
 }
 
 // Every --pid takes a positive integer pid, with a message that says so, whichever command

@@ -40,8 +40,7 @@ void install_interrupt_handler(const Context& ctx, bool json) {
     if (what.empty()) what = "nothing was in flight";
     const std::string msg = std::string("interrupted by ") + sigabbrev_np(sig) + ": " + what;
     ctx.progress_done();
-    if (json || ctx.json)
-      ctx.emit({{"ok", false}, {"error", {{"code", "interrupted"}, {"message", msg}}}});
+    if (json) ctx.emit({{"ok", false}, {"error", {{"code", "interrupted"}, {"message", msg}}}});
     std::cerr << "gpuckpt: " << msg << "\n" << std::flush;
     std::cout << std::flush;
     // Die of the signal itself, as a shell expects of an interrupted program.

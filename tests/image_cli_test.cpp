@@ -181,6 +181,37 @@ TEST_F(ImageCli, AnInterruptBeforeTheCommandLineIsParsedStillPrintsItsJson) {
   }
 }
 
+TEST_F(ImageCli, AnInterruptReadsTheJsonFlagAsTheParserDoesInEverySpelling) {
+  struct Case {
+    std::vector<std::string> args;
+    bool json;
+  };
+  const std::string c = ckpt_.string();
+  for (const Case& k : std::vector<Case>{{{"verify", "--json=true", c}, true},
+                                         {{"--json=1", "verify", c}, true},
+                                         {{"--json", "verify", "--json=false", c}, false},
+                                         {{"--json=off", "verify", "--json", c}, true},
+                                         {{"verify", c}, false}}) {
+    std::string line;
+    for (const auto& a : k.args) line += a + " ";
+    SCOPED_TRACE(line);
+    fs::remove(dir_.path() / "cli.out");  // appended to
+    Child child = test::paused_cli(k.args, "parse", dir_.path());
+    child.kill(SIGINT);
+    const ExitStatus st = child.wait();
+    EXPECT_FALSE(st.exited);
+    EXPECT_EQ(st.code, SIGINT);
+    const std::string out = read_file(dir_.path() / "cli.out");
+    if (k.json) {
+      const json j = json::parse(out, nullptr, false);
+      ASSERT_TRUE(j.is_object()) << "stdout: '" << out << "'";
+      EXPECT_EQ(j["error"]["code"], "interrupted");
+    } else {
+      EXPECT_EQ(out, "") << "no JSON was asked for";
+    }
+  }
+}
+
 TEST_F(ImageCli, TruncatedBlobExitsFour) {
   pack_ok();
   fs::resize_file(ckpt_ / "blob-000000.bin", 4096);

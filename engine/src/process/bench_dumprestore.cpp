@@ -45,6 +45,16 @@ struct Sampled {
   ExitStatus status;
 };
 
+// A gpuckpt rolls its operation back on SIGINT (its guard may take up to 120 s:
+// cli/signals.cpp) and plain criu lets its tasks go; the group is killed only if that does not
+// end its leader. Whether SIGINT sufficed.
+bool interrupt_command(pid_t leader) {
+  ::kill(-leader, SIGINT);
+  if (process::wait_ended(leader, std::chrono::seconds(125))) return true;
+  ::kill(-leader, SIGKILL);
+  return false;
+}
+
 // What the benchmark has running, for an interrupt: its commands run in process groups of their
 // own (a Ctrl-C does not reach them), and its demo server in a session of its own. Shared with
 // the OnInterrupt hook, which runs on the signal-handling thread.
@@ -75,15 +85,10 @@ struct InFlight {
     interrupted = true;
     std::vector<std::string> said;
     if (command > 0 && process::alive(command)) {
-      ::kill(-command, SIGINT);
-      // A gpuckpt's own rollback may take its guard up to 120 s (cli/signals.cpp).
-      if (process::wait_ended(command, std::chrono::seconds(125))) {
-        said.push_back("its command (pid " + std::to_string(command) + ") was interrupted");
-      } else {
-        ::kill(-command, SIGKILL);
-        said.push_back("its command (pid " + std::to_string(command) +
-                       ") did not end within 125 s of SIGINT and was killed");
-      }
+      said.push_back("its command (pid " + std::to_string(command) +
+                     (interrupt_command(command)
+                          ? ") was interrupted"
+                          : ") did not end within 125 s of SIGINT and was killed"));
     }
     // The server (its own session), or the copy a restore left with its pid; a criu restore
     // still in flight names it "criu", and was interrupted above.
@@ -117,6 +122,12 @@ Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& stagin
   const std::uint64_t staged_before = allocated_bytes(staging);
   Child c = spawn(argv, so);
   flight.set_command(c.pid());
+  // However this returns: an interrupt must not later signal the pid once it is reaped (and
+  // maybe reused).
+  struct Forget {
+    InFlight& flight;
+    ~Forget() { flight.set_command(0); }
+  } forget{flight};
   std::map<pid_t, std::uint64_t> peak;
   std::uint64_t staged = staged_before;
   std::optional<ExitStatus> st;
@@ -128,13 +139,16 @@ Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& stagin
     }
     staged = std::max(staged, allocated_bytes(staging));
     if (Clock::now() - t0 > timeout) {
-      c.kill(SIGKILL);
+      // Interrupted like a Ctrl-C, not killed: a killed gpuckpt would leave its rollback to its
+      // guard, and the benchmark's next step would race it.
+      const bool rolled_back = interrupt_command(c.pid());
       c.wait();
       throw Error(Errc::kTimeout,
-                  argv[0] + " did not finish within " + std::to_string(timeout.count()) + " s");
+                  argv[0] + " did not finish within " + std::to_string(timeout.count()) +
+                      " s, and " +
+                      (rolled_back ? "was interrupted" : "was killed 125 s after SIGINT"));
     }
   }
-  flight.set_command(0);
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   s.status = *st;
   for (const auto& [p, v] : peak) s.extra += v;

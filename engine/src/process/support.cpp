@@ -157,10 +157,13 @@ struct StoppedSet {
   std::string kill_all() {
     std::lock_guard lk(mu);
     interrupted = true;
-    for (const Target& t : procs) t.send(SIGKILL);
-    if (procs.empty()) return {};
     std::string ids;
-    for (const Target& t : procs) ids += (ids.empty() ? "" : ",") + std::to_string(t.pid);
+    for (const Target& t : procs) {
+      if (has_ended(t)) continue;  // end_tree's own SIGKILL came first: nothing to say
+      t.send(SIGKILL);
+      ids += (ids.empty() ? "" : ",") + std::to_string(t.pid);
+    }
+    if (ids.empty()) return {};
     return "killed " + ids + ", which a graceful stop had stopped";
   }
 };
