@@ -94,7 +94,9 @@ class E2eFaults : public ::testing::Test {
   // Starts gpuckpt ARGS paused at fault point `point`; returns once it is there.
   Child paused_cli(const std::vector<std::string>& args, const std::string& point,
                    bool resume_on_interrupt = false) {
-    return test::paused_cli(args, point, dir_.path(), resume_on_interrupt);
+    return test::paused_cli(
+        args, point, dir_.path(),
+        resume_on_interrupt ? test::Resume::kOnInterrupt : test::Resume::kNever);
   }
 
   static inline TempDir* weights_dir_ = nullptr;

@@ -309,27 +309,27 @@ TEST_F(E2eProcess, MigrateEndsTheOriginalOnlyAfterTheNewOneAnswers) {
   const std::string state = s.ask("STATE");
   const pid_t old_pid = s.pid();
 
-  // Watch the original from outside: it must be stopped (frozen), never gone, until gpuckpt
-  // has seen the new process answer.
-  std::atomic<bool> stop{false}, saw_stopped{false};
-  std::thread watcher([&] {
-    while (!stop) {
-      auto p = process::read_proc(old_pid);
-      if (p && p->state == 'T') saw_stopped = true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  });
-  Cli m = run({"--json", "migrate", "--pid", std::to_string(old_pid), "--to",
-               (dir_.path() / "target").string(), "--probe", "unix:" + s.socket().string(),
-               "--request", "STATE"});
-  stop = true;
-  watcher.join();
+  // Held where the copy runs and is about to be probed: the original must be there and
+  // frozen, and it must stay so until gpuckpt has seen the copy answer.
+  Child g = test::paused_cli({"--json", "migrate", "--pid", std::to_string(old_pid), "--to",
+                              (dir_.path() / "target").string(), "--probe",
+                              "unix:" + s.socket().string(), "--request", "STATE"},
+                             "first_answer", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto held = process::read_proc(old_pid);
+  ASSERT_TRUE(held.has_value()) << "the original ended before the copy answered";
+  EXPECT_EQ(held->state, 'T') << "the original is not frozen while the copy is probed";
+  test::resume_paused(dir_.path(), "first_answer");
+  const ExitStatus done = g.wait();
+  Cli m;
+  m.code = done.exited ? done.code : 128 + done.code;
+  m.out = read_file(dir_.path() / "cli.out");
+  m.err = read_file(dir_.path() / "cli.err");
+  m.j = json::parse(m.out, nullptr, false);
   ASSERT_EQ(m.code, 0) << m.err;
   const pid_t new_pid = m.j["pid"].get<pid_t>();
   EXPECT_EQ(m.j["old_pid"], old_pid);
   EXPECT_NE(new_pid, old_pid);
   EXPECT_EQ(m.j["first_answer"], state);
-  EXPECT_TRUE(saw_stopped) << "the original was never seen frozen";
 
   const json& tl = m.j["timeline"];
   const json* answer = stage(tl, "first_answer");

@@ -79,12 +79,13 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {
 }
 
 Child paused_cli(const std::vector<std::string>& args, const std::string& point,
-                 const fs::path& dir, bool resume_on_interrupt) {
+                 const fs::path& dir, Resume resume) {
   const fs::path mark = dir / ("mark-" + point);
   fs::remove(mark);
   SpawnOptions o;
   o.env = {"GPUCKPT_FAULT_PAUSE=" + point, "GPUCKPT_FAULT_MARK=" + mark.string()};
-  if (resume_on_interrupt) o.env.push_back("GPUCKPT_FAULT_RESUME=interrupt");
+  if (resume == Resume::kOnInterrupt) o.env.push_back("GPUCKPT_FAULT_RESUME=interrupt");
+  if (resume == Resume::kWhenUnmarked) o.env.push_back("GPUCKPT_FAULT_RESUME=unmark");
   o.stderr_file = dir / "cli.err";
   o.stdout_file = dir / "cli.out";
   std::vector<std::string> argv{gpuckpt_binary().string()};
@@ -93,6 +94,10 @@ Child paused_cli(const std::vector<std::string>& args, const std::string& point,
   EXPECT_TRUE(wait_until([&] { return fs::exists(mark); }, std::chrono::seconds(60)))
       << "gpuckpt never reached " << point << ": " << read_file(dir / "cli.err");
   return c;
+}
+
+void resume_paused(const fs::path& dir, const std::string& point) {
+  fs::remove(dir / ("mark-" + point));
 }
 
 void write_test_file(const fs::path& path, std::uint64_t size, std::uint64_t seed,

@@ -51,10 +51,14 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s = 300);
 
 // Starts build/bin/gpuckpt with `args`, held at its fault point `point` (util/fault.h), and
 // returns once it is there. Its stdout and stderr go to DIR/cli.out and DIR/cli.err.
-// `resume_on_interrupt`: it goes on from there once a signal's rollback has begun
-// ($GPUCKPT_FAULT_RESUME=interrupt), racing the guard as an unpaused gpuckpt would.
+// `resume`: kOnInterrupt, it goes on from there once a signal's rollback has begun
+// ($GPUCKPT_FAULT_RESUME=interrupt), racing the guard as an unpaused gpuckpt would;
+// kWhenUnmarked, once the test calls resume_paused.
+enum class Resume { kNever, kOnInterrupt, kWhenUnmarked };
 Child paused_cli(const std::vector<std::string>& args, const std::string& point,
-                 const std::filesystem::path& dir, bool resume_on_interrupt = false);
+                 const std::filesystem::path& dir, Resume resume = Resume::kNever);
+// Lets a gpuckpt that paused_cli held at `point` with Resume::kWhenUnmarked go on.
+void resume_paused(const std::filesystem::path& dir, const std::string& point);
 
 // Writes `size` bytes of deterministic content (seeded) to `path`: `random_fraction` of it
 // incompressible, the rest fp16-like values (compressible, like a KV cache).

@@ -27,8 +27,9 @@ std::string host_name();
 
 // Test hook: deterministic places to interrupt gpuckpt. When $GPUCKPT_FAULT_PAUSE names a point
 // that gpuckpt reaches, it creates the file $GPUCKPT_FAULT_MARK and then blocks there forever,
-// so that a test can send its signal (or SIGKILL) at exactly that phase. Unset, a fault point
-// costs one getenv. docs/PROCESS.md ("Faults") lists the points.
+// so that a test can send its signal (or SIGKILL) at exactly that phase; with
+// $GPUCKPT_FAULT_RESUME=unmark it goes on once the mark is removed, so that a test can look at
+// that phase. Unset, a fault point costs one getenv. docs/PROCESS.md ("Faults") lists the points.
 void fault_point(std::string_view name);
 
 // Free page reporting (a virtio balloon with VIRTIO_BALLOON_F_REPORTING) hands memory that has
