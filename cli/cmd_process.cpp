@@ -1,8 +1,16 @@
 // `gpuckpt dump | restore | migrate`: whole-process checkpoint/restore (docs/PROCESS.md).
+#include <poll.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include "commands.h"
 #include "flags.h"
@@ -10,6 +18,51 @@
 namespace gpuckpt::cli {
 
 namespace {
+
+// The target side of a migration: the controller closing its end (its ssh dropped, it was
+// interrupted or killed) before the commit means the copy is not wanted, and it must not serve
+// on until its probe times out. A hang-up of stdin becomes SIGHUP to ourselves, whose handler
+// rolls back as for any interrupt (the guard kills an uncommitted copy). Nothing is read: the
+// controller sends nothing between the checkpoint and its commit, which comes only after our
+// result line (confirm stops the watch before it reads).
+class HangupWatch {
+ public:
+  HangupWatch() : stop_(::eventfd(0, EFD_CLOEXEC)) {
+    if (stop_ >= 0) thread_ = std::thread([this] { run(); });
+  }
+  ~HangupWatch() {
+    stop();
+    if (stop_ >= 0) ::close(stop_);
+  }
+  HangupWatch(const HangupWatch&) = delete;
+  HangupWatch& operator=(const HangupWatch&) = delete;
+  void stop() {
+    if (!thread_.joinable()) return;
+    const std::uint64_t one = 1;
+    (void)!::write(stop_, &one, sizeof one);
+    thread_.join();
+  }
+
+ private:
+  void run() {
+    // POLLRDHUP only: the end of a pipe or socket, not data (a regular file never reports it).
+    pollfd p[2] = {{STDIN_FILENO, POLLRDHUP, 0}, {stop_, POLLIN, 0}};
+    for (;;) {
+      const int n = ::poll(p, 2, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 || p[1].revents != 0 || (p[0].revents & POLLNVAL)) return;
+      if (p[0].revents & (POLLHUP | POLLRDHUP | POLLERR)) {
+        spdlog::warn(
+            "the migration's controller closed the connection before its commit: the "
+            "copy is not kept");
+        ::kill(::getpid(), SIGHUP);
+        return;
+      }
+    }
+  }
+  const int stop_;  // an eventfd: stop() wakes the watch
+  std::thread thread_;
+};
 
 void print_header(const char* fmt, auto... args) {
   std::printf(fmt, args...);
@@ -174,6 +227,8 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
     if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
     return j;
   };
+  std::optional<HangupWatch> hangup;
+  if (o.await_commit) hangup.emplace();
   if (o.await_commit) {
     // The target side of a migration (docs/PROCESS.md): first a line saying it is receiving,
     // with this host's GPUs (the controller checks them before it freezes anything); then the
@@ -181,12 +236,15 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
     r.on_receiving = [] {
       std::printf("%s\n",
                   nlohmann::json{{"receiving", true}, {"devices", devices_json(list_devices())}}
-                      .dump()
+                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
                       .c_str());
       std::fflush(stdout);
     };
     r.confirm = [&](const RestoreResult& res) {
-      std::printf("%s\n", result_json(res).dump().c_str());
+      hangup->stop();
+      std::printf(
+          "%s\n",
+          result_json(res).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       std::fflush(stdout);
       std::string line;
       char c;
@@ -247,7 +305,7 @@ struct MigrateArgs {
   std::string to, gpu_map, handoff = "auto", ssh_config, remote_gpuckpt = "gpuckpt", spool,
                            remote_spool;
   StagingFlags staging;
-  bool keep = false, tcp_established = false, no_huge_pages = false;
+  bool keep = false, force = false, tcp_established = false, no_huge_pages = false;
   int level = 1;
   int lock_timeout_ms = 10000;
   int stall_timeout_s = 60;
@@ -272,6 +330,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.staging_root = o.staging.dir;
   m.staging_mode = o.staging.resolve();
   m.pack.zstd_level = o.level;
+  m.pack.force = o.force;
   m.pack.progress = ctx.progress();
   m.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
   m.tcp_established = o.tcp_established;
@@ -349,6 +408,9 @@ void add_migrate(CLI::App& app, Context& ctx) {
   c->add_flag("--keep-checkpoint", o->keep,
               "Keep the checkpoint after a successful migration (ssh://: in --spool, as "
               "COMM-PID.ckpt)");
+  c->add_flag("--force", o->force,
+              "Replace a checkpoint of this process already in --to (one that a failed "
+              "migration kept, so that it can be retried)");
   o->staging.add(c, "tmpfs staging directory for CRIU's images");
   c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
   c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")

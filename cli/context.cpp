@@ -53,7 +53,8 @@ void Context::progress_done() const {
 }
 
 void Context::emit(const nlohmann::json& j) const {
-  std::cout << j.dump(2) << std::endl;
+  // Replaced, not thrown: a path or a process name need not be UTF-8, and the JSON must come out.
+  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
 }
 
 nlohmann::json to_json(const Timeline& t) {

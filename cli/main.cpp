@@ -1,9 +1,11 @@
 // gpuckpt: GPU checkpoint/restore. Errors from the engine surface here, at one boundary, as a
 // message on stderr (or a JSON object with --json) and the documented exit code.
+#include <fcntl.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
 #include <cstring>
 #include <iostream>
 #include <string_view>
@@ -64,6 +66,11 @@ void check_pids(CLI::App& app) {
 
 int main(int argc, char** argv) {
   using namespace gpuckpt;
+  // Started with stdin, stdout or stderr closed, gpuckpt's first pipe (the guard's) would land
+  // on that number, and the guard would start with a stdin it closes on exec: /dev/null takes
+  // each closed one first.
+  for (int fd = 0; fd <= 2; ++fd)
+    if (::fcntl(fd, F_GETFD) < 0 && errno == EBADF && ::open("/dev/null", O_RDWR) < 0) return 126;
   cli::Context ctx;
   cli::install_interrupt_handler(ctx, json_requested(argc, argv));
   CLI::App app{"gpuckpt: checkpoint, restore and migrate GPU serving processes"};

@@ -197,6 +197,156 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfAMigrationRollsBackToOneRunningOriginal) {
   }
 }
 
+TEST_F(E2eFaults, AStopAfterAMigrationHandedOverLeavesTheCopyServing) {
+  // The copy answered and was handed over; the original is not ended yet. gpuckpt stopped here
+  // must leave the copy serving and the original ended (the checkpoint is durable): never
+  // neither, as when the guard learnt of the handover only after the original had ended.
+  for (const int sig : {SIGINT, SIGKILL}) {
+    SCOPED_TRACE(strsignal(sig));
+    Child s = server("h");
+    ask_unix_line(sock("h"), "GEN h");
+    const std::string state = ask_unix_line(sock("h"), "STATE");
+    Child g =
+        paused_cli({"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "target").string(),
+                    "--staging", staging_.string(), "--probe", "unix:" + sock("h").string()},
+                   "end_original");
+    g.kill(sig);
+    g.wait();
+    EXPECT_TRUE(s.wait_for(60s).has_value()) << "the original was not ended";
+    std::vector<pid_t> copy;
+    EXPECT_TRUE(test::wait_until([&] {
+      copy = serving(sock("h").string());
+      return copy.size() == 1 && copy.front() != s.pid();
+    })) << "no copy serves";
+    EXPECT_EQ(ask_unix_line(sock("h"), "STATE"), state);
+    EXPECT_TRUE(test::wait_until([&] {
+      return entries(dir_.path(), ".h.sock.gpuckpt-rollback").empty();
+    })) << "the original's socket entry, moved aside, was left behind";
+    EXPECT_EQ(ask_unix_line(sock("h"), "QUIT"), "BYE");
+    for (pid_t p : copy) process::wait_ended(p, 10s);
+    fs::remove_all(out_ / "target");
+  }
+}
+
+TEST_F(E2eFaults, AGuardThatDiesLeavesGpuckptToResumeTheServiceItself) {
+  Child s = server("k");
+  ask_unix_line(sock("k"), "GEN k");
+  const std::string state = ask_unix_line(sock("k"), "STATE");
+  const std::string pid = std::to_string(s.pid());
+  Child g = test::paused_cli({"--json", "dump", "--pid", pid, "-o", (out_ / "k.ckpt").string(),
+                              "--staging", staging_.string()},
+                             "criu_dump", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto guards = process::live_pids_where(
+      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
+  ASSERT_EQ(guards.size(), 1u);
+  ::kill(guards.front(), SIGKILL);
+  ASSERT_TRUE(test::wait_until([&] {
+    const auto p = process::read_proc(guards.front());
+    return !p || p->state == 'Z';
+  }));
+  test::resume_paused(dir_.path(), "criu_dump");
+  const ExitStatus st = g.wait();
+  ASSERT_TRUE(st.exited) << "gpuckpt died of signal " << st.code << " (" << strsignal(st.code)
+                         << ")";
+  EXPECT_NE(st.code, 0);
+  const std::string out = read_file(dir_.path() / "cli.out");
+  const json j = json::parse(out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << out;
+  EXPECT_EQ(j["ok"], false);
+  const std::string msg = j["error"].value("message", "");
+  EXPECT_NE(msg.find("had died, so gpuckpt undid the operation itself"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("process " + pid + " was resumed"), std::string::npos) << msg;
+  EXPECT_TRUE(test::wait_until([&] {
+    const char c = test::process_state(s.pid());
+    return c != 'T' && c != 't';
+  })) << "the service was left frozen";
+  EXPECT_EQ(ask_unix_line(sock("k"), "STATE"), state);
+  EXPECT_FALSE(fs::exists(out_ / "k.ckpt"));
+  EXPECT_TRUE(entries(out_).empty());
+  EXPECT_TRUE(entries(staging_).empty());
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// Started with its stdin closed (a cron job, `<&-`), gpuckpt's first pipe lands on fd 0: the
+// guard was spawned with that pipe as its stdin, close-on-exec, so it read EOF at once, and
+// gpuckpt died of SIGPIPE with no output at all.
+TEST_F(E2eFaults, ASnapshotStartedWithStdinClosedStillWorks) {
+  Child s = server("c");
+  SpawnOptions o;
+  o.stdout_file = dir_.path() / "c.cli.out";
+  o.stderr_file = dir_.path() / "c.cli.err";
+  Child g = spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" <&-", test::gpuckpt_binary().string(),
+                   "--json", "dump", "--pid", std::to_string(s.pid()), "--leave-running", "-o",
+                   (out_ / "c.ckpt").string(), "--staging", staging_.string()},
+                  o);
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "c.cli.err");
+  const json j = json::parse(read_file(dir_.path() / "c.cli.out"), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << read_file(dir_.path() / "c.cli.out");
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_EQ(ask_unix_line(sock("c"), "PING"), "PONG");
+  EXPECT_EQ(test::run_cli({"verify", (out_ / "c.ckpt").string()}).exit_code, 0);
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// criu takes its log's and pidfile's paths relative to its images directory: a relative
+// --staging made every dump fail after the tree had been frozen and dumped.
+TEST_F(E2eFaults, ARelativeStagingDirectoryIsTakenFromTheWorkingDirectory) {
+  Child s = server("r");
+  SpawnOptions o;
+  o.cwd = dir_.path();
+  o.stdout_file = dir_.path() / "r.cli.out";
+  o.stderr_file = dir_.path() / "r.cli.err";
+  Child g =
+      spawn({test::gpuckpt_binary().string(), "--json", "dump", "--pid", std::to_string(s.pid()),
+             "--leave-running", "-o", "out/r.ckpt", "--staging", "staging"},
+            o);
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "r.cli.err");
+  EXPECT_EQ(test::run_cli({"verify", (out_ / "r.ckpt").string()}).exit_code, 0);
+  EXPECT_TRUE(entries(staging_).empty());
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// Two dumps of one process at once fought inside criu ("was stopped by 5 unexpectedly") and
+// both failed. The second is refused before it freezes anything; the first is unharmed.
+TEST_F(E2eFaults, ASecondDumpOfAProcessBeingDumpedIsRefusedBeforeFreezing) {
+  Child s = server("x");
+  const std::string pid = std::to_string(s.pid());
+  Child g = test::paused_cli({"dump", "--pid", pid, "--leave-running", "-o",
+                              (out_ / "x1.ckpt").string(), "--staging", staging_.string()},
+                             "criu_dump", dir_.path(), test::Resume::kWhenUnmarked);
+  for (const auto& second :
+       {std::vector<std::string>{"--json", "dump", "--pid", pid, "-o", (out_ / "x2.ckpt").string(),
+                                 "--staging", staging_.string()},
+        std::vector<std::string>{"--json", "migrate", "--pid", pid, "--to", (out_ / "t").string(),
+                                 "--staging", staging_.string()}}) {
+    SCOPED_TRACE(second[1]);
+    const auto r = test::run_cli(second);
+    EXPECT_EQ(r.exit_code, 10) << r.err;
+    const json j = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_NE(j["error"].value("message", "").find("being dumped or migrated by another gpuckpt"),
+              std::string::npos)
+        << r.out;
+  }
+  EXPECT_FALSE(fs::exists(out_ / "x2.ckpt"));
+  test::resume_paused(dir_.path(), "criu_dump");
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "cli.err");
+  EXPECT_EQ(test::run_cli({"verify", (out_ / "x1.ckpt").string()}).exit_code, 0);
+  EXPECT_EQ(ask_unix_line(sock("x"), "PING"), "PONG");
+  // Released with the first: the next dump may go.
+  const auto again = test::run_cli({"dump", "--pid", pid, "--leave-running", "-o",
+                                    (out_ / "x3.ckpt").string(), "--staging", staging_.string()});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  s.kill(SIGKILL);
+  s.wait();
+}
+
 TEST_F(E2eFaults, SignalDuringAReleaseMigrationRestoresTheOriginalFromTheCheckpointAndSaysSo) {
   // A TCP listener: the original ends once the checkpoint is durable, so after a SIGKILL of
   // gpuckpt once the copy runs (before gpuckpt read its pid, and in the probe phase) the guard
@@ -505,6 +655,52 @@ TEST_F(E2eFaults, ProcessInItsOwnPidNamespaceIsRefusedBeforeItIsFrozen) {
     ::kill(p, SIGKILL);
     process::wait_ended(p, 10s);
   }
+}
+
+// What the guard would have to name, or what would fail only once the tree is frozen, is
+// refused before: an output or staging path that is not UTF-8, and an output that is a
+// symbolic link (even to a checkpoint, with --force).
+TEST_F(E2eFaults, OutputsThatWouldFailAfterTheFreezeAreRefusedBeforeIt) {
+  Child s = server("u");
+  const std::string pid = std::to_string(s.pid());
+  ASSERT_EQ(test::run_cli({"dump", "--pid", pid, "--leave-running", "-o",
+                           (out_ / "real.ckpt").string(), "--staging", staging_.string()})
+                .exit_code,
+            0);
+  fs::create_symlink(out_ / "real.ckpt", out_ / "link.ckpt");
+  const fs::path bad_staging = dir_.path() / "st\xff";
+  fs::create_directories(bad_staging);
+  struct Case {
+    std::vector<std::string> args;
+    int code;
+    const char* says;
+  };
+  for (const Case& k :
+       {Case{{"-o", (out_ / "u\xff.ckpt").string(), "--staging", staging_.string()},
+             2,
+             "is not UTF-8"},
+        Case{{"-o", (out_ / "u.ckpt").string(), "--staging", bad_staging.string()},
+             2,
+             "is not UTF-8"},
+        Case{{"-o", (out_ / "link.ckpt").string(), "--force", "--staging", staging_.string()},
+             12,
+             "is a symbolic link"}}) {
+    SCOPED_TRACE(k.says);
+    std::vector<std::string> args{"--json", "dump", "--pid", pid};
+    args.insert(args.end(), k.args.begin(), k.args.end());
+    const auto r = test::run_cli(args);
+    EXPECT_EQ(r.exit_code, k.code) << r.err;
+    const json j = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    const std::string msg = j["error"].value("message", "");
+    EXPECT_NE(msg.find(k.says), std::string::npos) << msg;
+    EXPECT_NE(msg.find("nothing was frozen"), std::string::npos) << msg;
+    EXPECT_NE(test::process_state(s.pid()), 'T');
+  }
+  EXPECT_EQ(test::run_cli({"verify", (out_ / "link.ckpt").string()}).exit_code, 0);
+  EXPECT_EQ(ask_unix_line(sock("u"), "PING"), "PONG");
+  s.kill(SIGKILL);
+  s.wait();
 }
 
 TEST_F(E2eFaults, ForceOntoSomethingThatIsNotACheckpointIsRefusedBeforeFreezing) {

@@ -370,8 +370,26 @@ TEST_F(E2eProcess, FailedMigrationRollsBackToTheOriginal) {
   EXPECT_EQ(s.ask("STATE"), state);
   EXPECT_EQ(pids_mentioning(s.socket().string()), std::vector<pid_t>{s.pid()})
       << "the restored copy was not killed";
-  s.ask("QUIT");
-  s.child().wait_for(std::chrono::seconds(10));
+
+  // The failed migration kept its checkpoint: a retry is refused until it says --force, and
+  // then goes through.
+  const std::vector<std::string> retry{"--json",    "migrate",
+                                       "--pid",     std::to_string(s.pid()),
+                                       "--to",      (dir_.path() / "target").string(),
+                                       "--probe",   "unix:" + s.socket().string(),
+                                       "--request", "STATE"};
+  Cli again = run(retry);
+  EXPECT_EQ(again.code, 12) << again.err;
+  EXPECT_NE(again.out.find("--force"), std::string::npos) << again.out;
+  std::vector<std::string> forced = retry;
+  forced.push_back("--force");
+  Cli done = run(forced);
+  ASSERT_EQ(done.code, 0) << done.err;
+  EXPECT_EQ(done.j["first_answer"], state);
+  EXPECT_TRUE(s.child().wait_for(std::chrono::seconds(10)).has_value())
+      << "the original still runs after the migration";
+  EXPECT_EQ(ask_unix_line(s.socket(), "QUIT"), "BYE");
+  EXPECT_TRUE(process::wait_ended(done.j["pid"].get<pid_t>(), std::chrono::seconds(10)));
 }
 
 TEST_F(E2eProcess, FailedWriteResumesTheProcessInsteadOfLosingIt) {

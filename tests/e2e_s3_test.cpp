@@ -139,6 +139,31 @@ TEST_F(E2eS3, SigkillDuringTheUploadResumesTheServiceAndPublishesNothing) {
   EXPECT_TRUE(test::wait_until([&] { return spool_empty(); })) << "the spool is left behind";
 }
 
+// A snapshot's process runs again before its upload ends, and its guard is gone by then: an
+// interrupt of that upload left the whole spool (the checkpoint's size) behind.
+TEST_F(E2eS3, AnInterruptedSnapshotUploadLeavesNoSpoolBehind) {
+  Child s = demo();
+  Child g = test::paused_cli({"--json", "dump", "--pid", std::to_string(s.pid()), "-o",
+                              "s3://ckpts/snapcut", "--spool", spool_.string(), "--leave-running"},
+                             "upload_manifest", dir_.path());
+  EXPECT_FALSE(stopped(s.pid()));
+  EXPECT_FALSE(spool_empty());
+  g.kill(SIGINT);
+  const ExitStatus st = g.wait();
+  EXPECT_FALSE(st.exited);
+  EXPECT_EQ(st.code, SIGINT);
+  EXPECT_TRUE(spool_empty()) << "the spool is left behind";
+  const auto j = nlohmann::json::parse(read_file(dir_.path() / "cli.out"), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << read_file(dir_.path() / "cli.out");
+  EXPECT_EQ(j["error"]["code"], "interrupted");
+  EXPECT_NE(j["error"].value("message", "").find("removed the unfinished"), std::string::npos)
+      << j.dump();
+  EXPECT_FALSE(client().head("ckpts", "snapcut/manifest.json").has_value());
+  EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
+  s.kill(SIGKILL);
+  s.wait();
+}
+
 TEST_F(E2eS3, AnExistingCheckpointOrAnUnreachableStoreIsRefusedBeforeAnythingIsFrozen) {
   Child s = demo();
   auto r = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", "s3://ckpts/snap",
@@ -149,6 +174,14 @@ TEST_F(E2eS3, AnExistingCheckpointOrAnUnreachableStoreIsRefusedBeforeAnythingIsF
                      spool_.string()});
   EXPECT_EQ(r.exit_code, 12) << r.err;  // exists
   EXPECT_NE(r.err.find("--force"), std::string::npos) << r.err;
+  EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
+
+  // A bucket that does not exist: found out before the freeze, not by the upload after it.
+  r = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", "s3://nobucket/x", "--spool",
+                     spool_.string()});
+  EXPECT_EQ(r.exit_code, 3) << r.err;  // invalid_input
+  EXPECT_NE(r.err.find("the bucket nobucket does not exist"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("resumed"), std::string::npos) << "it was frozen first: " << r.err;
   EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
 
   server_->stop();

@@ -12,6 +12,7 @@
 
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
+#include "process/proc_info.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -200,6 +201,45 @@ TEST_F(E2eSsh, ATargetThatStopsReadingFailsTheMigrationAfterTheStallTimeoutAndTh
   EXPECT_TRUE(test::wait_until([&] { return !stopped(pid); })) << "left frozen";
   EXPECT_FALSE(test::vllm_complete(demo.port, "s", "still there?").empty());
   EXPECT_TRUE(test::wait_until([&] { return spool_empty(dir_.path()); }));
+  ::kill(pid, SIGKILL);
+}
+
+TEST_F(E2eSsh, AConnectionLostWhileTheTargetProbesEndsItsCopyThereAtOnce) {
+  // The copy there never answers this probe (no such page), so the target probes until its
+  // timeout. Interrupting the controller meanwhile closes the connection: the uncommitted copy
+  // must go at once, not serve beside the resumed original until the probe gives up.
+  auto demo = test::start_vllm_demo(dir_.path(), kDemoArgs);
+  const pid_t pid = demo.front.pid();
+  const std::string before = test::vllm_complete(demo.port, "s", "hello");
+  SpawnOptions o;
+  o.stdout_file = dir_.path() / "migrate.out";
+  o.stderr_file = dir_.path() / "migrate.err";
+  Child g = spawn(
+      {test::gpuckpt_binary().string(), "migrate", "--pid", std::to_string(pid), "--to",
+       ssh_->url(), "--ssh-config", ssh_->config().string(), "--remote-gpuckpt",
+       test::gpuckpt_binary().string(), "--remote-spool", remote_spool_.string(), "--spool",
+       dir_.path().string(), "--probe",
+       "http://127.0.0.1:" + std::to_string(demo.port) + "/no-such-page", "--probe-timeout", "300"},
+      o);
+  const auto copies = [&] {
+    std::vector<pid_t> out;
+    for (pid_t p : host_->processes()) {
+      const auto info = process::read_proc(p);
+      if (info && !info->cmdline.empty() &&
+          info->cmdline.front().find("vllm-demo") != std::string::npos)
+        out.push_back(p);
+    }
+    return out;
+  };
+  ASSERT_TRUE(test::wait_until([&] { return !copies().empty(); }, 120s))
+      << read_file(dir_.path() / "migrate.err");
+  g.kill(SIGINT);
+  g.wait();
+  EXPECT_TRUE(test::wait_until([&] { return !stopped(pid); })) << "left frozen";
+  EXPECT_FALSE(test::vllm_complete(demo.port, "s", "still there?").empty());
+  EXPECT_TRUE(test::wait_until([&] { return copies().empty(); }, 60s))
+      << "the target's copy outlived the connection (its probe allows 300 s)";
+  EXPECT_TRUE(test::wait_until([&] { return spool_empty(remote_spool_); }));
   ::kill(pid, SIGKILL);
 }
 

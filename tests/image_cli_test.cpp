@@ -161,6 +161,64 @@ TEST_F(ImageCli, InterruptedOrKilledPackLeavesNoHiddenOutputForLong) {
   EXPECT_EQ(test::run_cli({"verify", ckpt_.string()}).exit_code, 0);
 }
 
+// Without --force, unpack may only take an empty directory's place: a directory made (and
+// filled) while it ran was swapped out and deleted, its files with it.
+TEST_F(ImageCli, UnpackNeverReplacesWhatAppearedWhileItRanWithoutForce) {
+  ASSERT_EQ(test::run_cli({"pack", src_.string(), "-o", ckpt_.string()}).exit_code, 0);
+  const fs::path out = dir_.path() / "un";
+  Child c = test::paused_cli({"--json", "unpack", ckpt_.string(), "-o", out.string()},
+                             "unpack_commit", dir_.path(), test::Resume::kWhenUnmarked);
+  fs::create_directory(out);
+  std::ofstream(out / "notes.txt") << "precious";
+  test::resume_paused(dir_.path(), "unpack_commit");
+  const ExitStatus st = c.wait();
+  EXPECT_TRUE(st.exited);
+  EXPECT_EQ(st.code, 12);
+  EXPECT_EQ(read_file(out / "notes.txt"), "precious");
+  const json e = json::parse(read_file(dir_.path() / "cli.out"), nullptr, false);
+  ASSERT_TRUE(e.is_object());
+  EXPECT_EQ(e["error"]["code"], "exists");
+  for (auto& entry : fs::directory_iterator(dir_.path()))
+    EXPECT_FALSE(contains(entry.path().filename().string(), ".tmp-")) << entry.path();
+
+  // An empty directory that was there all along is still taken.
+  fs::remove_all(out);
+  fs::create_directory(out);
+  const auto r = test::run_cli({"unpack", ckpt_.string(), "-o", out.string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::is_empty(out));
+}
+
+// Linux names are bytes; JSON holds UTF-8. A path that is not UTF-8 aborted gpuckpt (an
+// uncaught json type_error, no output at all), and a file named so packed as "internal error".
+TEST_F(ImageCli, NamesThatAreNotUtf8GetAClearErrorAndValidJson) {
+  const std::string bad = (dir_.path() / "bad\xff.ckpt").string();
+  for (const char* cmd : {"inspect", "verify"}) {
+    SCOPED_TRACE(cmd);
+    const auto r = test::run_cli({"--json", cmd, bad});
+    EXPECT_EQ(r.exit_code, 3) << r.err;  // invalid_input: no such checkpoint
+    const json j = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_EQ(j["error"]["code"], "invalid_input");
+  }
+  // An existing checkpoint under such a name is read as any other.
+  ASSERT_EQ(test::run_cli({"pack", src_.string(), "-o", ckpt_.string()}).exit_code, 0);
+  fs::rename(ckpt_, bad);
+  auto r = test::run_cli({"--json", "verify", bad});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(json::parse(r.out, nullptr, false).is_object()) << r.out;
+  // A file so named cannot go into a manifest: refused, by name, before anything is written.
+  std::ofstream(src_ / "f\xfe") << "x";
+  const fs::path out = dir_.path() / "named.ckpt";
+  r = test::run_cli({"--json", "pack", src_.string(), "-o", out.string()});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  const json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_NE(j["error"].value("message", "").find("is not UTF-8"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(out));
+  fs::remove(src_ / "f\xfe");
+}
+
 // A signal may come before gpuckpt has parsed its command line: with --json, stdout must still
 // carry the one JSON object that says it was interrupted (found by a hostile test: 7 of 40
 // signals 8-25 ms after the start printed nothing).

@@ -3,6 +3,7 @@
 // restore that does not fit leaves the process stuck for good).
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "gpuckpt/error.h"
@@ -61,3 +62,22 @@ TEST(MigrateTarget, AMissingTargetGpuIsRefused) {
 }
 
 }  // namespace
+
+// A process names itself (prctl PR_SET_NAME, up to 15 bytes): its migration's checkpoint must
+// stay a plain file in --to whatever it chose.
+TEST(MigrateTarget, TheCheckpointsNameCannotLeaveItsDirectory) {
+  using process::checkpoint_name;
+  EXPECT_EQ(checkpoint_name("vllm-serve", 42), "vllm-serve-42.ckpt");
+  EXPECT_EQ(checkpoint_name("py3.11", 7), "py3.11-7.ckpt");
+  EXPECT_EQ(checkpoint_name("/tmp/h3esc", 4584), "_tmp_h3esc-4584.ckpt");
+  EXPECT_EQ(checkpoint_name("../../../esc", 1), "_._.._.._esc-1.ckpt");
+  for (const std::string comm : {"../../../esc", "/etc/passwd", "..", ".hidden", "a/b", ""}) {
+    const std::string n = checkpoint_name(comm, 9);
+    SCOPED_TRACE(comm);
+    EXPECT_EQ(n.find('/'), std::string::npos) << n;
+    EXPECT_NE(n.front(), '.') << n;
+    EXPECT_EQ(std::filesystem::path(n).filename().string(), n);
+  }
+  EXPECT_EQ(checkpoint_name("", 9), "process-9.ckpt");
+  EXPECT_EQ(checkpoint_name("..", 9), "_.-9.ckpt");
+}

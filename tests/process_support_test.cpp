@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
@@ -121,6 +122,50 @@ TEST(ProcInfo, FindsListeningSockets) {
 
 TEST(ProcInfo, NoNvidiaDevicesOpenMeansNoGpus) {
   EXPECT_TRUE(process::nvidia_gpu_uuids(::getpid()).empty());
+}
+
+// A process frozen by someone else's cgroup freezer: CRIU's own freeze waited for its timeout,
+// failed, and gpuckpt then said the process "was resumed" while it stayed frozen.
+TEST(ProcInfo, AProcessInAFrozenCgroupIsUndumpable) {
+  // The v1 freezer where it is mounted (hybrid hosts), else cgroup v2.
+  fs::path dir, procs, freeze;
+  std::string frozen, thawed;
+  for (const auto& [root, file, on, off] :
+       {std::tuple<const char*, const char*, const char*, const char*>{
+            "/sys/fs/cgroup/freezer", "freezer.state", "FROZEN", "THAWED"},
+        {"/sys/fs/cgroup/unified", "cgroup.freeze", "1", "0"},
+        {"/sys/fs/cgroup", "cgroup.freeze", "1", "0"}}) {
+    const fs::path d = fs::path(root) / ("gpuckpt-test-" + std::to_string(::getpid()));
+    std::error_code ec;
+    if (!fs::create_directory(d, ec) || !fs::exists(d / file)) {
+      fs::remove(d, ec);
+      continue;
+    }
+    dir = d;
+    procs = d / "cgroup.procs";
+    freeze = d / file;
+    frozen = on;
+    thawed = off;
+    break;
+  }
+  if (dir.empty()) GTEST_SKIP() << "no cgroup freezer (v1 or v2) can be created here";
+  Child c = spawn({"sleep", "60"}, {});
+  std::ofstream(procs) << c.pid() << std::endl;
+  auto info = process::read_proc(c.pid());
+  ASSERT_TRUE(info.has_value());
+  EXPECT_EQ(process::frozen_cgroup(c.pid()), "");
+  EXPECT_EQ(process::undumpable_reason(*info), "");
+  std::ofstream(freeze) << frozen << std::endl;
+  const std::string cg = process::frozen_cgroup(c.pid());
+  EXPECT_FALSE(cg.empty());
+  EXPECT_NE(dir.string().find(cg), std::string::npos) << cg;
+  EXPECT_NE(process::undumpable_reason(*info).find("is in the frozen cgroup"), std::string::npos);
+  std::ofstream(freeze) << thawed << std::endl;
+  EXPECT_EQ(process::frozen_cgroup(c.pid()), "");
+  c.kill(SIGKILL);
+  c.wait();
+  std::error_code ec;
+  fs::remove(dir, ec);
 }
 
 TEST(Pidns, RunsACommandInANewPidNamespaceWhoseInitOutlivesIt) {

@@ -7,6 +7,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/timing.h"
 #include "test_support.h"
+#include "util/utf8.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -148,6 +149,17 @@ TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOrHandedOverOne) {
   }
   EXPECT_TRUE(fs::is_directory(kept));
   fs::remove_all(parent);
+}
+
+TEST(Utf8, AcceptsWellFormedTextAndRefusesWhatJsonCannotHold) {
+  using gpuckpt::is_utf8;
+  for (const char* ok : {"", "plain/ascii.ckpt", "caf\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80",
+                         "\xed\x9f\xbf", "\xf4\x8f\xbf\xbf"})
+    EXPECT_TRUE(is_utf8(ok)) << ok;
+  for (const char* bad :
+       {"u\xffx.sock", "\xfe", "\xc3", "\xe2\x82", "\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0\x80",
+        "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\x80", "a\xc3(b"})
+    EXPECT_FALSE(is_utf8(bad)) << bad;
 }
 
 TEST(Subprocess, CapturesOutputAndExitCode) {

@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "gpuckpt/error.h"
+#include "util/utf8.h"
 
 namespace fs = std::filesystem;
 
@@ -38,6 +39,12 @@ InputEntry make_entry(const fs::path& abs, std::string rel, bool follow) {
   struct stat st {};
   if ((follow ? ::stat(abs.c_str(), &st) : ::lstat(abs.c_str(), &st)) != 0)
     throw_errno(Errc::kInvalidInput, "stat ", abs);
+  // The manifest names every entry in JSON, which holds UTF-8 only: a name that is not would
+  // come back as another name.
+  if (!is_utf8(rel))
+    throw Error(Errc::kInvalidInput, "cannot pack " + abs.string() +
+                                         ": its name is not UTF-8, and a checkpoint's manifest "
+                                         "(JSON) holds UTF-8 names only; rename it");
   InputEntry e;
   e.rel = std::move(rel);
   e.abs = abs;
@@ -53,6 +60,11 @@ InputEntry make_entry(const fs::path& abs, std::string rel, bool follow) {
     const ssize_t n = ::readlink(abs.c_str(), target.data(), target.size());
     if (n < 0) throw_errno(Errc::kInvalidInput, "readlink ", abs);
     target.resize(static_cast<size_t>(n));
+    if (!is_utf8(target))
+      throw Error(
+          Errc::kInvalidInput,
+          "cannot pack the symbolic link " + abs.string() +
+              ": its target is not UTF-8, which a checkpoint's manifest (JSON) cannot hold");
     e.target = std::move(target);
   } else {
     throw Error(Errc::kInvalidInput,

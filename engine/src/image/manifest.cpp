@@ -636,7 +636,9 @@ std::string serialize(const Manifest& m) {
               {"entries", std::move(entries)}};
   if (!m.extra.is_null()) doc["extra"] = m.extra;
   // One entry per line would be nicer to diff, but indent=1 keeps multi-GiB manifests small.
-  return doc.dump(1) + "\n";
+  // Entries' names are UTF-8 (scan_input refuses others); what else is not (a process's name,
+  // its command line, an input's path) is only described, and comes back with U+FFFD in it.
+  return doc.dump(1, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
 Manifest parse_manifest(std::string_view text, const std::string& origin) {

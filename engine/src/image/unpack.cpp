@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "gpuckpt/error.h"
@@ -15,6 +16,7 @@
 #include "image/publish.h"
 #include "image/transfer_common.h"
 #include "remote/remote_checkpoint.h"
+#include "util/fault.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
 
@@ -253,6 +255,19 @@ void check_output(const fs::path& output, bool force) {
     throw Error(Errc::kInvalidInput, "output directory " + parent.string() + " does not exist");
 }
 
+// Without --force, an empty directory may stand where the output goes (check_output). It is
+// removed only while it is still empty: whatever was put there during the unpack (another
+// unpack's output, a user's files) is never replaced without --force.
+void take_empty_output(const fs::path& output) {
+  if (::rmdir(output.c_str()) == 0 || errno == ENOENT) return;
+  const int err = errno;
+  if (err == ENOTEMPTY || err == EEXIST || err == ENOTDIR)
+    throw Error(Errc::kExists, "output " + output.string() +
+                                   " was created or filled while unpacking; nothing was "
+                                   "replaced (use --force to replace it)");
+  throw_syserr(Errc::kIo, err, "remove the empty directory ", output);
+}
+
 // A checkpoint ready to be streamed: manifest, seal and blobs checked, reads planned. The plan
 // points into the manifest, so the two live and move together.
 struct OpenCheckpoint {
@@ -410,10 +425,12 @@ TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
   const PipelineStats ps = stream_chunks(ck, "unpack", opts, sink);
   const std::uint64_t raw = ck.m.raw_bytes();
   add_pipeline_stages(tl, ps, "read_decompress", "decompress", raw, raw, true);
+  fault_point("unpack_commit");  // every file written, nothing published
   {
     auto s = tl.scope("commit");
     finish_dirs(ck.m, tmp.path());
-    publish(tmp, output, true);
+    if (!opts.force) take_empty_output(output);
+    publish(tmp, output, opts.force);
   }
   fill_totals(res, ck, ps);
   return res;

@@ -34,7 +34,12 @@ namespace {
 
 void preflight_output(const DumpOptions& o) {
   if (o.output.empty()) throw Error(Errc::kUsage, "no output checkpoint path given");
+  require_utf8_path(fs::absolute(o.output), "output");
   std::error_code ec;
+  if (fs::is_symlink(fs::symlink_status(o.output, ec)))
+    throw Error(Errc::kExists, "output " + o.output.string() +
+                                   " is a symbolic link; refusing to replace it (name the "
+                                   "checkpoint itself); nothing was frozen");
   if (fs::exists(o.output, ec) && !o.pack.force)
     throw Error(Errc::kExists, o.output.string() + " exists (use --force to replace it)");
   if (fs::exists(fs::symlink_status(o.output, ec)) && o.pack.force) {
@@ -368,10 +373,15 @@ void publish_checkpoint(DumpState& d) {
 }  // namespace
 
 DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCopy copy) {
+  // Locked before the tree is looked at: another gpuckpt's dump in flight may have it stopped
+  // already, and "being dumped by another gpuckpt" is the refusal that says why.
+  std::vector<UniqueFd> locks =
+      lock_processes(o.pid > 0 ? process_tree(o.pid) : std::vector<pid_t>{});
   const Target target = preflight_target(o.pid);
   preflight_output(o);
 
   DumpState d{o, guard, target, copy};
+  d.out.locks = std::move(locks);
   {
     Timeline::Scope preflight(d.out.result.timeline, "preflight");
     prepare_criu(d);

@@ -2,15 +2,21 @@
 // process left stopped (or running, for a snapshot). The caller decides when it ends.
 #pragma once
 
+#include <vector>
+
 #include "gpuckpt/process.h"
 #include "image/stream_pack.h"
 #include "process/record.h"
+#include "util/unique_fd.h"
 
 namespace gpuckpt::process {
 
 struct DumpOutcome {
   DumpResult result;
   ProcessRecord record;
+  // The tree's processes, locked against another gpuckpt's dump or migration of them for as
+  // long as this outcome lives (lock_processes).
+  std::vector<UniqueFd> locks;
 };
 
 class Guard;

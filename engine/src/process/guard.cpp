@@ -25,6 +25,7 @@
 #include "process/support.h"
 #include "util/fault.h"
 #include "util/fs.h"
+#include "util/no_sigpipe.h"
 #include "util/poll_timeout.h"
 #include "util/write_fully.h"
 
@@ -33,7 +34,40 @@ using nlohmann::json;
 
 namespace gpuckpt::process {
 
+// What the guard's recovery undoes, built from the operation's commands (apply).
+struct GuardPlan {
+  std::string operation;
+  std::vector<pid_t> roots;
+  std::set<pid_t> pids;
+  std::set<pid_t> cuda;
+  pid_t criu = 0;
+  bool durable = false, end_targets = false;
+  struct Copy {
+    pid_t pid = 0, pidns_init = 0;
+    std::uint64_t pid_started = 0, init_started = 0;  // start ticks; 0: the pid is not known
+    bool kill = true;
+  };
+  std::vector<Copy> copies;
+  // Copies known only by criu's pidfile, each with the tick before criu started.
+  struct NamedCopy {
+    fs::path pidfile;
+    std::uint64_t after = 0;
+    bool kill = true;
+  };
+  std::vector<NamedCopy> copy_pidfiles;
+  std::vector<std::pair<fs::path, fs::path>> renames;
+  std::vector<fs::path> remove;
+  fs::path restore_from, restore_staging, restore_criu;
+  // The spool that holds restore_from: kept from other runs' sweeps once gpuckpt (whose
+  // TempDir held it) is gone and this guard may still restore from it.
+  UniqueFd restore_hold;
+};
+
 namespace {
+
+using Plan = GuardPlan;
+void apply(Plan& p, const json& m, bool hold_dirs);
+std::string recover(const Plan& p);
 
 std::mutex g_guards_mu;
 std::set<Guard*> g_guards;
@@ -80,7 +114,8 @@ std::string read_line(int fd, std::chrono::milliseconds timeout) {
 
 }  // namespace
 
-Guard::Guard(const std::string& operation) {
+Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>()) {
+  mirror_->operation = operation;
   {
     std::lock_guard lk(g_guards_mu);
     if (g_interrupting)
@@ -117,7 +152,9 @@ Guard::~Guard() {
   }
   if (armed()) {
     try {
-      abort();
+      // Said only for a guard that had died: otherwise the operation's own error, or its
+      // explicit abort, already told the operator.
+      if (const std::string undone = abort(); gone_) spdlog::warn("rollback: {}", undone);
     } catch (...) {
     }
   }
@@ -139,9 +176,26 @@ void Guard::send(const json& msg) {
 
 void Guard::send_locked(const json& msg) {
   if (finished_) return;
-  const std::string line = msg.dump() + "\n";
-  if (const int err = write_fully(to_guard_.get(), line.data(), line.size()))
-    throw_syserr(Errc::kInternal, err, "the guard (pid ", child_.pid(), ") is gone");
+  // Into the mirror first: a guard found gone now leaves gpuckpt to undo this step as well.
+  // Without holds: gpuckpt's own temporary directories keep its spool from sweeps.
+  apply(*mirror_, msg, /*hold_dirs=*/false);
+  if (!write_locked(msg))
+    throw Error(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) +
+                                     ") has died: the operation stops here, and gpuckpt undoes "
+                                     "it itself");
+}
+
+bool Guard::write_locked(const json& msg) {
+  if (gone_) return false;
+  // The paths it names are UTF-8 (require_utf8_path, before anything is frozen); anything else
+  // must not kill the operation here.
+  const std::string line = msg.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
+  NoSigpipe nosig;  // a dead guard's pipe: EPIPE, not gpuckpt's silent death
+  if (write_fully(to_guard_.get(), line.data(), line.size()) != 0) {
+    gone_ = true;
+    spdlog::warn("the guard (pid {}) has died; gpuckpt recovers by itself", child_.pid());
+  }
+  return !gone_;
 }
 
 void Guard::protect(pid_t root, const std::vector<pid_t>& pids) {
@@ -156,8 +210,13 @@ void Guard::criu_started(pid_t pid) {
 void Guard::criu_finished() {
   // Nothing starts here: after an abort there is nothing to tell, and an error path that calls
   // this must keep criu's own error.
+  // A guard found dead here is not an error of this step either: the next step, or the abort,
+  // meets it.
   std::lock_guard lk(mu_);
-  if (!aborted_) send_locked({{"op", "criu"}, {"pid", 0}});
+  if (aborted_ || finished_) return;
+  const json m = {{"op", "criu"}, {"pid", 0}};
+  apply(*mirror_, m, /*hold_dirs=*/false);
+  write_locked(m);
 }
 void Guard::durable(bool end_targets) {
   send({{"op", "durable"}, {"end", end_targets}});
@@ -182,6 +241,9 @@ void Guard::copy_named_in(const fs::path& pidfile, Copy what) {
 void Guard::keep_copy() {
   send({{"op", "keep_copy"}});
 }
+void Guard::hand_over(bool end_original) {
+  send({{"op", "hand_over"}, {"end", end_original}});
+}
 void Guard::remove_on_recovery(const fs::path& path) {
   send({{"op", "remove"}, {"path", path.string()}});
   hand_over_temp_dir(path);
@@ -200,19 +262,23 @@ void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& stag
         {"staging", staging_root.string()},
         {"criu", criu_binary.string()}});
 }
-void Guard::renames_done() {
-  send({{"op", "renames_done"}});
-}
 
 std::string Guard::abort(std::chrono::milliseconds timeout) {
+  bool by_guard = false;
   {
     std::lock_guard lk(mu_);
     if (finished_ || !child_.running()) return {};
     aborted_ = true;
-    send_locked({{"op", "abort"}});
+    by_guard = write_locked({{"op", "abort"}});
     finished_ = true;
   }
   guard_recovery_begun();
+  if (!by_guard) {
+    const pid_t dead = child_.pid();
+    child_.wait_for(std::chrono::seconds(1));
+    return "the guard (pid " + std::to_string(dead) +
+           ") had died, so gpuckpt undid the operation itself: " + recover(*mirror_);
+  }
   std::string summary = read_line(from_guard_.get(), timeout);
   child_.wait_for(std::chrono::seconds(10));
   if (summary.empty())
@@ -225,9 +291,13 @@ void Guard::disarm() {
   {
     std::lock_guard lk(mu_);
     if (finished_ || !child_.running()) return;
-    send_locked({{"op", "done"}});
+    // The operation is complete: a guard that died meanwhile had nothing left to undo.
+    write_locked({{"op", "done"}});
     finished_ = true;
   }
+  // What the guard was to remove is gpuckpt's again (a snapshot's spool, still uploading): an
+  // interrupt from here on removes it itself, as for any command without a guard.
+  for (const auto& path : mirror_->remove) take_back_temp_dir(path);
   child_.wait_for(std::chrono::seconds(10));
 }
 
@@ -286,34 +356,6 @@ namespace gpuckpt::process {
 // ------------------------------------------------------------------------- the guard itself
 
 namespace {
-
-struct Plan {
-  std::string operation;
-  std::vector<pid_t> roots;
-  std::set<pid_t> pids;
-  std::set<pid_t> cuda;
-  pid_t criu = 0;
-  bool durable = false, end_targets = false;
-  struct Copy {
-    pid_t pid = 0, pidns_init = 0;
-    std::uint64_t pid_started = 0, init_started = 0;  // start ticks; 0: the pid is not known
-    bool kill = true;
-  };
-  std::vector<Copy> copies;
-  // Copies known only by criu's pidfile, each with the tick before criu started.
-  struct NamedCopy {
-    fs::path pidfile;
-    std::uint64_t after = 0;
-    bool kill = true;
-  };
-  std::vector<NamedCopy> copy_pidfiles;
-  std::vector<std::pair<fs::path, fs::path>> renames;
-  std::vector<fs::path> remove;
-  fs::path restore_from, restore_staging, restore_criu;
-  // The spool that holds restore_from: kept from other runs' sweeps once gpuckpt (whose
-  // TempDir held it) is gone and this guard may still restore from it.
-  UniqueFd restore_hold;
-};
 
 void say(std::vector<std::string>& log, std::string s) {
   log.push_back(std::move(s));
@@ -455,7 +497,7 @@ std::string recover(const Plan& p) {
   return finish(p, log);
 }
 
-void apply(Plan& p, const json& m) {
+void apply(Plan& p, const json& m, bool hold_dirs) {
   const std::string op = m.at("op");
   if (op == "protect") {
     p.roots.push_back(m.at("root").get<pid_t>());
@@ -485,16 +527,23 @@ void apply(Plan& p, const json& m) {
     p.renames.emplace_back(m.at("from").get<std::string>(), m.at("to").get<std::string>());
   } else if (op == "restore_from") {
     p.restore_from = m.at("checkpoint").get<std::string>();
-    try {
-      const fs::path dir = p.restore_from.parent_path();
-      p.restore_hold = hold_dir(dir.empty() ? fs::path(".") : dir);
-    } catch (const Error&) {
-      // Not ours to hold (gone, or not a directory we may open): nobody sweeps it either.
-    }
+    if (hold_dirs) try {
+        const fs::path dir = p.restore_from.parent_path();
+        p.restore_hold = hold_dir(dir.empty() ? fs::path(".") : dir);
+      } catch (const Error&) {
+        // Not ours to hold (gone, or not a directory we may open): nobody sweeps it either.
+      }
     p.restore_staging = m.at("staging").get<std::string>();
     p.restore_criu = m.at("criu").get<std::string>();
-  } else if (op == "renames_done") {
+  } else if (op == "hand_over") {
+    p.copies.clear();
+    p.copy_pidfiles.clear();
+    // The original's entries moved aside are of no use to anyone now.
+    for (const auto& [from, to] : p.renames) p.remove.push_back(from);
     p.renames.clear();
+    p.restore_from.clear();
+    p.restore_hold.reset();
+    if (m.at("end").get<bool>()) p.durable = p.end_targets = true;
   }
 }
 
@@ -539,7 +588,7 @@ int guard_main(int in_fd, int out_fd) {
         break;
       }
       try {
-        apply(plan, m);
+        apply(plan, m, /*hold_dirs=*/true);
       } catch (const json::exception&) {
       }
     }

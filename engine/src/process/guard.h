@@ -23,6 +23,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -35,6 +36,9 @@ namespace gpuckpt::process {
 
 // File name of the guard binary (beside gpuckpt, or in the lib/gpuckpt directory).
 inline constexpr const char* kGuardBinary = "gpuckpt-guard";
+
+// What a recovery would undo (guard.cpp).
+struct GuardPlan;
 
 class Guard {
  public:
@@ -69,6 +73,11 @@ class Guard {
   // it reads the pid and calls copy_on_recovery.
   void copy_named_in(const std::filesystem::path& pidfile, Copy what);
   void keep_copy();
+  // A migration's commit, in one step so that no recovery between two steps undoes both sides:
+  // the copy is the service now (as keep_copy; renamed paths are no longer put back, only
+  // removed; no restore from the checkpoint), and, with `end_original`, the original trees end
+  // on recovery instead of being resumed (the checkpoint is durable).
+  void hand_over(bool end_original);
   // Paths to remove on recovery (staging, temporary outputs); keep() forgets one.
   void remove_on_recovery(const std::filesystem::path& path);
   void keep(const std::filesystem::path& path);
@@ -77,9 +86,8 @@ class Guard {
   void restore_on_recovery(const std::filesystem::path& checkpoint,
                            const std::filesystem::path& staging_root,
                            const std::filesystem::path& criu_binary);
-  // On recovery, rename(from, to) (a hard link kept for a rollback); renames_done() forgets.
+  // On recovery, rename(from, to) (a hard link kept for a rollback); hand_over() forgets.
   void rename_on_recovery(const std::filesystem::path& from, const std::filesystem::path& to);
-  void renames_done();
 
   // Recover now and wait for it; returns the guard's summary of what it did ("process 12 was
   // resumed; ..."). The guard has exited when this returns.
@@ -98,11 +106,17 @@ class Guard {
   // so that nothing is frozen (or started) after the guard has recovered.
   void send_locked(const nlohmann::json& msg);
   void send(const nlohmann::json& msg);
+  // False once the guard is found gone (its pipe broken).
+  bool write_locked(const nlohmann::json& msg);
   mutable std::mutex mu_;
   Child child_;
   UniqueFd to_guard_, from_guard_;
+  // Everything the guard was told: should it die (killed, out of memory), gpuckpt, still alive,
+  // recovers from this itself rather than leave a service frozen.
+  std::unique_ptr<GuardPlan> mirror_;
   bool finished_ = false;
   bool aborted_ = false;
+  bool gone_ = false;
 };
 
 // Asks every live Guard of this process to recover and waits for them (for the CLI's handler of

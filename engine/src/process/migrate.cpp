@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cctype>
 
 #include <cstring>
 
@@ -24,6 +25,8 @@
 #include "process/restore_impl.h"
 #include "process/support.h"
 #include "remote/ssh.h"
+#include "util/fault.h"
+#include "util/utf8.h"
 
 namespace fs = std::filesystem;
 
@@ -90,6 +93,13 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
       why = "process " + std::to_string(q) + " listens on a TCP port";
     }
     for (const auto& l : process::unix_listeners(q)) {
+      // Moved aside for a rollback, which the guard must be able to name.
+      if (!is_utf8(l.path))
+        throw Error(Errc::kProcess,
+                    "process " + std::to_string(q) +
+                        " listens on a unix socket whose path is not "
+                        "UTF-8, which a rollback could not put back (the guard names paths in "
+                        "JSON); nothing was frozen. Dump and restore it instead");
       if (!l.abstract) continue;
       release_needed = true;
       why = "process " + std::to_string(q) + " listens on the abstract unix socket " + l.path;
@@ -108,6 +118,17 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
 }  // namespace
 
 namespace process {
+
+std::string checkpoint_name(const std::string& comm, pid_t pid) {
+  std::string name;
+  for (const char c : comm)
+    name += std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '+' ||
+                    (c == '.' && !name.empty())
+                ? c
+                : '_';
+  if (name.empty()) name = "process";
+  return name + "-" + std::to_string(pid) + ".ckpt";
+}
 
 DumpOptions migration_dump(const MigrateOptions& o, const fs::path& output) {
   DumpOptions d;
@@ -149,10 +170,11 @@ MigrateResult migrate(const MigrateOptions& o) {
   res.old_pid = o.pid;
   res.target = "this host";
   res.handoff = choose_handoff(o, *info);
+  require_utf8_path(fs::absolute(o.to_dir), "--to directory");
   std::error_code ec;
   fs::create_directories(o.to_dir, ec);
   if (ec) throw Error(Errc::kIo, "cannot create " + o.to_dir.string() + ": " + ec.message());
-  res.checkpoint = o.to_dir / (info->comm + "-" + std::to_string(o.pid) + ".ckpt");
+  res.checkpoint = o.to_dir / checkpoint_name(info->comm, o.pid);
 
   Guard guard("migrate");
   // On failure the original already runs again.
@@ -196,14 +218,17 @@ MigrateResult migrate(const MigrateOptions& o) {
   res.first_answer = restored.first_answer;
   res.huge_page_bytes = restored.huge_page_bytes;
 
+  // The copy answers (or, without a probe, was restored): it is the service from here on, and
+  // the original may end. Told to the guard before the original ends, in one step: gpuckpt
+  // stopped at any point after this leaves the copy serving and the original ended, never
+  // neither (a copy killed after its original) nor both.
+  guard.hand_over(/*end_original=*/!release);
   if (!release) {
-    // The copy answers (or, without a probe, was restored): the original may end.
+    fault_point("end_original");
     auto scope = res.timeline.scope("end_original");
     if (const auto left = end_tree(dumped.record.tree); !left.empty())
       spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
   }
-  guard.keep_copy();
-  guard.renames_done();
   if (aside) aside->drop();
   guard.disarm();
   if (!o.keep_checkpoint) {

@@ -379,19 +379,18 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     const std::string undone = guard.abort();
     rethrow_with_context("migration to " + where + " failed: ", "\nrollback: " + undone);
   }
-  // The copy serves on the target: the original may end. (gpuckpt dying right here would have
-  // the guard resume it: two copies, never none.)
+  // The copy serves on the target: the original may end, and the guard is told so first, so that
+  // gpuckpt stopped from here on ends it too (or, released already, does not restore it).
+  guard.hand_over(/*end_original=*/!release);
   if (!release) {
     auto scope = res.timeline.scope("end_original");
     if (const auto left = end_tree(dumped->record.tree); !left.empty())
       spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
   }
-  guard.keep_copy();
   guard.disarm();
   if (o.keep_checkpoint) {
     // Out of the spool, which the next run would sweep: beside it, under --spool.
-    const fs::path kept =
-        spool_root / (dumped->record.comm + "-" + std::to_string(o.pid) + ".ckpt");
+    const fs::path kept = spool_root / checkpoint_name(dumped->record.comm, o.pid);
     std::error_code ec;
     fs::rename(res.checkpoint, kept, ec);
     if (ec)

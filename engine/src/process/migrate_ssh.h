@@ -27,6 +27,11 @@ void check_target_gpus(const std::set<std::string>& used, const nlohmann::json& 
                        const GpuMap& map, const std::string& where,
                        const std::optional<std::map<std::string, std::uint64_t>>& held);
 
+// The file name of a migration's checkpoint of process `pid` named `comm`. A process sets its
+// own name (prctl PR_SET_NAME): only letters, digits, '-', '_', '+' and inner dots are taken
+// from it, so that the name cannot leave its directory, hide, or name another path.
+std::string checkpoint_name(const std::string& comm, pid_t pid);
+
 // The dump of a migration: to `output`, the tree kept stopped (dump_keep_stopped).
 DumpOptions migration_dump(const MigrateOptions& o, const std::filesystem::path& output);
 // A release handoff: the original tree ends now that `checkpoint` is durable, and from here on

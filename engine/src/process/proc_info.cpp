@@ -211,6 +211,55 @@ std::vector<pid_t> process_tree(pid_t root) {
   return out;
 }
 
+namespace {
+
+// Where cgroup filesystems are mounted (from /proc/self/mountinfo): the v1 freezer hierarchy's
+// and the unified (v2) one's, empty if none.
+struct CgroupMounts {
+  fs::path freezer_v1, unified;
+};
+CgroupMounts cgroup_mounts() {
+  CgroupMounts m;
+  std::istringstream in(slurp("/proc/self/mountinfo"));
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point, field;
+    f >> id >> parent >> dev >> root >> point;
+    while (f >> field && field != "-") {
+    }
+    std::string type, source, options;
+    f >> type >> source >> options;
+    if (type == "cgroup2" && m.unified.empty()) m.unified = point;
+    if (type == "cgroup" && m.freezer_v1.empty() &&
+        ("," + options + ",").find(",freezer,") != std::string::npos)
+      m.freezer_v1 = point;
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string frozen_cgroup(pid_t pid) {
+  const CgroupMounts m = cgroup_mounts();
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/cgroup"));
+  for (std::string line; std::getline(in, line);) {
+    // hierarchy-ID:controllers:path
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    fs::path file;
+    if (controllers.empty() && !m.unified.empty())
+      file = m.unified / fs::path(path).relative_path() / "cgroup.freeze";
+    else if (("," + controllers + ",").find(",freezer,") != std::string::npos &&
+             !m.freezer_v1.empty())
+      file = m.freezer_v1 / fs::path(path).relative_path() / "freezer.state";
+    if (file.empty()) continue;
+    const std::string state = trim(slurp(file));
+    if (state == "1" || state == "FROZEN" || state == "FREEZING") return path;
+  }
+  return {};
+}
+
 std::string undumpable_reason(const ProcInfo& p) {
   const std::string id = "process " + std::to_string(p.pid) + " (" + p.comm + ")";
   // Kernel threads have no executable and the PF_KTHREAD flag (field 9 of stat).
@@ -228,6 +277,9 @@ std::string undumpable_reason(const ProcInfo& p) {
   }
   if (p.state == 'T' || p.state == 't')
     return id + " is stopped or traced; resume it (or detach its debugger) before dumping";
+  // Frozen by someone else's cgroup freezer, CRIU's freeze would wait for its timeout and fail.
+  if (const std::string cg = frozen_cgroup(p.pid); !cg.empty())
+    return id + " is in the frozen cgroup " + cg + "; thaw it before dumping";
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(p.pid) + "/fd", ec)) {
     std::error_code ec2;

@@ -62,8 +62,10 @@ std::vector<pid_t> process_tree(pid_t root);
 
 // Why CRIU cannot dump this process, found before anything is frozen: "" if nothing is known
 // to stop it. Covers kernel threads, io_uring instances (CRIU 4.2 cannot dump them) and
-// processes stopped or traced by someone else.
+// processes stopped, traced or cgroup-frozen by someone else.
 std::string undumpable_reason(const ProcInfo& p);
+// The cgroup path of `pid` if a cgroup freezer (v1 or v2) holds it frozen, else "".
+std::string frozen_cgroup(pid_t pid);
 
 // Size of the largest deleted (unlinked) regular file the process holds open or mapped, such as
 // a /dev/shm segment removed once every worker mapped it. CRIU copies such "ghost" files into

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "util/fs.h"
 #include "util/poll_timeout.h"
 #include "util/unique_fd.h"
+#include "util/utf8.h"
 
 namespace fs = std::filesystem;
 
@@ -60,10 +62,45 @@ DirProgress::~DirProgress() {
   if (thread_.joinable()) thread_.join();
 }
 
+void require_utf8_path(const fs::path& path, const std::string& what) {
+  if (!is_utf8(path.native()))
+    throw Error(Errc::kUsage, "the " + what + " " + path.string() +
+                                  " is not UTF-8: gpuckpt's guard, which undoes an operation cut "
+                                  "short, and its records name paths in JSON, which holds UTF-8 "
+                                  "only (nothing was frozen)");
+}
+
+std::vector<UniqueFd> lock_processes(const std::vector<pid_t>& tree) {
+  std::vector<UniqueFd> locks;
+  for (pid_t q : tree) {
+    const std::string dir = "/proc/" + std::to_string(q);
+    UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd) {
+      if (errno == ENOENT || errno == ESRCH) continue;  // ended since the scan
+      throw_errno(Errc::kProcess, "open ", dir);
+    }
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK)
+        throw Error(Errc::kProcess,
+                    "process " + std::to_string(q) +
+                        " is being dumped or migrated by another gpuckpt; nothing was frozen "
+                        "(wait for that one to finish)");
+      throw_syserr(Errc::kProcess, err, "lock ", dir);
+    }
+    locks.push_back(std::move(fd));
+  }
+  return locks;
+}
+
 TempDir make_staging(const fs::path& root, const std::string& prefix) {
+  // Absolute: criu takes the paths under it (its log, its pidfile) relative to its images
+  // directory, not to gpuckpt's working directory.
+  const fs::path dir = fs::absolute(root);
+  require_utf8_path(dir, "staging or spool directory");
   remove_abandoned(
-      root, {"gpuckpt-dump-", "gpuckpt-restore-", "gpuckpt-dump-spool-", "gpuckpt-restore-spool-"});
-  return TempDir(root, prefix);
+      dir, {"gpuckpt-dump-", "gpuckpt-restore-", "gpuckpt-dump-spool-", "gpuckpt-restore-spool-"});
+  return TempDir(dir, prefix);
 }
 
 namespace {

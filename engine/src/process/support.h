@@ -14,6 +14,7 @@
 #include "gpuckpt/device.h"
 #include "gpuckpt/progress.h"
 #include "util/fs.h"
+#include "util/unique_fd.h"
 
 namespace gpuckpt::process {
 
@@ -48,6 +49,17 @@ TempDir make_staging(const std::filesystem::path& root, const std::string& prefi
 // what those processes started meanwhile (stopped first, so that they start nothing more).
 std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 30000,
                             std::chrono::milliseconds grace = {});
+
+// Error(kUsage) unless `path` (named `what` in the message) is UTF-8: every path gpuckpt hands
+// its guard or writes into a record is checked with this before anything is frozen.
+void require_utf8_path(const std::filesystem::path& path, const std::string& what);
+
+// One gpuckpt at a time may dump or migrate a process: two at once fought over it inside criu
+// ("was stopped by 5 unexpectedly") and both failed. Each process of `tree` is locked (flock on
+// its /proc directory, which names that process and no later one with its pid, and is dropped
+// with the lock's holder however it ends). Error(kProcess) if another gpuckpt holds one: nothing
+// is frozen yet. Processes that ended meanwhile are skipped.
+std::vector<UniqueFd> lock_processes(const std::vector<pid_t>& tree);
 
 // Environment handed to criu for the plugin (its GPU map is GpuMap::to_string()).
 // The device part of it (criu/plugin_report.h): the libcuda path this process found and, for a

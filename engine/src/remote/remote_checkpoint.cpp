@@ -121,6 +121,9 @@ UniqueFd create_private(const fs::path& p) {
 }  // namespace
 
 void check_remote_output(const S3Client& s3, const S3Url& url, bool replace) {
+  if (!s3.bucket_exists(url.bucket))
+    throw Error(Errc::kInvalidInput, url.str() + ": the bucket " + url.bucket +
+                                         " does not exist (create it first; nothing was frozen)");
   if (!replace && s3.head(url.bucket, url.key(kManifestName)))
     throw Error(Errc::kExists,
                 url.str() + " already holds a checkpoint (use --force to replace it)");

@@ -451,6 +451,14 @@ std::optional<std::uint64_t> S3Client::head(const std::string& bucket,
   return static_cast<std::uint64_t>(resp.content_length);
 }
 
+bool S3Client::bucket_exists(const std::string& bucket) const {
+  Request r;
+  r.method = "HEAD";
+  r.head = true;
+  r.bucket = bucket;
+  return perform(r).status != 404;
+}
+
 std::string S3Client::get(const std::string& bucket, const std::string& key,
                           std::uint64_t max_bytes) const {
   Request r;

@@ -52,6 +52,9 @@ class S3Client {
 
   // The object's size, or nullopt when it does not exist (404).
   std::optional<std::uint64_t> head(const std::string& bucket, const std::string& key) const;
+  // Whether the bucket exists (HeadBucket). A HEAD of an object answers 404 alike for a missing
+  // object and a missing bucket, having no body to say which.
+  bool bucket_exists(const std::string& bucket) const;
   // A whole object into memory; Error(kInvalidInput) when it does not exist, Error(kCorrupt)
   // when it is larger than `max_bytes`.
   std::string get(const std::string& bucket, const std::string& key, std::uint64_t max_bytes) const;

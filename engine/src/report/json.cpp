@@ -369,7 +369,7 @@ std::string render_json(const TransientReport& r) {
             {"restore", runs_json(r.restore, r.restore_runs, r, r.restore_context)},
             {"migration", runs_json(r.migration, r.migration_runs, r, r.migration_context)},
             {"restore_speedup", speedup ? Json(*speedup) : Json(nullptr)}};
-  return j.dump(2);
+  return j.dump(2, ' ', false, Json::error_handler_t::replace);
 }
 
 TransientReport parse_report_json(const std::string& text, const std::string& source) {

@@ -33,6 +33,15 @@ ExitStatus decode(int status) {
   if (WIFEXITED(status)) return {true, WEXITSTATUS(status)};
   return {false, WIFSIGNALED(status) ? WTERMSIG(status) : -1};
 }
+
+// In the child: `fd` becomes `target` for the program. dup2 of a descriptor onto itself leaves
+// its close-on-exec flag set, and the program would start without it (a pipe opened while
+// gpuckpt's own stdin was closed lands on 0): that flag is cleared instead.
+bool onto(int fd, int target) {
+  if (fd != target) return ::dup2(fd, target) >= 0;
+  const int flags = ::fcntl(fd, F_GETFD);
+  return flags >= 0 && ::fcntl(fd, F_SETFD, flags & ~FD_CLOEXEC) >= 0;
+}
 }  // namespace
 
 Child::Child(Child&& o) noexcept : pid_(std::exchange(o.pid_, -1)), out_(std::move(o.out_)) {}
@@ -150,13 +159,13 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
     if (opts.new_process_group && !opts.new_session) ::setpgid(0, 0);
     if (!opts.cwd.empty() && ::chdir(opts.cwd.c_str()) != 0) goto fail;
     if (opts.stdin_fd >= 0) {
-      if (::dup2(opts.stdin_fd, 0) < 0) goto fail;
+      if (!onto(opts.stdin_fd, 0)) goto fail;
     } else if (opts.null_stdin) {
       int fd = ::open("/dev/null", O_RDONLY);
       if (fd < 0 || ::dup2(fd, 0) < 0) goto fail;
     }
     if (opts.stdout_fd >= 0) {
-      if (::dup2(opts.stdout_fd, 1) < 0) goto fail;
+      if (!onto(opts.stdout_fd, 1)) goto fail;
     } else if (opts.capture_stdout) {
       if (::dup2(outpipe[1], 1) < 0) goto fail;
     } else if (!opts.stdout_file.empty()) {
@@ -164,7 +173,7 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
       if (fd < 0 || ::dup2(fd, 1) < 0) goto fail;
     }
     if (opts.stderr_fd >= 0) {
-      if (::dup2(opts.stderr_fd, 2) < 0) goto fail;
+      if (!onto(opts.stderr_fd, 2)) goto fail;
     } else if (!opts.stderr_file.empty()) {
       int fd = ::open(opts.stderr_file.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       if (fd < 0 || ::dup2(fd, 2) < 0) goto fail;
