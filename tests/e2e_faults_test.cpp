@@ -268,6 +268,34 @@ TEST_F(E2eFaults, AGuardThatDiesLeavesGpuckptToResumeTheServiceItself) {
   s.wait();
 }
 
+// A guard that dies once the checkpoint is whole: the dump is complete, and says so. Before,
+// telling the dead guard "durable" failed the dump, and the rollback then ended the process
+// anyway: an error for a checkpoint that was there and a service that was gone.
+TEST_F(E2eFaults, AGuardThatDiesAfterTheCheckpointIsWholeDoesNotFailTheDump) {
+  Child s = server("p");
+  const std::string pid = std::to_string(s.pid());
+  Child g = test::paused_cli({"--json", "dump", "--pid", pid, "-o", (out_ / "p.ckpt").string(),
+                              "--staging", staging_.string()},
+                             "published", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto guards = process::live_pids_where(
+      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
+  ASSERT_EQ(guards.size(), 1u);
+  ::kill(guards.front(), SIGKILL);
+  ASSERT_TRUE(test::wait_until([&] {
+    const auto p = process::read_proc(guards.front());
+    return !p || p->state == 'Z';
+  }));
+  test::resume_paused(dir_.path(), "published");
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "cli.err");
+  const json j = json::parse(read_file(dir_.path() / "cli.out"), nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  EXPECT_EQ(j["ok"], true);
+  EXPECT_TRUE(s.wait_for(30s).has_value()) << "the dumped process did not end";
+  EXPECT_EQ(test::run_cli({"verify", (out_ / "p.ckpt").string()}).exit_code, 0);
+  EXPECT_TRUE(entries(staging_).empty());
+}
+
 // Started with its stdin closed (a cron job, `<&-`), gpuckpt's first pipe lands on fd 0: the
 // guard was spawned with that pipe as its stdin, close-on-exec, so it read EOF at once, and
 // gpuckpt died of SIGPIPE with no output at all.

@@ -128,44 +128,56 @@ TEST(ProcInfo, NoNvidiaDevicesOpenMeansNoGpus) {
 // failed, and gpuckpt then said the process "was resumed" while it stayed frozen.
 TEST(ProcInfo, AProcessInAFrozenCgroupIsUndumpable) {
   // The v1 freezer where it is mounted (hybrid hosts), else cgroup v2.
-  fs::path dir, procs, freeze;
-  std::string frozen, thawed;
+  struct Freezer {
+    fs::path dir, freeze;
+    std::string on, off;
+    ~Freezer() {
+      if (dir.empty()) return;
+      std::ofstream(freeze) << off << std::endl;  // a failed assertion leaves nothing frozen
+      std::error_code ec;
+      fs::remove(dir, ec);
+    }
+  } fz;
+  const std::string name = "gpuckpt-test-" + std::to_string(::getpid());
   for (const auto& [root, file, on, off] :
        {std::tuple<const char*, const char*, const char*, const char*>{
             "/sys/fs/cgroup/freezer", "freezer.state", "FROZEN", "THAWED"},
         {"/sys/fs/cgroup/unified", "cgroup.freeze", "1", "0"},
         {"/sys/fs/cgroup", "cgroup.freeze", "1", "0"}}) {
-    const fs::path d = fs::path(root) / ("gpuckpt-test-" + std::to_string(::getpid()));
+    const fs::path d = fs::path(root) / name;
     std::error_code ec;
-    if (!fs::create_directory(d, ec) || !fs::exists(d / file)) {
+    if (!fs::create_directory(d, ec)) continue;
+    if (!fs::exists(d / file)) {
       fs::remove(d, ec);
       continue;
     }
-    dir = d;
-    procs = d / "cgroup.procs";
-    freeze = d / file;
-    frozen = on;
-    thawed = off;
+    fz.dir = d;
+    fz.freeze = d / file;
+    fz.on = on;
+    fz.off = off;
     break;
   }
-  if (dir.empty()) GTEST_SKIP() << "no cgroup freezer (v1 or v2) can be created here";
+  if (fz.dir.empty()) GTEST_SKIP() << "no cgroup freezer (v1 or v2) can be created here";
   Child c = spawn({"sleep", "60"}, {});
-  std::ofstream(procs) << c.pid() << std::endl;
+  std::ofstream(fz.dir / "cgroup.procs") << c.pid() << std::endl;
+  if (read_file("/proc/" + std::to_string(c.pid()) + "/cgroup").find(name) == std::string::npos) {
+    c.kill(SIGKILL);
+    c.wait();
+    GTEST_SKIP() << "cannot move a process into " << fz.dir;
+  }
   auto info = process::read_proc(c.pid());
   ASSERT_TRUE(info.has_value());
   EXPECT_EQ(process::frozen_cgroup(c.pid()), "");
   EXPECT_EQ(process::undumpable_reason(*info), "");
-  std::ofstream(freeze) << frozen << std::endl;
-  const std::string cg = process::frozen_cgroup(c.pid());
-  EXPECT_FALSE(cg.empty());
-  EXPECT_NE(dir.string().find(cg), std::string::npos) << cg;
+  std::ofstream(fz.freeze) << fz.on << std::endl;
+  std::string cg;
+  EXPECT_TRUE(test::wait_until([&] { return !(cg = process::frozen_cgroup(c.pid())).empty(); }));
+  EXPECT_NE(cg.find(name), std::string::npos) << cg;
   EXPECT_NE(process::undumpable_reason(*info).find("is in the frozen cgroup"), std::string::npos);
-  std::ofstream(freeze) << thawed << std::endl;
-  EXPECT_EQ(process::frozen_cgroup(c.pid()), "");
+  std::ofstream(fz.freeze) << fz.off << std::endl;
+  EXPECT_TRUE(test::wait_until([&] { return process::frozen_cgroup(c.pid()).empty(); }));
   c.kill(SIGKILL);
   c.wait();
-  std::error_code ec;
-  fs::remove(dir, ec);
 }
 
 TEST(Pidns, RunsACommandInANewPidNamespaceWhoseInitOutlivesIt) {

@@ -448,6 +448,7 @@ DumpResult dump(const DumpOptions& opts) {
       rethrow_with_context("", "\nno checkpoint was published; " + undone);
     }
   }
+  fault_point("published");  // the checkpoint is whole; the guard not yet told
   guard.durable(!opts.leave_running);
   fault_point("durable");
   if (!opts.leave_running) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -76,6 +77,15 @@ std::set<std::function<std::string()>*> g_on_interrupt;  // guarded by g_guards_
 // of the signal, and must not start a new guarded operation (a restore whose copy nobody would
 // end) in the meantime.
 bool g_interrupting = false;  // guarded by g_guards_mu
+
+// Aborts in progress on any thread: an interrupt waits for them before gpuckpt dies of the
+// signal, for one may be gpuckpt's own recovery (its guard had died), which nothing else would
+// finish; what they undid while it waited is part of what the interrupt reports.
+std::mutex g_recover_mu;
+std::condition_variable g_recover_cv;
+int g_aborting = 0;                 // guarded by g_recover_mu
+bool g_interrupt_waits = false;     // guarded by g_recover_mu
+std::vector<std::string> g_undone;  // guarded by g_recover_mu: summaries it waited for
 
 fs::path guard_binary() {
   if (const char* e = std::getenv("GPUCKPT_GUARD"); e && *e) return e;
@@ -146,10 +156,8 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
 }
 
 Guard::~Guard() {
-  {
-    std::lock_guard lk(g_guards_mu);
-    g_guards.erase(this);
-  }
+  // Aborted while still listed: an interrupt meanwhile finds this abort in progress (and waits
+  // for it) instead of finding nothing to wait for.
   if (armed()) {
     try {
       // Said only for a guard that had died: otherwise the operation's own error, or its
@@ -158,20 +166,31 @@ Guard::~Guard() {
     } catch (...) {
     }
   }
+  {
+    std::lock_guard lk(g_guards_mu);
+    g_guards.erase(this);
+  }
   if (child_.running()) {
     to_guard_.reset();  // EOF: a guard still waiting for commands recovers and exits
     child_.wait_for(std::chrono::seconds(120));
   }
 }
 
-void Guard::send(const json& msg) {
+void Guard::send(const json& msg, bool must_reach) {
   std::lock_guard lk(mu_);
   // After an abort (an interrupt) the guard has recovered and is gone: what the operation
   // would do next (protect, start criu) must not happen unguarded.
   if (aborted_)
     throw Error(Errc::kProcess,
                 "the operation was interrupted: its guard has recovered, so nothing more starts");
-  send_locked(msg);
+  if (must_reach) {
+    send_locked(msg);
+  } else if (!finished_) {
+    // A commit (the checkpoint durable, the copy handed over): done whether or not the guard
+    // hears of it, so a dead guard does not fail it. The mirror has it for a later abort.
+    apply(*mirror_, msg, /*hold_dirs=*/false);
+    write_locked(msg);
+  }
 }
 
 void Guard::send_locked(const json& msg) {
@@ -219,7 +238,7 @@ void Guard::criu_finished() {
   write_locked(m);
 }
 void Guard::durable(bool end_targets) {
-  send({{"op", "durable"}, {"end", end_targets}});
+  send({{"op", "durable"}, {"end", end_targets}}, /*must_reach=*/false);
 }
 void Guard::copy_on_recovery(pid_t pid, pid_t pidns_init, Copy what) {
   // With their start times: the guard acts on these pids only while they are these processes.
@@ -242,7 +261,7 @@ void Guard::keep_copy() {
   send({{"op", "keep_copy"}});
 }
 void Guard::hand_over(bool end_original) {
-  send({{"op", "hand_over"}, {"end", end_original}});
+  send({{"op", "hand_over"}, {"end", end_original}}, /*must_reach=*/false);
 }
 void Guard::remove_on_recovery(const fs::path& path) {
   send({{"op", "remove"}, {"path", path.string()}});
@@ -271,16 +290,40 @@ std::string Guard::abort(std::chrono::milliseconds timeout) {
     aborted_ = true;
     by_guard = write_locked({{"op", "abort"}});
     finished_ = true;
+    std::lock_guard rk(g_recover_mu);
+    ++g_aborting;
   }
+  std::string summary;
+  try {
+    summary = recover_somewhere(by_guard, timeout);
+  } catch (const std::exception& e) {
+    summary = e.what();
+  }
+  {
+    std::lock_guard rk(g_recover_mu);
+    --g_aborting;
+    if (g_interrupt_waits) g_undone.push_back(summary);
+  }
+  g_recover_cv.notify_all();
+  return summary;
+}
+
+std::string Guard::recover_somewhere(bool by_guard, std::chrono::milliseconds timeout) {
   guard_recovery_begun();
+  const pid_t guard_pid = child_.pid();
+  const std::string here = "gpuckpt undid the operation itself: ";
   if (!by_guard) {
-    const pid_t dead = child_.pid();
     child_.wait_for(std::chrono::seconds(1));
-    return "the guard (pid " + std::to_string(dead) +
-           ") had died, so gpuckpt undid the operation itself: " + recover(*mirror_);
+    return "the guard (pid " + std::to_string(guard_pid) + ") had died, so " + here +
+           recover(*mirror_);
   }
   std::string summary = read_line(from_guard_.get(), timeout);
-  child_.wait_for(std::chrono::seconds(10));
+  const auto ended = child_.wait_for(std::chrono::seconds(10));
+  if (summary.empty() && ended && !ended->ok())
+    // It took the abort and died in its recovery (killed): what it had not done, and what it
+    // had, is done again here (resuming, killing a copy and removing paths bear repeating).
+    return "the guard (pid " + std::to_string(guard_pid) + ") died in its recovery (" +
+           ended->describe() + "), so " + here + recover(*mirror_);
   if (summary.empty())
     summary = "the guard did not report its recovery within " +
               std::to_string(timeout.count() / 1000) + " s";
@@ -303,18 +346,30 @@ void Guard::disarm() {
 
 std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout) {
   leave_handed_over_temp_dirs();
-  // Held throughout: the operation's thread, which runs on and unwinds once its guard refuses
-  // it, blocks in ~Guard (erase) until the abort that uses that guard is over.
-  std::lock_guard lk(g_guards_mu);
-  g_interrupting = true;
+  {
+    std::lock_guard rk(g_recover_mu);
+    g_interrupt_waits = true;
+  }
   std::vector<std::string> out;
-  for (Guard* g : g_guards) {
-    try {
-      out.push_back(g->abort(timeout));
-    } catch (const std::exception& e) {
-      out.push_back(e.what());
+  {
+    // Held throughout: the operation's thread, which runs on and unwinds once its guard
+    // refuses it, blocks in ~Guard (erase) until the abort that uses that guard is over.
+    std::lock_guard lk(g_guards_mu);
+    g_interrupting = true;
+    for (Guard* g : g_guards) {
+      try {
+        if (std::string s = g->abort(timeout); !s.empty()) out.push_back(std::move(s));
+      } catch (const std::exception& e) {
+        out.push_back(e.what());
+      }
     }
   }
+  // Then every abort still running on another thread, gpuckpt's own recovery included.
+  std::unique_lock rk(g_recover_mu);
+  g_recover_cv.wait(rk, [] { return g_aborting == 0; });
+  for (auto& s : g_undone)
+    if (std::find(out.begin(), out.end(), s) == out.end()) out.push_back(std::move(s));
+  g_undone.clear();
   return out;
 }
 
@@ -543,7 +598,14 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
     p.renames.clear();
     p.restore_from.clear();
     p.restore_hold.reset();
-    if (m.at("end").get<bool>()) p.durable = p.end_targets = true;
+    if (m.at("end").get<bool>()) {
+      p.durable = p.end_targets = true;
+    } else {
+      // A release: the original ended already, and its pids now name the copy.
+      p.roots.clear();
+      p.pids.clear();
+      p.cuda.clear();
+    }
   }
 }
 

@@ -105,7 +105,10 @@ class Guard {
   // Under mu_: an abort from the interrupt thread and a command from the operation are ordered,
   // so that nothing is frozen (or started) after the guard has recovered.
   void send_locked(const nlohmann::json& msg);
-  void send(const nlohmann::json& msg);
+  // `must_reach`: a guard found dead stops the operation (Error); else the step goes on.
+  void send(const nlohmann::json& msg, bool must_reach = true);
+  // abort()'s recovery: the guard's, or gpuckpt's own from the mirror if the guard is dead.
+  std::string recover_somewhere(bool by_guard, std::chrono::milliseconds timeout);
   // False once the guard is found gone (its pipe broken).
   bool write_locked(const nlohmann::json& msg);
   mutable std::mutex mu_;

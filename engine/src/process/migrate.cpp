@@ -93,8 +93,9 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
       why = "process " + std::to_string(q) + " listens on a TCP port";
     }
     for (const auto& l : process::unix_listeners(q)) {
-      // Moved aside for a rollback, which the guard must be able to name.
-      if (!is_utf8(l.path))
+      // Moved aside for a rollback (a path, not an abstract name), which the guard must be able
+      // to name.
+      if (!l.abstract && !is_utf8(l.path))
         throw Error(Errc::kProcess,
                     "process " + std::to_string(q) +
                         " listens on a unix socket whose path is not "

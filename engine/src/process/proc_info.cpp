@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string_view>
@@ -214,9 +215,14 @@ std::vector<pid_t> process_tree(pid_t root) {
 namespace {
 
 // Where cgroup filesystems are mounted (from /proc/self/mountinfo): the v1 freezer hierarchy's
-// and the unified (v2) one's, empty if none.
+// and the unified (v2) one's, each with the cgroup its mount shows as its root (not "/" in a
+// container that sees only its own part of the hierarchy).
+struct CgroupMount {
+  fs::path point;
+  std::string root;
+};
 struct CgroupMounts {
-  fs::path freezer_v1, unified;
+  std::optional<CgroupMount> freezer_v1, unified;
 };
 CgroupMounts cgroup_mounts() {
   CgroupMounts m;
@@ -229,12 +235,19 @@ CgroupMounts cgroup_mounts() {
     }
     std::string type, source, options;
     f >> type >> source >> options;
-    if (type == "cgroup2" && m.unified.empty()) m.unified = point;
-    if (type == "cgroup" && m.freezer_v1.empty() &&
+    if (type == "cgroup2" && !m.unified) m.unified = CgroupMount{point, root};
+    if (type == "cgroup" && !m.freezer_v1 &&
         ("," + options + ",").find(",freezer,") != std::string::npos)
-      m.freezer_v1 = point;
+      m.freezer_v1 = CgroupMount{point, root};
   }
   return m;
+}
+
+// The directory of cgroup `path` under mount `m`; nullopt if the mount does not show it.
+std::optional<fs::path> cgroup_dir(const CgroupMount& m, const std::string& path) {
+  if (m.root == "/") return m.point / fs::path(path).relative_path();
+  if (path != m.root && !path.starts_with(m.root + "/")) return std::nullopt;
+  return m.point / fs::path(path.substr(m.root.size())).relative_path();
 }
 
 }  // namespace
@@ -247,15 +260,19 @@ std::string frozen_cgroup(pid_t pid) {
     const auto a = line.find(':'), b = line.find(':', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
     const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    fs::path file;
-    if (controllers.empty() && !m.unified.empty())
-      file = m.unified / fs::path(path).relative_path() / "cgroup.freeze";
-    else if (("," + controllers + ",").find(",freezer,") != std::string::npos &&
-             !m.freezer_v1.empty())
-      file = m.freezer_v1 / fs::path(path).relative_path() / "freezer.state";
-    if (file.empty()) continue;
-    const std::string state = trim(slurp(file));
-    if (state == "1" || state == "FROZEN" || state == "FREEZING") return path;
+    if (controllers.empty() && m.unified) {
+      // cgroup.events says whether the cgroup is frozen, by its own setting or an ancestor's.
+      const auto dir = cgroup_dir(*m.unified, path);
+      if (!dir) continue;
+      std::istringstream ev(slurp(*dir / "cgroup.events"));
+      for (std::string key, value; ev >> key >> value;)
+        if (key == "frozen" && value == "1") return path;
+    } else if (("," + controllers + ",").find(",freezer,") != std::string::npos && m.freezer_v1) {
+      const auto dir = cgroup_dir(*m.freezer_v1, path);
+      if (!dir) continue;
+      const std::string state = trim(slurp(*dir / "freezer.state"));
+      if (state == "FROZEN" || state == "FREEZING") return path;
+    }
   }
   return {};
 }

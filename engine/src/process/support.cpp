@@ -84,8 +84,9 @@ std::vector<UniqueFd> lock_processes(const std::vector<pid_t>& tree) {
       if (err == EWOULDBLOCK)
         throw Error(Errc::kProcess,
                     "process " + std::to_string(q) +
-                        " is being dumped or migrated by another gpuckpt; nothing was frozen "
-                        "(wait for that one to finish)");
+                        " is being dumped or migrated by another gpuckpt (its /proc/" +
+                        std::to_string(q) +
+                        " is locked); nothing was frozen (wait for that one to finish)");
       throw_syserr(Errc::kProcess, err, "lock ", dir);
     }
     locks.push_back(std::move(fd));
@@ -96,6 +97,7 @@ std::vector<UniqueFd> lock_processes(const std::vector<pid_t>& tree) {
 TempDir make_staging(const fs::path& root, const std::string& prefix) {
   // Absolute: criu takes the paths under it (its log, its pidfile) relative to its images
   // directory, not to gpuckpt's working directory.
+  if (root.empty()) throw Error(Errc::kUsage, "an empty staging or spool directory was given");
   const fs::path dir = fs::absolute(root);
   require_utf8_path(dir, "staging or spool directory");
   remove_abandoned(

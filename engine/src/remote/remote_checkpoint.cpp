@@ -121,7 +121,14 @@ UniqueFd create_private(const fs::path& p) {
 }  // namespace
 
 void check_remote_output(const S3Client& s3, const S3Url& url, bool replace) {
-  if (!s3.bucket_exists(url.bucket))
+  bool missing = false;
+  try {
+    missing = !s3.bucket_exists(url.bucket);
+  } catch (const Error&) {
+    // Not a 404: credentials limited to a prefix (HeadBucket needs s3:ListBucket), another
+    // region. The requests on the checkpoint's own keys below, and the upload, say what is wrong.
+  }
+  if (missing)
     throw Error(Errc::kInvalidInput, url.str() + ": the bucket " + url.bucket +
                                          " does not exist (create it first; nothing was frozen)");
   if (!replace && s3.head(url.bucket, url.key(kManifestName)))
