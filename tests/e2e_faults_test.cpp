@@ -99,6 +99,18 @@ class E2eFaults : public ::testing::Test {
         resume_on_interrupt ? test::Resume::kOnInterrupt : test::Resume::kNever);
   }
 
+  // SIGKILLs the guard of gpuckpt `g` (held at a fault point) and waits until it is dead.
+  static bool kill_guard_of(const Child& g) {
+    const auto guards = process::live_pids_where(
+        [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
+    if (guards.size() != 1) return false;
+    ::kill(guards.front(), SIGKILL);
+    return test::wait_until([&] {
+      const auto p = process::read_proc(guards.front());
+      return !p || p->state == 'Z';
+    });
+  }
+
   static inline TempDir* weights_dir_ = nullptr;
   static inline fs::path weights_;
   TempDir dir_;
@@ -236,14 +248,7 @@ TEST_F(E2eFaults, AGuardThatDiesLeavesGpuckptToResumeTheServiceItself) {
   Child g = test::paused_cli({"--json", "dump", "--pid", pid, "-o", (out_ / "k.ckpt").string(),
                               "--staging", staging_.string()},
                              "criu_dump", dir_.path(), test::Resume::kWhenUnmarked);
-  const auto guards = process::live_pids_where(
-      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
-  ASSERT_EQ(guards.size(), 1u);
-  ::kill(guards.front(), SIGKILL);
-  ASSERT_TRUE(test::wait_until([&] {
-    const auto p = process::read_proc(guards.front());
-    return !p || p->state == 'Z';
-  }));
+  ASSERT_TRUE(kill_guard_of(g));
   test::resume_paused(dir_.path(), "criu_dump");
   const ExitStatus st = g.wait();
   ASSERT_TRUE(st.exited) << "gpuckpt died of signal " << st.code << " (" << strsignal(st.code)
@@ -277,14 +282,7 @@ TEST_F(E2eFaults, AGuardThatDiesAfterTheCheckpointIsWholeDoesNotFailTheDump) {
   Child g = test::paused_cli({"--json", "dump", "--pid", pid, "-o", (out_ / "p.ckpt").string(),
                               "--staging", staging_.string()},
                              "published", dir_.path(), test::Resume::kWhenUnmarked);
-  const auto guards = process::live_pids_where(
-      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
-  ASSERT_EQ(guards.size(), 1u);
-  ::kill(guards.front(), SIGKILL);
-  ASSERT_TRUE(test::wait_until([&] {
-    const auto p = process::read_proc(guards.front());
-    return !p || p->state == 'Z';
-  }));
+  ASSERT_TRUE(kill_guard_of(g));
   test::resume_paused(dir_.path(), "published");
   const ExitStatus st = g.wait();
   EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "cli.err");
