@@ -240,6 +240,27 @@ TEST_F(E2eFaults, AStopAfterAMigrationHandedOverLeavesTheCopyServing) {
   }
 }
 
+// The copy answers, the guard is dead: the migration commits all the same and says it
+// succeeded (before, it said it failed, with the copy serving and the original ended).
+TEST_F(E2eFaults, AMigrationWhoseGuardDiesOnceTheCopyAnswersCompletes) {
+  Child s = server("ma");
+  const std::string state = ask_unix_line(sock("ma"), "STATE");
+  Child g = test::paused_cli(
+      {"--json", "migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "t").string(),
+       "--staging", staging_.string(), "--probe", "unix:" + sock("ma").string()},
+      "first_answer", dir_.path(), test::Resume::kWhenUnmarked);
+  ASSERT_TRUE(kill_guard_of(g));
+  test::resume_paused(dir_.path(), "first_answer");
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "cli.err");
+  EXPECT_TRUE(s.wait_for(30s).has_value()) << "the original still runs";
+  const std::vector<pid_t> copy = serving(sock("ma").string());
+  ASSERT_EQ(copy.size(), 1u);
+  EXPECT_EQ(ask_unix_line(sock("ma"), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(sock("ma"), "QUIT"), "BYE");
+  process::wait_ended(copy[0], 10s);
+}
+
 TEST_F(E2eFaults, AGuardThatDiesLeavesGpuckptToResumeTheServiceItself) {
   Child s = server("k");
   ask_unix_line(sock("k"), "GEN k");
@@ -551,6 +572,37 @@ TEST_F(E2eFaults, AnInterruptedRestoreLeavesItsCopyServingAndSaysSo) {
     ::kill(copy[0], SIGKILL);
     process::wait_ended(copy[0], 10s);
   }
+}
+
+// A plain restore's copy is the service once criu has restored it: a guard that dies then
+// stops the restore, and the operator learns that the copy runs, and as which pid (before, the
+// error promised an undo that did not happen, and named no copy).
+TEST_F(E2eFaults, ARestoreWhoseGuardDiesSaysItsCopyIsLeftRunning) {
+  Child s = server("gd");
+  const fs::path ckpt = out_ / "gd.ckpt";
+  auto d = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  ASSERT_TRUE(s.wait_for(10s).has_value());
+  Child g = test::paused_cli({"--json", "restore", ckpt.string(), "--staging", staging_.string(),
+                              "--probe", "unix:" + sock("gd").string()},
+                             "criu_restored", dir_.path(), test::Resume::kWhenUnmarked);
+  ASSERT_TRUE(kill_guard_of(g));
+  test::resume_paused(dir_.path(), "criu_restored");
+  const ExitStatus st = g.wait();
+  ASSERT_TRUE(st.exited) << st.describe();
+  EXPECT_NE(st.code, 0);
+  const std::vector<pid_t> copy = serving(sock("gd").string());
+  ASSERT_EQ(copy.size(), 1u) << "the restored copy did not stay";
+  const json j = json::parse(read_file(dir_.path() / "cli.out"), nullptr, false);
+  ASSERT_TRUE(j.is_object());
+  const std::string msg = j["error"].value("message", "");
+  EXPECT_NE(msg.find("had died, so gpuckpt undid the operation itself"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("the restored process " + std::to_string(copy[0]) + " is left running"),
+            std::string::npos)
+      << msg;
+  EXPECT_TRUE(entries(staging_).empty());
+  ::kill(copy[0], SIGKILL);
+  process::wait_ended(copy[0], 10s);
 }
 
 TEST_F(E2eFaults, ARestoreInANewPidNamespaceCutShortLeavesNoNamespaceBehind) {

@@ -200,8 +200,7 @@ void Guard::send_locked(const json& msg) {
   apply(*mirror_, msg, /*hold_dirs=*/false);
   if (!write_locked(msg))
     throw Error(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) +
-                                     ") has died: the operation stops here, and gpuckpt undoes "
-                                     "it itself");
+                                     ") has died: the operation stops here");
 }
 
 bool Guard::write_locked(const json& msg) {

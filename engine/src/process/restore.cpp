@@ -532,7 +532,14 @@ RestoreResult restore(const RestoreOptions& opts) {
       const std::string undone = guard.abort();
       throw e.with_context("", "\n" + undone);
     }
-    guard.disarm();
+    // Any other copy is the service already and stays: the guard's recovery leaves it running
+    // and says so, and removes the staging, whatever failed (its own death included, when
+    // gpuckpt recovers from its plan).
+    if (guard.armed()) {
+      const std::string undone = guard.abort();
+      if (!undone.empty() && undone != "nothing to undo") throw e.with_context("", "\n" + undone);
+      throw;
+    }
     if (r.pid > 0 && process::alive(r.pid) && e.code() == Errc::kTimeout)
       throw e.with_context("",
                            "\nthe restored process " + std::to_string(r.pid) + " is left running");
