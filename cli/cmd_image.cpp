@@ -262,7 +262,7 @@ void add_inspect(CLI::App& app, Context& ctx) {
                                                  : "none for the manifest (format 1.0)");
     std::printf("signature    %s\n", signature_text(sig, trusted).c_str());
     if (!info.extra.is_null()) {
-      std::string extra = info.extra.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::string extra = json_text(info.extra);
       if (extra.size() > 160) extra = extra.substr(0, 157) + "...";
       std::printf("extra        %s\n", extra.c_str());
     }

@@ -232,24 +232,21 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
     if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
     return j;
   };
-  std::optional<HangupWatch> hangup;
-  if (o.await_commit) hangup.emplace();
+  std::optional<HangupWatch> hangup;  // lives through restore(), which calls confirm
   if (o.await_commit) {
+    hangup.emplace();
     // The target side of a migration (docs/PROCESS.md): first a line saying it is receiving,
     // with this host's GPUs (the controller checks them before it freezes anything); then the
     // result as one line, and the copy stays only if "commit" comes back on stdin.
     r.on_receiving = [] {
-      std::printf("%s\n",
-                  nlohmann::json{{"receiving", true}, {"devices", devices_json(list_devices())}}
-                      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                      .c_str());
+      std::printf("%s\n", json_text(nlohmann::json{{"receiving", true},
+                                                   {"devices", devices_json(list_devices())}})
+                              .c_str());
       std::fflush(stdout);
     };
     r.confirm = [&](const RestoreResult& res) {
       hangup->stop();
-      std::printf(
-          "%s\n",
-          result_json(res).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      std::printf("%s\n", json_text(result_json(res)).c_str());
       std::fflush(stdout);
       std::string line;
       char c;

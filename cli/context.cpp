@@ -53,8 +53,11 @@ void Context::progress_done() const {
 }
 
 void Context::emit(const nlohmann::json& j) const {
-  // Replaced, not thrown: a path or a process name need not be UTF-8, and the JSON must come out.
-  std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << std::endl;
+  std::cout << json_text(j, 2) << std::endl;
+}
+
+std::string json_text(const nlohmann::json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 nlohmann::json to_json(const Timeline& t) {

@@ -28,6 +28,10 @@ struct Context {
   void emit(const nlohmann::json& j) const;
 };
 
+// `j` as text (`indent` as nlohmann's dump). Bytes that are not UTF-8 (a path, a process's
+// name) come out as U+FFFD instead of throwing: the JSON must come out.
+std::string json_text(const nlohmann::json& j, int indent = -1);
+
 // JSON for engine results, shared by the commands.
 nlohmann::json to_json(const Timeline& t);
 std::string human_bytes(std::uint64_t b);

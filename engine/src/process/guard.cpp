@@ -188,19 +188,22 @@ void Guard::send(const json& msg, bool must_reach) {
   } else if (!finished_) {
     // A commit (the checkpoint durable, the copy handed over): done whether or not the guard
     // hears of it, so a dead guard does not fail it. The mirror has it for a later abort.
-    apply(*mirror_, msg, /*hold_dirs=*/false);
-    write_locked(msg);
+    tell_locked(msg);
   }
 }
 
 void Guard::send_locked(const json& msg) {
   if (finished_) return;
+  if (!tell_locked(msg))
+    throw Error(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) +
+                                     ") has died: the operation stops here");
+}
+
+bool Guard::tell_locked(const json& msg) {
   // Into the mirror first: a guard found gone now leaves gpuckpt to undo this step as well.
   // Without holds: gpuckpt's own temporary directories keep its spool from sweeps.
   apply(*mirror_, msg, /*hold_dirs=*/false);
-  if (!write_locked(msg))
-    throw Error(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) +
-                                     ") has died: the operation stops here");
+  return write_locked(msg);
 }
 
 bool Guard::write_locked(const json& msg) {
@@ -231,10 +234,7 @@ void Guard::criu_finished() {
   // A guard found dead here is not an error of this step either: the next step, or the abort,
   // meets it.
   std::lock_guard lk(mu_);
-  if (aborted_ || finished_) return;
-  const json m = {{"op", "criu"}, {"pid", 0}};
-  apply(*mirror_, m, /*hold_dirs=*/false);
-  write_locked(m);
+  if (!aborted_ && !finished_) tell_locked({{"op", "criu"}, {"pid", 0}});
 }
 void Guard::durable(bool end_targets) {
   send({{"op", "durable"}, {"end", end_targets}}, /*must_reach=*/false);
@@ -423,7 +423,7 @@ std::string finish(const Plan& p, const std::vector<std::string>& log) {
   }
   std::string out;
   for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
-  return out.empty() ? "nothing to undo" : out;
+  return out.empty() ? kNothingToUndo : out;
 }
 
 std::string recover(const Plan& p) {
@@ -581,12 +581,14 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
     p.renames.emplace_back(m.at("from").get<std::string>(), m.at("to").get<std::string>());
   } else if (op == "restore_from") {
     p.restore_from = m.at("checkpoint").get<std::string>();
-    if (hold_dirs) try {
+    if (hold_dirs) {
+      try {
         const fs::path dir = p.restore_from.parent_path();
         p.restore_hold = hold_dir(dir.empty() ? fs::path(".") : dir);
       } catch (const Error&) {
         // Not ours to hold (gone, or not a directory we may open): nobody sweeps it either.
       }
+    }
     p.restore_staging = m.at("staging").get<std::string>();
     p.restore_criu = m.at("criu").get<std::string>();
   } else if (op == "hand_over") {

@@ -34,6 +34,9 @@
 
 namespace gpuckpt::process {
 
+// A recovery's summary when it had nothing to undo.
+inline constexpr const char* kNothingToUndo = "nothing to undo";
+
 // File name of the guard binary (beside gpuckpt, or in the lib/gpuckpt directory).
 inline constexpr const char* kGuardBinary = "gpuckpt-guard";
 
@@ -109,7 +112,8 @@ class Guard {
   void send(const nlohmann::json& msg, bool must_reach = true);
   // abort()'s recovery: the guard's, or gpuckpt's own from the mirror if the guard is dead.
   std::string recover_somewhere(bool by_guard, std::chrono::milliseconds timeout);
-  // False once the guard is found gone (its pipe broken).
+  // The mirror, then the guard; false once the guard is found gone (its pipe broken).
+  bool tell_locked(const nlohmann::json& msg);
   bool write_locked(const nlohmann::json& msg);
   mutable std::mutex mu_;
   Child child_;

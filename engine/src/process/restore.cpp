@@ -527,22 +527,15 @@ RestoreResult restore(const RestoreOptions& opts) {
     }
     guard.disarm();
   } catch (const Error& e) {
-    // A provisional copy that failed is killed: nothing half-restored stays.
-    if (provisional && guard.armed()) {
-      const std::string undone = guard.abort();
-      throw e.with_context("", "\n" + undone);
-    }
-    // Any other copy is the service already and stays: the guard's recovery leaves it running
-    // and says so, and removes the staging, whatever failed (its own death included, when
-    // gpuckpt recovers from its plan).
+    // The guard's recovery says what became of the copy: a provisional one that failed is
+    // killed, so nothing half-restored stays; any other is the service already and stays, left
+    // running and named, whatever failed (the guard's own death included, when gpuckpt
+    // recovers from its plan). Staging goes either way.
     if (guard.armed()) {
       const std::string undone = guard.abort();
-      if (!undone.empty() && undone != "nothing to undo") throw e.with_context("", "\n" + undone);
-      throw;
+      if (provisional || (!undone.empty() && undone != process::kNothingToUndo))
+        throw e.with_context("", "\n" + undone);
     }
-    if (r.pid > 0 && process::alive(r.pid) && e.code() == Errc::kTimeout)
-      throw e.with_context("",
-                           "\nthe restored process " + std::to_string(r.pid) + " is left running");
     throw;
   }
   return r;

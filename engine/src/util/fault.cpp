@@ -26,7 +26,8 @@ void guard_recovery_begun() {
 void fault_point(std::string_view name) {
   const char* want = std::getenv("GPUCKPT_FAULT_PAUSE");
   if (!want || name != want) return;
-  if (const char* mark = std::getenv("GPUCKPT_FAULT_MARK"); mark && *mark) {
+  const char* mark = std::getenv("GPUCKPT_FAULT_MARK");
+  if (mark && *mark) {
     const int fd = ::open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (fd >= 0) ::close(fd);
   }
@@ -35,8 +36,7 @@ void fault_point(std::string_view name) {
     g_guard_recovery_begun.wait(false);
     return;
   }
-  if (const char* mark = std::getenv("GPUCKPT_FAULT_MARK");
-      resume && std::strcmp(resume, "unmark") == 0 && mark && *mark) {
+  if (resume && std::strcmp(resume, "unmark") == 0 && mark && *mark) {
     // Woken by the removal itself, so that a test looks at a phase for as long as it likes
     // without a sleep on either side. The watch is added before the check: a removal between
     // the two is seen by the check.
