@@ -3,10 +3,12 @@
 // checkpoint is durable; and nothing may be left behind (staging, temporary outputs, rollback
 // links, a second copy). gpuckpt is stopped at each phase deterministically by its fault points
 // (util/fault.h): $GPUCKPT_FAULT_PAUSE names the point, $GPUCKPT_FAULT_MARK is created there.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -20,6 +22,7 @@
 #include "probe/probe.h"
 #include "process/proc_info.h"
 #include "test_support.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -707,6 +710,62 @@ TEST_F(E2eFaults, RolledBackMigrationLeavesTheSocketPathBoundToTheOriginal) {
   for (pid_t p : serving(sock("rb").string())) {
     ::kill(p, SIGKILL);
     process::wait_ended(p, 10s);
+  }
+}
+
+// The target side of a migration between hosts, where an instance already serves the
+// checkpoint's socket path: the copy takes the path, and the instance gets it back unless the
+// copy is committed (before, the rollback left the path bound to the dead copy's socket).
+TEST_F(E2eFaults, AnUncommittedCopyGivesTheSocketPathBackToTheInstanceServingIt) {
+  for (const bool commit : {false, true}) {
+    SCOPED_TRACE(commit ? "committed" : "not committed");
+    const std::string name = commit ? "kc" : "kn";
+    Child s = server(name);
+    ask_unix_line(sock(name), "GEN k");
+    const std::string at_snapshot = ask_unix_line(sock(name), "STATE");
+    const fs::path ckpt = out_ / (name + ".ckpt");
+    auto d = test::run_cli(
+        {"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(), "--leave-running"});
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    ask_unix_line(sock(name), "GEN later");
+    const std::string later = ask_unix_line(sock(name), "STATE");
+    ASSERT_NE(later, at_snapshot);
+
+    int p[2];
+    ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+    UniqueFd in(p[0]);
+    {
+      const UniqueFd out(p[1]);
+      const std::string line = commit ? "commit\n" : "abort\n";
+      ASSERT_EQ(::write(out.get(), line.data(), line.size()), static_cast<ssize_t>(line.size()));
+    }
+    SpawnOptions o;
+    o.stdin_fd = in.get();
+    const RunResult r =
+        run_capture({test::gpuckpt_binary().string(), "restore", ckpt.string(), "--staging",
+                     staging_.string(), "--await-commit", "--new-pidns", "--take-endpoints",
+                     "--probe", "unix:" + sock(name).string(), "--request", "STATE"},
+                    120s, o);
+    // The copy answered on the path with the snapshot's state, and said so.
+    ASSERT_NE(r.output.find('{'), std::string::npos) << "no result";
+    const json res = json::parse(r.output.substr(r.output.find('{')));
+    EXPECT_EQ(res["first_answer"], at_snapshot) << r.output;
+    EXPECT_TRUE(test::wait_until([&] { return entries(dir_.path(), "." + name).empty(); }))
+        << "an entry moved aside was left behind: " << entries(dir_.path(), "." + name).front();
+    if (commit) {
+      EXPECT_TRUE(r.status.ok()) << r.output;
+      EXPECT_EQ(ask_unix_line(sock(name), "STATE"), at_snapshot);
+      EXPECT_EQ(ask_unix_line(sock(name), "QUIT"), "BYE");
+      process::wait_ended(res["pid"].get<pid_t>(), 10s);
+    } else {
+      EXPECT_FALSE(r.status.ok()) << r.output;
+      EXPECT_TRUE(test::wait_until([&] {
+        return serving(sock(name).string()) == std::vector<pid_t>{s.pid()};
+      })) << "the uncommitted copy outlived its restore";
+      EXPECT_EQ(ask_unix_line(sock(name), "STATE"), later) << "the path was not given back";
+    }
+    s.kill(SIGKILL);
+    s.wait();
   }
 }
 

@@ -1,6 +1,7 @@
 // The pieces under dump/restore/migrate, on real processes: /proc parsing, the pid-namespace
 // launcher used for restores beside a live original, the manifest's process record, and how
 // CRIU's and the plugin's measurements become timeline stages.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -8,9 +9,11 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <tuple>
 
@@ -25,6 +28,7 @@
 #include "process/support.h"
 #include "test_support.h"
 #include "util/subprocess.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -373,6 +377,85 @@ TEST(Guard, KeepsTheSpoolItMayRestoreFromAfterItsGpuckptIsGone) {
   EXPECT_TRUE(test::wait_until(
       [&] { return !remove_abandoned(parent.path(), {"gpuckpt-dump-spool-"}).empty(); }));
   EXPECT_FALSE(fs::exists(path));
+}
+
+// The guard acts on a protected pid only while it names the process it was told of (same start
+// tick): a migration's original ends once handed over, and a recovery then (gpuckpt killed
+// before it disarmed) must not kill whatever took that pid since. A wrong tick stands in for the
+// reuse, which a test cannot bring about on purpose.
+TEST(Guard, ARecoveryLeavesAloneAProcessThatTookAProtectedPid) {
+  for (const bool same_process : {false, true}) {
+    SCOPED_TRACE(same_process ? "the protected process" : "another process with its pid");
+    Child victim = spawn({"sleep", "600"});
+    const auto ticks = process::start_ticks(victim.pid());
+    ASSERT_TRUE(ticks.has_value());
+    int down[2], up[2];
+    ASSERT_EQ(::pipe2(down, O_CLOEXEC), 0);
+    ASSERT_EQ(::pipe2(up, O_CLOEXEC), 0);
+    UniqueFd down_r(down[0]), down_w(down[1]), up_r(up[0]), up_w(up[1]);
+    SpawnOptions so;
+    so.stdin_fd = down_r.get();
+    so.stdout_fd = up_w.get();
+    Child guard =
+        spawn({(test::bin_dir() / process::kGuardBinary).string(), "--operation", "migrate"}, so);
+    down_r.reset();
+    up_w.reset();
+    const std::uint64_t told = same_process ? *ticks : *ticks + 1;
+    const std::string plan = nlohmann::json{{"op", "protect"},
+                                            {"root", victim.pid()},
+                                            {"pids", {victim.pid()}},
+                                            {"started", {{victim.pid(), told}}}}
+                                 .dump() +
+                             "\n" + nlohmann::json{{"op", "hand_over"}, {"end", true}}.dump() +
+                             "\n" + nlohmann::json{{"op", "abort"}}.dump() + "\n";
+    ASSERT_EQ(::write(down_w.get(), plan.data(), plan.size()), static_cast<ssize_t>(plan.size()));
+    std::string out;
+    char buf[4096];
+    for (ssize_t n; (n = ::read(up_r.get(), buf, sizeof buf)) > 0;) out.append(buf, n);
+    EXPECT_TRUE(guard.wait().ok()) << out;
+    EXPECT_NE(out.find("ready"), std::string::npos) << out;
+    if (same_process) {
+      EXPECT_NE(out.find("ended as planned"), std::string::npos) << out;
+      const ExitStatus st = victim.wait();
+      EXPECT_FALSE(st.exited);
+      EXPECT_EQ(st.code, SIGKILL);
+    } else {
+      EXPECT_NE(out.find(process::kNothingToUndo), std::string::npos) << out;
+      EXPECT_TRUE(process::alive(victim.pid())) << "a process that took a protected pid was killed";
+      victim.kill(SIGKILL);
+      victim.wait();
+    }
+  }
+}
+
+// A socket path a restore takes over is moved aside (the same entry) and put back by a
+// rollback; an entry of that name that a dead run left is not what comes back; and after an
+// interrupt's abort nothing more is moved, for the rollback that already ran would not put it
+// back.
+TEST(Guard, PutsBackTheVeryEntryItMovedAsideAndMovesNothingAfterAnAbort) {
+  auto dir = test::scratch_dir();
+  const fs::path path = dir.path() / "s.sock", aside = dir.path() / ".s.sock.aside";
+  UniqueFd sk(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strcpy(sa.sun_path, path.c_str());
+  ASSERT_EQ(::bind(sk.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  struct stat before {};
+  ASSERT_EQ(::lstat(path.c_str(), &before), 0);
+  test::write_test_file(aside, 16, 1);  // stale, from a run that died with its guard
+
+  process::Guard g("restore");
+  EXPECT_TRUE(g.move_aside(path, aside));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(path)));
+  g.abort();
+  struct stat after {};
+  ASSERT_EQ(::lstat(path.c_str(), &after), 0) << "the path was not put back";
+  EXPECT_TRUE(S_ISSOCK(after.st_mode));
+  EXPECT_EQ(after.st_ino, before.st_ino) << "another entry came back, not the socket's";
+  EXPECT_FALSE(fs::exists(fs::symlink_status(aside)));
+
+  EXPECT_THROW(g.move_aside(path, aside), Error);
+  EXPECT_TRUE(fs::exists(fs::symlink_status(path))) << "moved after the rollback had run";
 }
 
 TEST(EndTree, EndsEveryProcessRunningOrStoppedAndCountsOneThatHadEndedAsEnded) {

@@ -41,7 +41,10 @@ struct GuardPlan {
   std::vector<pid_t> roots;
   std::set<pid_t> pids;
   std::set<pid_t> cuda;
+  // Start ticks of the protected processes when they were named (0: it had ended already).
+  std::map<pid_t, std::uint64_t> started;
   pid_t criu = 0;
+  std::uint64_t criu_started = 0;
   bool durable = false, end_targets = false;
   struct Copy {
     pid_t pid = 0, pidns_init = 0;
@@ -176,13 +179,17 @@ Guard::~Guard() {
   }
 }
 
-void Guard::send(const json& msg, bool must_reach) {
-  std::lock_guard lk(mu_);
+void Guard::refuse_after_abort_locked() const {
   // After an abort (an interrupt) the guard has recovered and is gone: what the operation
-  // would do next (protect, start criu) must not happen unguarded.
+  // would do next (protect, start criu, move a path) must not happen unguarded.
   if (aborted_)
     throw Error(Errc::kProcess,
                 "the operation was interrupted: its guard has recovered, so nothing more starts");
+}
+
+void Guard::send(const json& msg, bool must_reach) {
+  std::lock_guard lk(mu_);
+  refuse_after_abort_locked();
   if (must_reach) {
     send_locked(msg);
   } else if (!finished_) {
@@ -220,13 +227,18 @@ bool Guard::write_locked(const json& msg) {
 }
 
 void Guard::protect(pid_t root, const std::vector<pid_t>& pids) {
-  send({{"op", "protect"}, {"root", root}, {"pids", pids}});
+  // With their start times, as the copies: a recovery after the trees ended (a migration's
+  // original, ended once handed over) must not signal processes that took their pids since.
+  json started = json::array();
+  for (pid_t q : pids) started.push_back({q, start_ticks(q).value_or(0)});
+  started.push_back({root, start_ticks(root).value_or(0)});
+  send({{"op", "protect"}, {"root", root}, {"pids", pids}, {"started", started}});
 }
 void Guard::cuda(const std::vector<pid_t>& pids) {
   send({{"op", "cuda"}, {"pids", pids}});
 }
 void Guard::criu_started(pid_t pid) {
-  send({{"op", "criu"}, {"pid", pid}});
+  send({{"op", "criu"}, {"pid", pid}, {"started", start_ticks(pid).value_or(0)}});
 }
 void Guard::criu_finished() {
   // Nothing starts here: after an abort there is nothing to tell, and an error path that calls
@@ -234,7 +246,7 @@ void Guard::criu_finished() {
   // A guard found dead here is not an error of this step either: the next step, or the abort,
   // meets it.
   std::lock_guard lk(mu_);
-  if (!aborted_ && !finished_) tell_locked({{"op", "criu"}, {"pid", 0}});
+  if (!aborted_ && !finished_) tell_locked({{"op", "criu"}, {"pid", 0}, {"started", 0}});
 }
 void Guard::durable(bool end_targets) {
   send({{"op", "durable"}, {"end", end_targets}}, /*must_reach=*/false);
@@ -257,10 +269,25 @@ void Guard::copy_named_in(const fs::path& pidfile, Copy what) {
         {"kill", what == Copy::kKill}});
 }
 void Guard::keep_copy() {
-  send({{"op", "keep_copy"}});
+  commit({{"op", "keep_copy"}});
 }
 void Guard::hand_over(bool end_original) {
-  send({{"op", "hand_over"}, {"end", end_original}}, /*must_reach=*/false);
+  commit({{"op", "hand_over"}, {"end", end_original}});
+}
+void Guard::commit(const json& msg) {
+  std::vector<fs::path> aside;
+  {
+    std::lock_guard lk(mu_);
+    for (const auto& [from, to] : mirror_->renames) aside.push_back(from);
+  }
+  // Done whether or not the guard hears of it: the copy serves, and whoever asked for the
+  // commit (a migration's controller) goes on as if it had.
+  send(msg, /*must_reach=*/false);
+  // What was moved aside for a rollback (a socket's entry, still bound to the replaced
+  // process) would only mislead now; a rollback from here removes it as well.
+  for (const auto& a : aside)
+    if (::unlink(a.c_str()) != 0 && errno != ENOENT)
+      spdlog::warn("cannot remove {}: {}", a.string(), std::strerror(errno));
 }
 void Guard::remove_on_recovery(const fs::path& path) {
   send({{"op", "remove"}, {"path", path.string()}});
@@ -270,8 +297,27 @@ void Guard::keep(const fs::path& path) {
   send({{"op", "keep"}, {"path", path.string()}});
   take_back_temp_dir(path);
 }
-void Guard::rename_on_recovery(const fs::path& from, const fs::path& to) {
-  send({{"op", "rename"}, {"from", from.string()}, {"to", to.string()}});
+bool Guard::move_aside(const fs::path& path, const fs::path& aside) {
+  // Under the lock from the guard's plan to the rename: an abort from the interrupt thread comes
+  // before both (and this throws) or after both (and puts the entry back), never between, when
+  // it would find nothing to put back and the rename would then take the path away for good.
+  std::lock_guard lk(mu_);
+  refuse_after_abort_locked();
+  // One left by a run that died with its guard (whose pid is ours now): a rollback must put
+  // back this path's entry, not that one.
+  if (::unlink(aside.c_str()) != 0 && errno != ENOENT) {
+    const int err = errno;
+    spdlog::warn("cannot move {} aside for a rollback ({} is in the way: {})", path.string(),
+                 aside.string(), std::strerror(err));
+    return false;
+  }
+  send_locked({{"op", "rename"}, {"from", aside.string()}, {"to", path.string()}});
+  if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) != 0) {
+    const int err = errno;
+    spdlog::warn("cannot move {} aside for a rollback: {}", path.string(), std::strerror(err));
+    return false;
+  }
+  return true;
 }
 void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& staging_root,
                                 const fs::path& criu_binary) {
@@ -428,20 +474,21 @@ std::string finish(const Plan& p, const std::vector<std::string>& log) {
 
 std::string recover(const Plan& p) {
   std::vector<std::string> log;
+  // A pid counts only while it is the process gpuckpt named (same start tick): one reused
+  // since is someone else's.
+  auto is = [](pid_t q, std::uint64_t started) {
+    const auto t = q > 0 && started > 0 ? start_ticks(q) : std::nullopt;
+    return t && *t == started;
+  };
   // 1. criu first: its tasks are in a clean state only once it has finished.
-  if (p.criu > 0 && alive(p.criu)) {
+  if (is(p.criu, p.criu_started) && alive(p.criu)) {
     if (!wait_ended(p.criu, std::chrono::seconds(60))) {
       ::kill(p.criu, SIGKILL);
       wait_ended(p.criu, std::chrono::seconds(10));
       say(log, "criu (pid " + std::to_string(p.criu) + ") was killed");
     }
   }
-  // 2. the copies, which may own the service's endpoints. A pid counts only while it is the
-  // process gpuckpt named (same start tick): one reused since is someone else's.
-  auto is = [](pid_t q, std::uint64_t started) {
-    const auto t = q > 0 && started > 0 ? start_ticks(q) : std::nullopt;
-    return t && *t == started;
-  };
+  // 2. the copies, which may own the service's endpoints.
   auto copies = p.copies;
   for (const auto& n : p.copy_pidfiles) {
     // criu has finished: its pidfile names the copy if it restored one, and that copy started
@@ -494,10 +541,15 @@ std::string recover(const Plan& p) {
     if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT)
       say(log, "cannot put " + to.string() + " back: " + std::strerror(errno));
   }
-  // 4. the targets: restored from the checkpoint if they already ended for a migration...
+  // 4. the targets, each only while it is the process that was protected.
+  auto protected_one = [&](pid_t q) {
+    const auto it = p.started.find(q);
+    return it != p.started.end() && is(q, it->second) && alive(q);
+  };
+  // Restored from the checkpoint if they already ended for a migration...
   if (!p.restore_from.empty()) {
     bool any_alive = false;
-    for (pid_t r : p.roots) any_alive |= alive(r);
+    for (pid_t r : p.roots) any_alive |= protected_one(r);
     if (!any_alive) {
       RestoreOptions ro;
       ro.checkpoint = p.restore_from;
@@ -518,12 +570,14 @@ std::string recover(const Plan& p) {
     }
   }
   // ...else resumed where they are frozen (or ended, once durable, if they were to end).
-  std::set<pid_t> all = p.pids;
+  std::set<pid_t> live_set;
+  for (pid_t q : p.pids)
+    if (protected_one(q)) live_set.insert(q);
   for (pid_t r : p.roots)
-    for (pid_t q : process_tree(r)) all.insert(q);
-  std::vector<pid_t> live;
-  for (pid_t q : all)
-    if (alive(q)) live.push_back(q);
+    if (protected_one(r))
+      for (pid_t q : process_tree(r))
+        if (alive(q)) live_set.insert(q);
+  const std::vector<pid_t> live(live_set.begin(), live_set.end());
   if (p.durable && p.end_targets) {
     for (pid_t q : live) ::kill(q, SIGKILL);
     for (pid_t q : live) wait_ended(q, std::chrono::seconds(10));
@@ -551,15 +605,25 @@ std::string recover(const Plan& p) {
   return finish(p, log);
 }
 
+// At a commit: the entries moved aside (the replaced process's socket paths) are not put back,
+// only removed.
+void forget_renames(Plan& p) {
+  for (const auto& [from, to] : p.renames) p.remove.push_back(from);
+  p.renames.clear();
+}
+
 void apply(Plan& p, const json& m, bool hold_dirs) {
   const std::string op = m.at("op");
   if (op == "protect") {
     p.roots.push_back(m.at("root").get<pid_t>());
     for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.pids.insert(q);
+    for (const auto& e : m.at("started"))
+      p.started[e.at(0).get<pid_t>()] = e.at(1).get<std::uint64_t>();
   } else if (op == "cuda") {
     for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.cuda.insert(q);
   } else if (op == "criu") {
     p.criu = m.at("pid").get<pid_t>();
+    p.criu_started = m.at("started").get<std::uint64_t>();
   } else if (op == "durable") {
     p.durable = true;
     p.end_targets = m.at("end").get<bool>();
@@ -573,6 +637,7 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
   } else if (op == "keep_copy") {
     p.copies.clear();
     p.copy_pidfiles.clear();
+    forget_renames(p);
   } else if (op == "remove") {
     p.remove.emplace_back(m.at("path").get<std::string>());
   } else if (op == "keep") {
@@ -594,9 +659,7 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
   } else if (op == "hand_over") {
     p.copies.clear();
     p.copy_pidfiles.clear();
-    // The original's entries moved aside are of no use to anyone now.
-    for (const auto& [from, to] : p.renames) p.remove.push_back(from);
-    p.renames.clear();
+    forget_renames(p);
     p.restore_from.clear();
     p.restore_hold.reset();
     if (m.at("end").get<bool>()) {
@@ -606,6 +669,7 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
       p.roots.clear();
       p.pids.clear();
       p.cuda.clear();
+      p.started.clear();
     }
   }
 }

@@ -16,6 +16,7 @@
 //      meant to end; or, if the original already ended for a migration, restores it from the
 //      checkpoint in place;
 //   5. removes staging and temporary outputs.
+// A pid is acted on only while it names the process gpuckpt told of (same start tick).
 // One recovery path serves errors, signals and crashes alike.
 #pragma once
 
@@ -54,7 +55,8 @@ class Guard {
   Guard& operator=(const Guard&) = delete;
 
   // The tree rooted at `root` is to be resumed on recovery (its descendants are found again
-  // then); `pids` adds processes known to belong to it.
+  // then); `pids` adds processes known to belong to it. Each with its start tick now: recovery
+  // leaves alone a process that took one of these pids since.
   void protect(pid_t root, const std::vector<pid_t>& pids = {});
   // These processes had their CUDA state checkpointed: recovery restores and unlocks them.
   void cuda(const std::vector<pid_t>& pids);
@@ -75,6 +77,8 @@ class Guard {
   // to `pidfile`: recovery finds it there if criu got that far, though gpuckpt may die before
   // it reads the pid and calls copy_on_recovery.
   void copy_named_in(const std::filesystem::path& pidfile, Copy what);
+  // The copy is the service now (a restore's commit): it is left on recovery, and the paths
+  // renamed aside for a rollback are removed (as hand_over). Done even with the guard dead.
   void keep_copy();
   // A migration's commit, in one step so that no recovery between two steps undoes both sides:
   // the copy is the service now (as keep_copy; renamed paths are no longer put back, only
@@ -89,8 +93,10 @@ class Guard {
   void restore_on_recovery(const std::filesystem::path& checkpoint,
                            const std::filesystem::path& staging_root,
                            const std::filesystem::path& criu_binary);
-  // On recovery, rename(from, to) (a hard link kept for a rollback); hand_over() forgets.
-  void rename_on_recovery(const std::filesystem::path& from, const std::filesystem::path& to);
+  // Renames `path` to `aside` now, and back on recovery (a rollback puts back the very entry,
+  // the same dentry); a commit (keep_copy, hand_over) removes `aside` instead. False, with a
+  // warning, when it could not be moved (nothing to put back then).
+  bool move_aside(const std::filesystem::path& path, const std::filesystem::path& aside);
 
   // Recover now and wait for it; returns the guard's summary of what it did ("process 12 was
   // resumed; ..."). The guard has exited when this returns.
@@ -105,11 +111,15 @@ class Guard {
   pid_t pid() const { return child_.pid(); }
 
  private:
+  // Throws once aborted (under mu_).
+  void refuse_after_abort_locked() const;
   // Under mu_: an abort from the interrupt thread and a command from the operation are ordered,
   // so that nothing is frozen (or started) after the guard has recovered.
   void send_locked(const nlohmann::json& msg);
   // `must_reach`: a guard found dead stops the operation (Error); else the step goes on.
   void send(const nlohmann::json& msg, bool must_reach = true);
+  // keep_copy() and hand_over(): `msg`, then the entries renamed aside are removed.
+  void commit(const nlohmann::json& msg);
   // abort()'s recovery: the guard's, or gpuckpt's own from the mirror if the guard is dead.
   std::string recover_somewhere(bool by_guard, std::chrono::milliseconds timeout);
   // The mirror, then the guard; false once the guard is found gone (its pipe broken).

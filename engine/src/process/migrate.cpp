@@ -9,11 +9,8 @@
 // Every rollback is the guard's recovery (process/guard.h), so a signal or a crash of gpuckpt
 // rolls back exactly like an error.
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include <cctype>
-
-#include <cstring>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
@@ -45,44 +42,6 @@ const char* handoff_name(MigrateHandoff h) {
 }
 
 namespace {
-
-// CRIU's restore of the copy unlinks and re-binds the path of every listening unix socket. Had
-// it unlinked the frozen original's own entry, a rollback could only put a different link there,
-// and the original's socket would stay bound to a deleted name: every later dump would carry it
-// as deleted, and every restore would come back unreachable. So the original's entries are
-// renamed aside before the copy is restored (the same dentry, only moved), the guard's rollback
-// renames them back over the copy's, and a successful handoff removes them.
-class SocketPathsAside {
- public:
-  SocketPathsAside(const std::vector<std::string>& listeners, pid_t pid, process::Guard& guard) {
-    for (const auto& l : listeners) {
-      if (l.empty() || l[0] == '@') continue;
-      const fs::path path = l;
-      struct stat st {};
-      if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-      const fs::path aside = path.parent_path() / ("." + path.filename().string() +
-                                                   ".gpuckpt-rollback-" + std::to_string(pid));
-      // The guard first, so that a crash right after the rename still puts the path back.
-      guard.rename_on_recovery(aside, path);
-      if (::rename(path.c_str(), aside.c_str()) != 0) {
-        spdlog::warn("cannot move {} aside for a rollback: {}", path.string(),
-                     std::strerror(errno));
-        continue;
-      }
-      aside_.push_back(aside);
-    }
-  }
-  SocketPathsAside(const SocketPathsAside&) = delete;
-  SocketPathsAside& operator=(const SocketPathsAside&) = delete;
-  // The handoff is complete: the original's entries are of no use any more.
-  void drop() {
-    for (const auto& a : aside_) ::unlink(a.c_str());
-    aside_.clear();
-  }
-
- private:
-  std::vector<fs::path> aside_;
-};
 
 MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& info) {
   bool release_needed = false;
@@ -184,13 +143,9 @@ MigrateResult migrate(const MigrateOptions& o) {
   res.image_bytes = dumped.result.image_bytes;
   res.checkpoint_bytes = dumped.result.checkpoint_bytes;
   const bool release = res.handoff == MigrateHandoff::kRelease;
-  std::optional<SocketPathsAside> aside;
-  if (release) {
-    // The ports and pids pass to the copy.
-    release_original(o, dumped, res.checkpoint, guard, res.timeline);
-  } else {
-    aside.emplace(dumped.record.unix_listeners, o.pid, guard);
-  }
+  // The ports and pids pass to the copy. Frozen, the original's socket paths are moved aside
+  // for the copy (restore_into), and put back by a rollback.
+  if (release) release_original(o, dumped, res.checkpoint, guard, res.timeline);
 
   RestoreOptions r;
   r.checkpoint = res.checkpoint;
@@ -230,7 +185,6 @@ MigrateResult migrate(const MigrateOptions& o) {
     if (const auto left = end_tree(dumped.record.tree); !left.empty())
       spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
   }
-  if (aside) aside->drop();
   guard.disarm();
   if (!o.keep_checkpoint) {
     fs::remove_all(res.checkpoint, ec);

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -37,6 +38,7 @@
 #include "util/fault.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
+#include "util/utf8.h"
 
 namespace fs = std::filesystem;
 
@@ -248,6 +250,34 @@ void stage_images(RestoreState& r) {
   }
 }
 
+// A copy that is not the service yet takes the checkpoint's socket paths from whoever serves
+// them now (a migration's frozen original, or the instance a migration between hosts replaces).
+// CRIU unlinks and re-binds each path: had it unlinked the live owner's entry, a rollback could
+// only put a different link there, and the owner's socket would stay bound to a deleted name,
+// unreachable (and carried as deleted by every later dump). So the entries are renamed aside
+// first (the same dentry, only moved); the guard's rollback renames them back over the copy's,
+// and the commit removes them.
+void move_endpoints_aside(const RestoreState& r) {
+  if (!r.guard || !r.provisional || !r.o.new_pid_ns || !r.o.take_endpoints) return;
+  for (const auto& l : r.rec.unix_listeners) {
+    if (l.empty() || l[0] == '@') continue;
+    const fs::path path = l;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
+    if (!is_utf8(l)) {
+      // The guard names paths in JSON, which could not name this one back.
+      spdlog::warn(
+          "{} is not UTF-8: a rollback could not put its entry back, so it is left to "
+          "criu",
+          path.string());
+      continue;
+    }
+    r.guard->move_aside(
+        path, path.parent_path() / ("." + path.filename().string() + ".gpuckpt-rollback-" +
+                                    std::to_string(::getpid())));
+  }
+}
+
 void build_criu_args(RestoreState& r) {
   const RestoreOptions& o = r.o;
   criu::RestoreArgs& a = r.args;
@@ -427,6 +457,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
 
   stage_images(r);
   build_criu_args(r);
+  move_endpoints_aside(r);  // as late as can be: the path is unreachable until criu binds it
   run_criu_restore(r);
   fault_point("criu_restored");  // the copy runs; gpuckpt has not looked at it yet
   finish_streaming(r);
