@@ -769,6 +769,62 @@ TEST_F(E2eFaults, AnUncommittedCopyGivesTheSocketPathBackToTheInstanceServingIt)
   }
 }
 
+// The name an entry is moved aside to is taken already (a directory here, as a run killed
+// with its guard could leave at gpuckpt's pid): the entry goes to another name and still comes
+// back (before, the move was skipped with a warning, and the rollback left the path dead).
+TEST_F(E2eFaults, AnEntryInTheWayOfTheRollbackNameDoesNotCostTheServiceItsPath) {
+  for (const bool migrate : {true, false}) {
+    SCOPED_TRACE(migrate ? "migrate" : "restore --await-commit");
+    const std::string name = migrate ? "wm" : "wr";
+    Child s = server(name);
+    ask_unix_line(sock(name), "GEN w");
+    const std::string state = ask_unix_line(sock(name), "STATE");
+    std::vector<std::string> args;
+    if (migrate) {
+      args = {"migrate",
+              "--pid",
+              std::to_string(s.pid()),
+              "--to",
+              (out_ / "t").string(),
+              "--force",
+              "--probe",
+              "unix:" + (dir_.path() / "nobody.sock").string(),
+              "--probe-timeout",
+              "1"};
+    } else {
+      const fs::path ckpt = out_ / (name + ".ckpt");
+      auto d = test::run_cli(
+          {"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(), "--leave-running"});
+      ASSERT_EQ(d.exit_code, 0) << d.err;
+      args = {"restore",
+              ckpt.string(),
+              "--await-commit",
+              "--new-pidns",
+              "--take-endpoints",
+              "--probe",
+              "unix:" + sock(name).string()};  // stdin /dev/null: no commit
+    }
+    // gpuckpt runs as the shell's pid, which names the entry it moves aside.
+    const std::string in_the_way =
+        (dir_.path() / ("." + name + ".sock.gpuckpt-rollback-")).string();
+    std::vector<std::string> argv{"sh", "-c", "mkdir \"$0$$\" && exec \"$@\"", in_the_way,
+                                  test::gpuckpt_binary().string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const RunResult r = run_capture(argv, 120s);
+    EXPECT_FALSE(r.status.ok()) << r.output;
+    EXPECT_TRUE(test::wait_until([&] {
+      return serving(sock(name).string()) == std::vector<pid_t>{s.pid()};
+    })) << "the copy outlived the rollback";
+    EXPECT_EQ(ask_unix_line(sock(name), "STATE"), state) << "the path was not given back";
+    // What was in the way is as it was; nothing else is left.
+    const auto left = entries(dir_.path(), "." + name);
+    ASSERT_EQ(left.size(), 1u) << left.back();
+    EXPECT_TRUE(fs::is_directory(dir_.path() / left.front()));
+    s.kill(SIGKILL);
+    s.wait();
+  }
+}
+
 TEST_F(E2eFaults, ProcessInItsOwnPidNamespaceIsRefusedBeforeItIsFrozen) {
   Child s = server("ns");
   auto m = test::run_cli({"--json", "migrate", "--pid", std::to_string(s.pid()), "--to",

@@ -278,6 +278,24 @@ TEST_F(E2eSsh, ATargetWithoutGpuckptIsRefusedBeforeAnythingIsFrozen) {
   EXPECT_TRUE(host_->processes().empty());
 }
 
+// The target's gpuckpt fails before it receives (its spool cannot be made): its own message
+// reaches the operator, not the first line of its JSON error ("it answered: {").
+TEST_F(E2eSsh, ATargetThatCannotReceiveSaysWhyBeforeAnythingIsFrozen) {
+  auto demo = test::start_vllm_demo(dir_.path(), kDemoArgs);
+  const fs::path not_a_dir = dir_.path() / "not-a-dir";
+  test::write_test_file(not_a_dir, 16, 1);
+  const auto r =
+      test::run_cli({"migrate", "--pid", std::to_string(demo.front.pid()), "--to", ssh_->url(),
+                     "--ssh-config", ssh_->config().string(), "--remote-gpuckpt",
+                     test::gpuckpt_binary().string(), "--remote-spool", not_a_dir.string()});
+  EXPECT_EQ(r.exit_code, 6) << r.err;  // io
+  EXPECT_NE(r.err.find("Not a directory"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("nothing was frozen"), std::string::npos) << r.err;
+  EXPECT_FALSE(stopped(demo.front.pid()));
+  EXPECT_FALSE(test::vllm_complete(demo.port, "s", "fine?").empty());
+  EXPECT_TRUE(host_->processes().empty());
+}
+
 TEST_F(E2eSsh, AfterTheHostIsGoneTheSpareRestoresTheCheckpointFromObjectStorage) {
   // Three hosts: A serves, S stores (s3rver), the spare B (host_) takes over; A reaches S on
   // one link and B on another, with addresses that exist only inside these namespaces.

@@ -429,12 +429,13 @@ TEST(Guard, ARecoveryLeavesAloneAProcessThatTookAProtectedPid) {
 }
 
 // A socket path a restore takes over is moved aside (the same entry) and put back by a
-// rollback; an entry of that name that a dead run left is not what comes back; and after an
-// interrupt's abort nothing more is moved, for the rollback that already ran would not put it
-// back.
+// rollback. An entry of that name that a dead run left (a directory here, which no rename can
+// replace) is neither replaced nor what comes back; a path that cannot be moved stops the
+// restore; and after an interrupt's abort nothing more is moved, for the rollback that already
+// ran would not put it back.
 TEST(Guard, PutsBackTheVeryEntryItMovedAsideAndMovesNothingAfterAnAbort) {
   auto dir = test::scratch_dir();
-  const fs::path path = dir.path() / "s.sock", aside = dir.path() / ".s.sock.aside";
+  const fs::path path = dir.path() / "s.sock", stale = dir.path() / ".s.sock.aside";
   UniqueFd sk(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
@@ -442,19 +443,24 @@ TEST(Guard, PutsBackTheVeryEntryItMovedAsideAndMovesNothingAfterAnAbort) {
   ASSERT_EQ(::bind(sk.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
   struct stat before {};
   ASSERT_EQ(::lstat(path.c_str(), &before), 0);
-  test::write_test_file(aside, 16, 1);  // stale, from a run that died with its guard
+  fs::create_directory(stale);
 
   process::Guard g("restore");
-  EXPECT_TRUE(g.move_aside(path, aside));
+  const fs::path aside = g.move_aside(path, stale.filename().string());
+  EXPECT_NE(aside, stale);
+  EXPECT_EQ(aside.parent_path(), path.parent_path());
   EXPECT_FALSE(fs::exists(fs::symlink_status(path)));
+  EXPECT_TRUE(fs::is_directory(stale)) << "the stale entry was replaced";
+  EXPECT_THROW(g.move_aside(dir.path() / "none.sock", "x"), Error);
   g.abort();
   struct stat after {};
   ASSERT_EQ(::lstat(path.c_str(), &after), 0) << "the path was not put back";
   EXPECT_TRUE(S_ISSOCK(after.st_mode));
   EXPECT_EQ(after.st_ino, before.st_ino) << "another entry came back, not the socket's";
   EXPECT_FALSE(fs::exists(fs::symlink_status(aside)));
+  EXPECT_TRUE(fs::is_directory(stale));
 
-  EXPECT_THROW(g.move_aside(path, aside), Error);
+  EXPECT_THROW(g.move_aside(path, "y"), Error);
   EXPECT_TRUE(fs::exists(fs::symlink_status(path))) << "moved after the rollback had run";
 }
 

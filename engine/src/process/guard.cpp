@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -297,27 +298,37 @@ void Guard::keep(const fs::path& path) {
   send({{"op", "keep"}, {"path", path.string()}});
   take_back_temp_dir(path);
 }
-bool Guard::move_aside(const fs::path& path, const fs::path& aside) {
+fs::path Guard::move_aside(const fs::path& path, const std::string& aside_name) {
   // Under the lock from the guard's plan to the rename: an abort from the interrupt thread comes
   // before both (and this throws) or after both (and puts the entry back), never between, when
   // it would find nothing to put back and the rename would then take the path away for good.
   std::lock_guard lk(mu_);
   refuse_after_abort_locked();
-  // One left by a run that died with its guard (whose pid is ours now): a rollback must put
-  // back this path's entry, not that one.
-  if (::unlink(aside.c_str()) != 0 && errno != ENOENT) {
-    const int err = errno;
-    spdlog::warn("cannot move {} aside for a rollback ({} is in the way: {})", path.string(),
-                 aside.string(), std::strerror(err));
-    return false;
+  // A name nothing has: one that a run killed with its guard left (its pid, ours now) is
+  // neither replaced nor ever put over the path.
+  fs::path aside;
+  for (int n = 0; aside.empty(); ++n) {
+    const fs::path name =
+        path.parent_path() / (n == 0 ? aside_name : aside_name + "-" + std::to_string(n));
+    struct stat st {};
+    if (::lstat(name.c_str(), &st) == 0 && n < 100) continue;
+    if (errno != ENOENT || n >= 100) {
+      const int err = n >= 100 ? EEXIST : errno;
+      throw Error(Errc::kIo, "cannot move " + path.string() + " aside for a rollback (" +
+                                 name.string() + ": " + std::strerror(err) +
+                                 "); nothing was restored");
+    }
+    aside = name;
   }
   send_locked({{"op", "rename"}, {"from", aside.string()}, {"to", path.string()}});
   if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;
-    spdlog::warn("cannot move {} aside for a rollback: {}", path.string(), std::strerror(err));
-    return false;
+    // Not moved, so the rollback cannot give the path back once criu has re-bound it: stop
+    // before criu runs (a read-only directory would fail criu's bind anyway).
+    throw Error(Errc::kIo, "cannot move " + path.string() + " aside for a rollback: " +
+                               std::strerror(err) + "; nothing was restored");
   }
-  return true;
+  return aside;
 }
 void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& staging_root,
                                 const fs::path& criu_binary) {

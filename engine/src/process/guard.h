@@ -93,10 +93,12 @@ class Guard {
   void restore_on_recovery(const std::filesystem::path& checkpoint,
                            const std::filesystem::path& staging_root,
                            const std::filesystem::path& criu_binary);
-  // Renames `path` to `aside` now, and back on recovery (a rollback puts back the very entry,
-  // the same dentry); a commit (keep_copy, hand_over) removes `aside` instead. False, with a
-  // warning, when it could not be moved (nothing to put back then).
-  bool move_aside(const std::filesystem::path& path, const std::filesystem::path& aside);
+  // Renames `path` beside itself, to `aside_name` (or, if that is taken, `aside_name`-N), now,
+  // and back on recovery: a rollback puts back the very entry (the same dentry). A commit
+  // (keep_copy, hand_over) removes it instead. Returns the name it took; throws Error(kIo) when
+  // it cannot be moved (nothing may then take the path).
+  std::filesystem::path move_aside(const std::filesystem::path& path,
+                                   const std::string& aside_name);
 
   // Recover now and wait for it; returns the guard's summary of what it did ("process 12 was
   // resumed; ..."). The guard has exited when this returns.

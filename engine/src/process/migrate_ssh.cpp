@@ -250,7 +250,8 @@ std::optional<Error> target_failure(Connection& c, const std::string& where,
 // with its GPUs (`gpuckpt --json devices`). Anything else fails the migration before anything
 // is frozen.
 json await_receiving(Connection& c, const MigrateOptions& o, const std::string& where) {
-  const auto line = read_line_until(
+  // A document over several lines when the target's gpuckpt failed (gpuckpt --json's error).
+  const auto line = read_answer(
       c.out(), std::chrono::steady_clock::now() + std::chrono::seconds(60), "the target " + where);
   json j;
   if (line) j = json::parse(*line, nullptr, false);

@@ -273,8 +273,7 @@ void move_endpoints_aside(const RestoreState& r) {
       continue;
     }
     r.guard->move_aside(
-        path, path.parent_path() / ("." + path.filename().string() + ".gpuckpt-rollback-" +
-                                    std::to_string(::getpid())));
+        path, "." + path.filename().string() + ".gpuckpt-rollback-" + std::to_string(::getpid()));
   }
 }
 
@@ -564,7 +563,7 @@ RestoreResult restore(const RestoreOptions& opts) {
     // recovers from its plan). Staging goes either way.
     if (guard.armed()) {
       const std::string undone = guard.abort();
-      if (provisional || (!undone.empty() && undone != process::kNothingToUndo))
+      if (!undone.empty() && undone != process::kNothingToUndo)
         throw e.with_context("", "\n" + undone);
     }
     throw;
