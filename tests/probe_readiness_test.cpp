@@ -23,17 +23,6 @@ using namespace std::chrono_literals;
 
 namespace {
 
-UniqueFd unix_listener(const fs::path& path) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      ::listen(fd.get(), 8) != 0)
-    throw_errno(Errc::kInternal, "unix listener");
-  return fd;
-}
-
 // A TCP socket bound to an ephemeral port on 127.0.0.1 but not yet listening: connections are
 // refused until listen(), which lets a test start the service "late" without a port race.
 UniqueFd bound_tcp_socket(int& port) {
@@ -202,7 +191,7 @@ TEST(ProbeWait, UnixListenerThatStartsLateAnswersTheRequest) {
   std::thread server([&] {
     // The listener appears only after the probe has failed twice: so the probe must poll.
     while (attempts < 2) std::this_thread::yield();
-    UniqueFd l = unix_listener(sock);
+    UniqueFd l = test::unix_listener(sock);
     serve_one(l.get());
   });
   auto p = parse_probe("unix:" + sock.string());
@@ -245,7 +234,7 @@ TEST(ProbeWait, ConnectOnlyProbeReturnsEmptyReply) {
 TEST(ProbeWait, RetriesWhenTheServiceHangsUpBeforeAnswering) {
   auto dir = test::scratch_dir();
   const fs::path sock = dir.path() / "svc.sock";
-  UniqueFd l = unix_listener(sock);
+  UniqueFd l = test::unix_listener(sock);
   std::thread server([&] {
     // Still loading: accept and hang up twice, then answer.
     for (int i = 0; i < 2; ++i) UniqueFd c(::accept4(l.get(), nullptr, nullptr, SOCK_CLOEXEC));

@@ -436,11 +436,7 @@ TEST(Guard, ARecoveryLeavesAloneAProcessThatTookAProtectedPid) {
 TEST(Guard, PutsBackTheVeryEntryItMovedAsideAndMovesNothingAfterAnAbort) {
   auto dir = test::scratch_dir();
   const fs::path path = dir.path() / "s.sock", stale = dir.path() / ".s.sock.aside";
-  UniqueFd sk(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  std::strcpy(sa.sun_path, path.c_str());
-  ASSERT_EQ(::bind(sk.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  const UniqueFd sk = test::unix_listener(path);
   struct stat before {};
   ASSERT_EQ(::lstat(path.c_str(), &before), 0);
   fs::create_directory(stale);

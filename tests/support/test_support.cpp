@@ -10,6 +10,7 @@
 #include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -323,6 +324,17 @@ int free_tcp_port() {
       ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0)
     throw_errno(Errc::kInternal, "cannot find a free TCP port");
   return ntohs(sa.sin_port);
+}
+
+UniqueFd unix_listener(const fs::path& path) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  std::strncpy(sa.sun_path, path.c_str(), sizeof sa.sun_path - 1);
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::listen(fd.get(), 8) != 0)
+    throw_errno(Errc::kInternal, "unix listener");
+  return fd;
 }
 
 Error error_from(const std::function<void()>& f) {

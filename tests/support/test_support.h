@@ -15,6 +15,7 @@
 #include "gpuckpt/error.h"
 #include "util/fs.h"
 #include "util/subprocess.h"
+#include "util/unique_fd.h"
 
 namespace gpuckpt::test {
 
@@ -118,6 +119,8 @@ void close_inherited_fds();
 
 // A TCP port on 127.0.0.1 that was free a moment ago (for servers that need a number).
 int free_tcp_port();
+// A unix stream socket listening on `path` (throws Error(kInternal) if it cannot).
+UniqueFd unix_listener(const std::filesystem::path& path);
 
 // Polls `cond` (every few ms) until it holds or `timeout` passes; returns whether it held.
 bool wait_until(const std::function<bool()>& cond,

@@ -311,14 +311,14 @@ fs::path Guard::move_aside(const fs::path& path, const std::string& aside_name) 
     const fs::path name =
         path.parent_path() / (n == 0 ? aside_name : aside_name + "-" + std::to_string(n));
     struct stat st {};
-    if (::lstat(name.c_str(), &st) == 0 && n < 100) continue;
-    if (errno != ENOENT || n >= 100) {
-      const int err = n >= 100 ? EEXIST : errno;
+    const int err = ::lstat(name.c_str(), &st) == 0 ? EEXIST : errno;
+    if (err == ENOENT) {
+      aside = name;
+    } else if (err != EEXIST || n == 99) {
       throw Error(Errc::kIo, "cannot move " + path.string() + " aside for a rollback (" +
                                  name.string() + ": " + std::strerror(err) +
                                  "); nothing was restored");
     }
-    aside = name;
   }
   send_locked({{"op", "rename"}, {"from", aside.string()}, {"to", path.string()}});
   if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) != 0) {
