@@ -425,12 +425,41 @@ void add_migrate(CLI::App& app, Context& ctx) {
   c->callback([o, &ctx] { run_migrate(*o, ctx); });
 }
 
+void run_recover(Context& ctx) {
+  const std::vector<RecoveredOperation> done = recover_abandoned_operations();
+  if (ctx.json) {
+    nlohmann::json list = nlohmann::json::array();
+    for (const auto& r : done)
+      list.push_back({{"operation", r.operation},
+                      {"gpuckpt_pid", r.gpuckpt_pid},
+                      {"started", r.started},
+                      {"journal", r.journal},
+                      {"summary", r.summary}});
+    ctx.emit({{"ok", true}, {"recovered", list}});
+    return;
+  }
+  if (done.empty()) print_header("nothing to recover: no gpuckpt was killed with its guard");
+  for (const auto& r : done)
+    print_header("undid the %s of gpuckpt pid %d (started %s): %s", r.operation.c_str(),
+                 static_cast<int>(r.gpuckpt_pid), r.started.c_str(), r.summary.c_str());
+}
+
+void add_recover(CLI::App& app, Context& ctx) {
+  auto* c = app.add_subcommand(
+      "recover",
+      "Undo what a dump, restore or migrate killed together with its guard left (a stopped "
+      "process, a socket path moved aside, an unconfirmed copy), from its journal in "
+      "/run/gpuckpt; every dump, restore and migrate does this first");
+  c->callback([&ctx] { run_recover(ctx); });
+}
+
 }  // namespace
 
 void add_process_commands(CLI::App& app, Context& ctx) {
   add_dump(app, ctx);
   add_restore(app, ctx);
   add_migrate(app, ctx);
+  add_recover(app, ctx);
 }
 
 }  // namespace gpuckpt::cli

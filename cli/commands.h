@@ -8,7 +8,7 @@
 namespace gpuckpt::cli {
 
 void add_image_commands(CLI::App& app, Context& ctx);     // pack, unpack, inspect, verify
-void add_process_commands(CLI::App& app, Context& ctx);   // dump, restore, migrate
+void add_process_commands(CLI::App& app, Context& ctx);   // dump, restore, migrate, recover
 void add_device_commands(CLI::App& app, Context& ctx);    // devices
 void add_roofline_commands(CLI::App& app, Context& ctx);  // roofline
 void add_bench_commands(CLI::App& app, Context& ctx);     // bench io|coldstart|restore|migrate

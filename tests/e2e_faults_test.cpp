@@ -689,6 +689,83 @@ TEST_F(E2eFaults, StagingLeftByAKilledGpuckptAndGuardIsSweptByTheNextRun) {
   s.wait_for(10s);
 }
 
+// gpuckpt and its guard killed together (a cgroup's SIGKILL, the OOM killer) once the copy
+// answers: the original is stopped, its socket entry is moved aside, and an unconfirmed copy
+// serves the path. Before the journal nothing ever undid that. Now `gpuckpt recover`, or the
+// next dump, restore or migrate on the host, does what the guard would have; and a guard that
+// outlives its gpuckpt still does it alone, and leaves no journal behind.
+TEST_F(E2eFaults, AMigrationKilledWithItsGuardIsUndoneByTheNextRun) {
+  const fs::path run = dir_.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());  // inherited by every gpuckpt
+  for (const std::string how : {"guard alone", "recover", "next dump"}) {
+    SCOPED_TRACE(how);
+    const std::string name = how == "guard alone" ? "ja" : how == "recover" ? "jr" : "jd";
+    Child s = server(name);
+    ask_unix_line(sock(name), "GEN j");
+    const std::string state = ask_unix_line(sock(name), "STATE");
+    Child g =
+        paused_cli({"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / name).string(),
+                    "--staging", staging_.string(), "--probe", "unix:" + sock(name).string()},
+                   "first_answer");
+    ASSERT_EQ(entries(run).size(), 1u) << "no journal while the migration runs";
+    if (how != "guard alone") {
+      const pid_t killed = g.pid();
+      ASSERT_TRUE(kill_guard_of(g));
+      g.kill(SIGKILL);
+      g.wait();
+      // What the kill leaves, which nothing undid before: the original stopped beside the copy.
+      EXPECT_EQ(test::process_state(s.pid()), 'T');
+      EXPECT_EQ(serving(sock(name).string()).size(), 2u);
+      EXPECT_EQ(entries(dir_.path(), "." + name + ".sock.gpuckpt-rollback").size(), 1u);
+      EXPECT_EQ(entries(run).size(), 1u);
+      if (how == "recover") {
+        const auto r = test::run_cli({"--json", "recover"});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const json j = json::parse(r.out);
+        ASSERT_EQ(j["recovered"].size(), 1u) << r.out;
+        EXPECT_EQ(j["recovered"][0]["operation"], "migrate");
+        EXPECT_EQ(j["recovered"][0]["gpuckpt_pid"], killed);
+        const std::string summary = j["recovered"][0]["summary"];
+        EXPECT_NE(summary.find("was killed"), std::string::npos) << summary;
+        EXPECT_NE(summary.find("process " + std::to_string(s.pid()) + " was resumed"),
+                  std::string::npos)
+            << summary;
+      } else {
+        Child other = server("jo");
+        const auto d = test::run_cli(
+            {"dump", "--pid", std::to_string(other.pid()), "-o", (out_ / "jo.ckpt").string()});
+        EXPECT_EQ(d.exit_code, 0) << d.err;
+        EXPECT_NE(d.err.find("was killed together with its guard"), std::string::npos) << d.err;
+        other.wait_for(10s);
+      }
+    } else {
+      g.kill(SIGKILL);
+      g.wait();
+    }
+    EXPECT_TRUE(test::wait_until([&] {
+      const char c = test::process_state(s.pid());
+      return c != 'T' && c != 't';
+    })) << "the original was left frozen";
+    EXPECT_TRUE(test::wait_until([&] {
+      return serving(sock(name).string()) == std::vector<pid_t>{s.pid()};
+    })) << "the unconfirmed copy survived";
+    EXPECT_EQ(ask_unix_line(sock(name), "STATE"), state) << "the path was not given back";
+    EXPECT_TRUE(entries(dir_.path(), "." + name + ".sock.gpuckpt-rollback").empty());
+    EXPECT_TRUE(test::wait_until([&] { return entries(run).empty(); })) << "a journal was left";
+    EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }));
+    for (pid_t p : serving(sock(name).string())) {
+      if (p == s.pid()) continue;
+      ::kill(p, SIGKILL);
+      process::wait_ended(p, 10s);
+    }
+    s.kill(SIGKILL);
+    s.wait();
+  }
+  const auto r = test::run_cli({"recover"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("nothing to recover"), std::string::npos) << r.out;
+}
+
 TEST_F(E2eFaults, RolledBackMigrationLeavesTheSocketPathBoundToTheOriginal) {
   Child s = server("rb");
   ask_unix_line(sock("rb"), "GEN r");

@@ -20,7 +20,9 @@
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
 #include "process/guard.h"
+#include "process/journal.h"
 #include "process/pidns.h"
 #include "process/proc_info.h"
 #include "process/record.h"
@@ -458,6 +460,161 @@ TEST(Guard, PutsBackTheVeryEntryItMovedAsideAndMovesNothingAfterAnAbort) {
 
   EXPECT_THROW(g.move_aside(path, "y"), Error);
   EXPECT_TRUE(fs::exists(fs::symlink_status(path))) << "moved after the rollback had run";
+}
+
+// The journal covers gpuckpt and its guard killed together. What the next run undoes is only
+// what nobody still holds (a live gpuckpt or guard recovers its own), only what was written in
+// this boot (the pids of an earlier one name other processes), and only from a directory this
+// user alone can write (a journal planted by anyone else would have root signal and rename what
+// it names).
+TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
+  auto dir = test::scratch_dir();
+  const fs::path run = dir.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  Child victim = spawn({"sleep", "600"});
+  ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);  // frozen, as by a dump that was killed
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
+  const auto ticks = process::start_ticks(victim.pid());
+  ASSERT_TRUE(ticks.has_value());
+  std::string boot = read_file("/proc/sys/kernel/random/boot_id");
+  boot.erase(boot.find_last_not_of('\n') + 1);
+  std::error_code ec;
+  const std::string pidns = fs::read_symlink("/proc/self/ns/pid", ec).string();
+
+  // A journal as a killed gpuckpt (pid 1234) leaves it: its header, then what it told its guard.
+  auto write_journal = [&](const std::string& boot_id) {
+    fs::create_directories(run);
+    const fs::path p = run / ".dump-1234.journal-0123456789abcdef";
+    std::ofstream out(p);
+    out << nlohmann::json{{"gpuckpt_journal", 1}, {"operation", "dump"}, {"pid", 1234},
+                          {"started", "T0"},      {"boot_id", boot_id},  {"pidns", pidns}}
+               .dump()
+        << "\n"
+        << nlohmann::json{{"op", "protect"},
+                          {"root", victim.pid()},
+                          {"pids", {victim.pid()}},
+                          {"started", {{victim.pid(), *ticks}}}}
+               .dump()
+        << "\n{\"op\":\"durab";  // cut short by the kill
+    return p;
+  };
+  auto frozen = [&] { return test::process_state(victim.pid()) == 'T'; };
+
+  // Of an earlier boot: removed unread.
+  fs::path j = write_journal("another-boot");
+  EXPECT_TRUE(recover_abandoned_operations().empty());
+  EXPECT_FALSE(fs::exists(j));
+  EXPECT_TRUE(frozen());
+
+  // In a directory others may write: not read, not removed.
+  j = write_journal(boot);
+  fs::permissions(run, fs::perms::all);
+  EXPECT_TRUE(recover_abandoned_operations().empty());
+  EXPECT_TRUE(fs::exists(j));
+  EXPECT_TRUE(frozen());
+  fs::permissions(run, fs::perms::owner_all);
+
+  // Held, as by a live gpuckpt: left to it.
+  {
+    const UniqueFd held = process::hold_journal(j);
+    ASSERT_TRUE(held);
+    EXPECT_TRUE(recover_abandoned_operations().empty());
+    EXPECT_TRUE(fs::exists(j));
+    EXPECT_TRUE(frozen());
+  }
+  // Held by a live guard alone (its gpuckpt gone): left to it, and removed by it once the
+  // operation is over.
+  {
+    int down[2], up[2];
+    ASSERT_EQ(::pipe2(down, O_CLOEXEC), 0);
+    ASSERT_EQ(::pipe2(up, O_CLOEXEC), 0);
+    UniqueFd down_r(down[0]), down_w(down[1]), up_r(up[0]), up_w(up[1]);
+    SpawnOptions so;
+    so.stdin_fd = down_r.get();
+    so.stdout_fd = up_w.get();
+    Child guard = spawn({(test::bin_dir() / process::kGuardBinary).string(), "--operation", "dump",
+                         "--journal", j.string()},
+                        so);
+    down_r.reset();
+    up_w.reset();
+    char ready[6] = {};
+    ASSERT_EQ(::read(up_r.get(), ready, 6), 6);
+    EXPECT_TRUE(recover_abandoned_operations().empty()) << "recovered under a live guard";
+    EXPECT_TRUE(frozen());
+    ASSERT_EQ(::write(down_w.get(), "{\"op\":\"done\"}\n", 14), 14);
+    EXPECT_TRUE(guard.wait().ok());
+    EXPECT_FALSE(fs::exists(j)) << "the guard left the journal of an operation that is over";
+    EXPECT_TRUE(frozen());
+  }
+  j = write_journal(boot);
+
+  // Nobody holds it: undone once, and gone.
+  const auto done = recover_abandoned_operations();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_EQ(done[0].operation, "dump");
+  EXPECT_EQ(done[0].gpuckpt_pid, 1234);
+  EXPECT_EQ(done[0].summary, "process " + std::to_string(victim.pid()) + " was resumed");
+  EXPECT_TRUE(test::wait_until([&] { return !frozen(); })) << "the process was left frozen";
+  EXPECT_FALSE(fs::exists(j));
+  EXPECT_TRUE(recover_abandoned_operations().empty());
+
+  // Its process runs again (resumed by someone since the kill): nothing is done to it, nor to
+  // anything else the journal names, for that would take a running service down.
+  j = write_journal(boot);
+  const auto left = recover_abandoned_operations();
+  ASSERT_EQ(left.size(), 1u);
+  EXPECT_NE(left[0].summary.find("runs again since gpuckpt was killed, so nothing was undone"),
+            std::string::npos)
+      << left[0].summary;
+  EXPECT_FALSE(fs::exists(j));
+  EXPECT_TRUE(process::alive(victim.pid()));
+  victim.kill(SIGKILL);
+  victim.wait();
+}
+
+// A guarded operation keeps its journal for as long as it runs, held by gpuckpt and by its
+// guard, each of which alone keeps a later run from recovering it, and removes it once it is
+// over, done or undone.
+TEST(Journal, IsHeldByGpuckptAndItsGuardAndGoesWithTheOperation) {
+  auto dir = test::scratch_dir();
+  const fs::path run = dir.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  auto journals = [&] {
+    std::vector<fs::path> v;
+    for (const auto& e : fs::directory_iterator(run)) v.push_back(e.path());
+    return v;
+  };
+  enum class End { kDone, kAbort, kGuardDies };
+  for (const End end : {End::kDone, End::kAbort, End::kGuardDies}) {
+    SCOPED_TRACE(static_cast<int>(end));
+    Child victim = spawn({"sleep", "600"});
+    {
+      process::Guard g("dump");
+      ASSERT_EQ(journals().size(), 1u);
+      const fs::path j = journals().front();
+      g.protect(victim.pid());
+      ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);
+      EXPECT_NE(read_file(j).find("\"op\":\"protect\""), std::string::npos) << read_file(j);
+      EXPECT_TRUE(recover_abandoned_operations().empty()) << "recovered while gpuckpt runs";
+      if (end == End::kGuardDies) {
+        ::kill(g.pid(), SIGKILL);
+        ASSERT_TRUE(test::wait_until([&] { return test::process_state(g.pid()) == 'Z'; }));
+        EXPECT_TRUE(recover_abandoned_operations().empty()) << "recovered while gpuckpt runs";
+        EXPECT_TRUE(fs::exists(j));
+      }
+      if (end == End::kDone) {
+        ::kill(victim.pid(), SIGCONT);
+        g.disarm();
+      } else {
+        EXPECT_NE(g.abort().find("was resumed"), std::string::npos);
+      }
+      EXPECT_FALSE(fs::exists(j)) << "the journal outlived its operation";
+    }
+    EXPECT_TRUE(journals().empty());
+    EXPECT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) != 'T'; }));
+    victim.kill(SIGKILL);
+    victim.wait();
+  }
 }
 
 TEST(EndTree, EndsEveryProcessRunningOrStoppedAndCountsOneThatHadEndedAsEnded) {

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -101,6 +102,28 @@ struct VllmDemo {
 VllmDemo start_vllm_demo(const std::filesystem::path& dir,
                          const std::vector<std::string>& args = {},
                          std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+// Sets an environment variable (inherited by what the test starts) and puts back what was there
+// when it goes.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // Pids of `root`'s live descendants (children, their children, ...), from /proc; zombies are
 // left out.

@@ -296,6 +296,20 @@ struct DumpRestoreBenchResult {
 
 DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& opts);
 
+// An operation whose gpuckpt was killed together with its guard (a cgroup's SIGKILL, the OOM
+// killer), undone from its journal by a later run.
+struct RecoveredOperation {
+  std::string operation;  // "dump", "restore", "migrate"
+  pid_t gpuckpt_pid = 0;  // of the gpuckpt that was killed
+  std::string started;    // when it started, UTC (ISO 8601)
+  std::string journal;    // the journal it was undone from (removed now)
+  std::string summary;    // what was undone, as a guard says it ("process 12 was resumed")
+};
+// Undoes, as their guards would have, the operations whose gpuckpt and guard were both killed on
+// this host (in this boot and pid namespace), and returns them; each is also logged. Every dump,
+// restore and migrate does this before it starts; `gpuckpt recover` does only this.
+std::vector<RecoveredOperation> recover_abandoned_operations();
+
 // For a program's handler of SIGINT, SIGTERM and SIGHUP (the CLI waits for them in a thread of
 // its own): every dump, restore or migrate in flight is rolled back by its guard (the target
 // resumed, copies killed, staging removed) before this returns; then every temporary

@@ -66,6 +66,9 @@ struct GuardPlan {
   // The spool that holds restore_from: kept from other runs' sweeps once gpuckpt (whose
   // TempDir held it) is gone and this guard may still restore from it.
   UniqueFd restore_hold;
+  // Undone by a later run from the journal, maybe long after the kill: only what is still as
+  // the kill left it (recover_abandoned_operations).
+  bool replay = false;
 };
 
 namespace {
@@ -90,6 +93,16 @@ std::condition_variable g_recover_cv;
 int g_aborting = 0;                 // guarded by g_recover_mu
 bool g_interrupt_waits = false;     // guarded by g_recover_mu
 std::vector<std::string> g_undone;  // guarded by g_recover_mu: summaries it waited for
+
+// An abort (or a replay) counted in g_aborting is over; `summary` is what it undid.
+void end_abort(const std::string& summary) {
+  {
+    std::lock_guard rk(g_recover_mu);
+    --g_aborting;
+    if (g_interrupt_waits) g_undone.push_back(summary);
+  }
+  g_recover_cv.notify_all();
+}
 
 fs::path guard_binary() {
   if (const char* e = std::getenv("GPUCKPT_GUARD"); e && *e) return e;
@@ -135,6 +148,10 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
     if (g_interrupting)
       throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
   }
+  // Before anything of ours exists: what a run killed with its guard left (a stopped original,
+  // an entry moved aside, its spool) is its to undo first, and ours not to touch.
+  recover_abandoned_operations();
+  journal_ = Journal::open_new(operation);
   int down[2], up[2];
   // O_CLOEXEC: criu and every other child of gpuckpt must not hold the write end, or the
   // guard would not see gpuckpt's death.
@@ -147,7 +164,9 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
   so.stdin_fd = down_r.get();
   so.stdout_fd = up_w.get();  // the guard's summary; its diagnostics go to our stderr
   const fs::path bin = guard_binary();
-  child_ = spawn({bin.string(), "--operation", operation}, so);
+  std::vector<std::string> argv{bin.string(), "--operation", operation};
+  if (journal_.active()) argv.insert(argv.end(), {"--journal", journal_.path().string()});
+  child_ = spawn(argv, so);
   to_guard_ = std::move(down_w);
   from_guard_ = std::move(up_r);
   // The guard says "ready" once it has set up its signal dispositions: from then on it is safe
@@ -211,6 +230,7 @@ bool Guard::tell_locked(const json& msg) {
   // Into the mirror first: a guard found gone now leaves gpuckpt to undo this step as well.
   // Without holds: gpuckpt's own temporary directories keep its spool from sweeps.
   apply(*mirror_, msg, /*hold_dirs=*/false);
+  journal_.append(msg);
   return write_locked(msg);
 }
 
@@ -356,11 +376,15 @@ std::string Guard::abort(std::chrono::milliseconds timeout) {
     summary = e.what();
   }
   {
-    std::lock_guard rk(g_recover_mu);
-    --g_aborting;
-    if (g_interrupt_waits) g_undone.push_back(summary);
+    // Undone; or left to a guard that did not report in time and still runs: it holds the
+    // journal until it has recovered, then removes it.
+    std::lock_guard lk(mu_);
+    if (child_.running())
+      journal_.leave();
+    else
+      journal_.remove();
   }
-  g_recover_cv.notify_all();
+  end_abort(summary);
   return summary;
 }
 
@@ -393,6 +417,7 @@ void Guard::disarm() {
     // The operation is complete: a guard that died meanwhile had nothing left to undo.
     write_locked({{"op", "done"}});
     finished_ = true;
+    journal_.remove();
   }
   // What the guard was to remove is gpuckpt's again (a snapshot's spool, still uploading): an
   // interrupt from here on removes it itself, as for any command without a guard.
@@ -483,6 +508,33 @@ std::string finish(const Plan& p, const std::vector<std::string>& log) {
   return out.empty() ? kNothingToUndo : out;
 }
 
+// For a replay: why undoing the plan now would do harm, or "" if everything is as the kill
+// left it. A process of the protected trees that runs (not stopped) was resumed since, by
+// criu's own rollback or by someone: nothing is frozen, and killing its copy or ending it would
+// take a running service down. A release migration's copy that runs while the original has
+// ended serves from the very checkpoint the original would be restored from.
+std::string changed_since_the_kill(const Plan& p, const std::map<pid_t, Plan::Copy>& copies,
+                                   const auto& is, const auto& protected_one) {
+  bool original_lives = false;
+  for (pid_t q : p.pids)
+    if (protected_one(q)) original_lives = true;
+  for (pid_t r : p.roots) {
+    if (!protected_one(r)) continue;
+    original_lives = true;
+    for (pid_t q : process_tree(r)) {
+      const auto info = read_proc(q);
+      if (info && info->state != 'T' && info->state != 't' && info->state != 'Z')
+        return "process " + std::to_string(q) + " runs again since gpuckpt was killed";
+    }
+  }
+  if (!p.restore_from.empty() && !original_lives)
+    for (const auto& [key, c] : copies)
+      if (is(c.pid, c.pid_started))
+        return "the copy " + std::to_string(c.pid) + ", restored from " + p.restore_from.string() +
+               ", serves in place of the original, which has ended";
+  return {};
+}
+
 std::string recover(const Plan& p) {
   std::vector<std::string> log;
   // A pid counts only while it is the process gpuckpt named (same start tick): one reused
@@ -490,6 +542,10 @@ std::string recover(const Plan& p) {
   auto is = [](pid_t q, std::uint64_t started) {
     const auto t = q > 0 && started > 0 ? start_ticks(q) : std::nullopt;
     return t && *t == started;
+  };
+  auto protected_one = [&](pid_t q) {
+    const auto it = p.started.find(q);
+    return it != p.started.end() && is(q, it->second) && alive(q);
   };
   // 1. criu first: its tasks are in a clean state only once it has finished.
   if (is(p.criu, p.criu_started) && alive(p.criu)) {
@@ -525,6 +581,18 @@ std::string recover(const Plan& p) {
     }
     u.kill = u.kill || c.kill;
   }
+  if (p.replay) {
+    if (const std::string why = changed_since_the_kill(p, unique, is, protected_one);
+        !why.empty()) {
+      // Someone acted since (an operator resumed the original, or a copy has been serving
+      // alone): undoing now would end a running service. Nothing is removed either; the
+      // sweeps of later runs take the staging nobody holds.
+      say(log, why + ", so nothing was undone");
+      std::string out;
+      for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
+      return out;
+    }
+  }
   for (const auto& [key, c] : unique) {
     const bool root = is(c.pid, c.pid_started), init = is(c.pidns_init, c.init_started);
     if (!root && !init) continue;  // gone already
@@ -553,10 +621,6 @@ std::string recover(const Plan& p) {
       say(log, "cannot put " + to.string() + " back: " + std::strerror(errno));
   }
   // 4. the targets, each only while it is the process that was protected.
-  auto protected_one = [&](pid_t q) {
-    const auto it = p.started.find(q);
-    return it != p.started.end() && is(q, it->second) && alive(q);
-  };
   // Restored from the checkpoint if they already ended for a migration...
   if (!p.restore_from.empty()) {
     bool any_alive = false;
@@ -691,7 +755,7 @@ bool write_all(int fd, const std::string& s) {
 
 }  // namespace
 
-int guard_main(int in_fd, int out_fd) {
+int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   // spdlog's default logger writes to stdout, which is the summary pipe in gpuckpt-guard: a log
   // line of its recovery (a restore's) would then be read as the summary, and the operator of
   // an interrupted gpuckpt would never learn what the guard did. Its diagnostics go to stderr.
@@ -706,6 +770,20 @@ int guard_main(int in_fd, int out_fd) {
   // Terminal and termination signals are gpuckpt's business; the guard must outlive them. A
   // SIGPIPE (gpuckpt gone before reading the summary) must not kill it mid-recovery either.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGQUIT}) ::signal(sig, SIG_IGN);
+  // Held from before "ready" (gpuckpt holds it until then): no run recovers what this guard
+  // may still recover.
+  const UniqueFd held = journal.empty() ? UniqueFd() : hold_journal(journal);
+  if (!journal.empty() && !held) {
+    // Not "ready": gpuckpt freezes nothing. A journal this guard did not hold would be
+    // recovered by another run while this one recovers too.
+    const std::string msg = "gpuckpt-guard: cannot hold the journal " + journal.string() + "\n";
+    write_all(2, msg);
+    return 1;
+  }
+  // The operation is over once this returns (done, or undone): nothing is left to recover.
+  auto over = [&] {
+    if (!journal.empty()) ::unlink(journal.c_str());
+  };
   if (!write_all(out_fd, "ready\n")) return 1;
   Plan plan;
   std::string buf;
@@ -720,7 +798,10 @@ int guard_main(int in_fd, int out_fd) {
       const json m = json::parse(buf.substr(0, nl), nullptr, false);
       buf.erase(0, nl + 1);
       if (!m.is_object() || !m.contains("op")) continue;
-      if (m["op"] == "done") return 0;
+      if (m["op"] == "done") {
+        over();
+        return 0;
+      }
       if (m["op"] == "abort") {
         aborted = true;
         break;
@@ -733,6 +814,7 @@ int guard_main(int in_fd, int out_fd) {
     if (aborted) break;
   }
   const std::string summary = recover(plan);
+  over();
   if (!aborted) {
     // gpuckpt died: nobody reads the pipe, so tell the operator on the inherited stderr.
     const std::string msg =
@@ -744,3 +826,48 @@ int guard_main(int in_fd, int out_fd) {
 }
 
 }  // namespace gpuckpt::process
+
+namespace gpuckpt {
+
+std::vector<RecoveredOperation> recover_abandoned_operations() {
+  std::vector<RecoveredOperation> out;
+  process::for_each_abandoned_journal([&](const process::AbandonedJournal& j) {
+    process::Plan p;
+    p.replay = true;
+    p.operation = j.header.value("operation", "");
+    for (const auto& c : j.commands) {
+      try {
+        // Holding the spool a release migration's original is restored from, as its guard
+        // did: a sweep by another run must not take it meanwhile.
+        process::apply(p, c, /*hold_dirs=*/true);
+      } catch (const json::exception&) {
+      }
+    }
+    RecoveredOperation r;
+    r.operation = p.operation;
+    r.gpuckpt_pid = j.header.value("pid", 0);
+    r.started = j.header.value("started", "");
+    r.journal = j.path.string();
+    {
+      // Counted as an abort in progress: an interrupt meanwhile waits for it and reports it,
+      // rather than leave it half done.
+      std::lock_guard rk(process::g_recover_mu);
+      ++process::g_aborting;
+    }
+    try {
+      r.summary = process::recover(p);
+    } catch (...) {
+      process::end_abort(r.summary);
+      throw;
+    }
+    process::end_abort(r.summary);
+    spdlog::warn(
+        "a {} by gpuckpt (pid {}, started {}) was killed together with its guard; "
+        "undone now: {}",
+        r.operation, r.gpuckpt_pid, r.started, r.summary);
+    out.push_back(std::move(r));
+  });
+  return out;
+}
+
+}  // namespace gpuckpt

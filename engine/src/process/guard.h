@@ -17,7 +17,9 @@
 //      checkpoint in place;
 //   5. removes staging and temporary outputs.
 // A pid is acted on only while it names the process gpuckpt told of (same start tick).
-// One recovery path serves errors, signals and crashes alike.
+// One recovery path serves errors, signals and crashes alike. What the guard is told also goes
+// into the operation's journal (process/journal.h), from which a later run undoes the
+// operation if gpuckpt and the guard are both killed (recover_abandoned_operations).
 #pragma once
 
 #include <sys/types.h>
@@ -30,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "process/journal.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -130,6 +133,9 @@ class Guard {
   mutable std::mutex mu_;
   Child child_;
   UniqueFd to_guard_, from_guard_;
+  // Everything the guard is told, on disk too: for a recovery by the next run should gpuckpt
+  // and the guard both be killed (process/journal.h).
+  Journal journal_;
   // Everything the guard was told: should it die (killed, out of memory), gpuckpt, still alive,
   // recovers from this itself rather than leave a service frozen.
   std::unique_ptr<GuardPlan> mirror_;
@@ -143,7 +149,8 @@ class Guard {
 std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout);
 
 // The guard process's main loop: commands on `in_fd`, summary (after an abort) on `out_fd`.
-// Returns the exit code.
-int guard_main(int in_fd, int out_fd);
+// `journal`: the operation's journal, which it holds while it lives and removes once the
+// operation is over (done, or recovered); empty if there is none. Returns the exit code.
+int guard_main(int in_fd, int out_fd, const std::filesystem::path& journal);
 
 }  // namespace gpuckpt::process

@@ -70,13 +70,17 @@ void write_file_atomic(const fs::path& path, std::string_view data) {
 std::string read_file(const fs::path& path) {
   UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) throw_errno(Errc::kInvalidInput, "open ", path);
+  return read_rest(fd.get(), path);
+}
+
+std::string read_rest(int fd, const fs::path& name) {
   std::string out;
   char buf[65536];
   for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    ssize_t n = ::read(fd, buf, sizeof buf);
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw_errno(Errc::kIo, "read ", path);
+      throw_errno(Errc::kIo, "read ", name);
     }
     if (n == 0) break;
     out.append(buf, static_cast<size_t>(n));

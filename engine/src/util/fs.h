@@ -20,6 +20,9 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view data)
 
 // Reads a whole (small) file; throws Error(kInvalidInput) if missing.
 std::string read_file(const std::filesystem::path& path);
+// Reads `fd` from its offset to its end (a file already opened and checked); `name` is for the
+// error (Error(kIo)).
+std::string read_rest(int fd, const std::filesystem::path& name);
 
 // A unique, not yet existing sibling of `final_path` (".NAME.TAG-<random>"), for building an
 // output in place and renaming it at the end. Dot-prefixed so listings and globs skip it.
