@@ -349,6 +349,10 @@ int pause_devices(int pid) {
     if (*st == dev::CudaProcState::kRunning) {
       dev::lock(pid, g.lock_timeout);
       t.locked_by_us = true;
+      // In the report before anything else can happen: if gpuckpt and criu die from here on,
+      // the guard reads it to give the CUDA state back (process/guard.cpp).
+      g.report.locked_pids.push_back(pid);
+      save_report();
     }
     t.checkpointed = *st == dev::CudaProcState::kCheckpointed;
     g.tracked[pid] = t;

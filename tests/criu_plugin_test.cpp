@@ -86,10 +86,12 @@ TEST(CriuPlugin, ReportRoundTrips) {
   r.driver_library = "/usr/local/nvidia/lib64/libcuda.so.580.65.06";
   r.cuinit_seconds = 1.5;
   r.interrupt_only = true;
+  r.locked_pids = {42, 43};
   const auto back = criu::parse_plugin_report(criu::to_json_text(r));
   EXPECT_EQ(back.driver_library, r.driver_library);
   EXPECT_DOUBLE_EQ(back.cuinit_seconds, 1.5);
   EXPECT_TRUE(back.interrupt_only);
+  EXPECT_EQ(back.locked_pids, (std::vector<pid_t>{42, 43}));
   EXPECT_EQ(back.stage, "restore");
   EXPECT_EQ(back.api_error, "no NVIDIA driver");
   EXPECT_EQ(back.gpu_map, "GPU-a=GPU-b");
@@ -105,6 +107,7 @@ TEST(CriuPlugin, ReportRoundTrips) {
       R"({"version": 1, "stage": "dump", "hooks": [], "finished": true})");
   EXPECT_EQ(old.driver_library, "");
   EXPECT_FALSE(old.interrupt_only);
+  EXPECT_TRUE(old.locked_pids.empty());
 }
 
 // ---- the plugin inside a real criu: a task that needs the driver is never skipped ---------

@@ -19,6 +19,7 @@
 
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
+#include "device/cuda_checkpoint.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "process/guard.h"
@@ -29,6 +30,7 @@
 #include "process/stages.h"
 #include "process/support.h"
 #include "test_support.h"
+#include "util/fs.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -427,6 +429,49 @@ TEST(Guard, ARecoveryLeavesAloneAProcessThatTookAProtectedPid) {
       victim.kill(SIGKILL);
       victim.wait();
     }
+  }
+}
+
+// A dump's CRIU plugin locks a task's CUDA state before gpuckpt learns of it (only once criu
+// has finished), so a gpuckpt killed in between would leave the task resumed with its VRAM in
+// host memory, every CUDA call of it blocked. The guard reads the plugin's report and gives
+// the state of the tasks it names back as it resumes them; the others it only resumes. The
+// driver's side runs in scripts/gpu-check.sh; here, without one, the summary says why that
+// task's state could not be given back.
+TEST(Guard, GivesBackTheCudaStateOfTheTasksTheDumpsPluginLocked) {
+  if (device::checkpoint_api_available())
+    GTEST_SKIP() << "a CUDA driver is here: scripts/gpu-check.sh ('dump killed') checks this "
+                    "with a real GPU";
+  auto dir = test::scratch_dir();
+  Child locked = spawn({"sleep", "600"}), other = spawn({"sleep", "600"});
+  for (const Child* c : {&locked, &other}) {
+    ASSERT_EQ(::kill(c->pid(), SIGSTOP), 0);
+    ASSERT_TRUE(test::wait_until([&] { return test::process_state(c->pid()) == 'T'; }));
+  }
+  criu::PluginReport report;
+  report.stage = "dump";
+  report.locked_pids = {locked.pid()};
+  const fs::path path = dir.path() / criu::kDumpReportName;
+  write_file_atomic(path, criu::to_json_text(report));
+  std::string summary;
+  {
+    process::Guard g("dump");
+    g.protect(locked.pid());
+    g.protect(other.pid());
+    g.cuda_report(path);
+    summary = g.abort();
+  }
+  const auto said = [&](const Child& c) {
+    return summary.find("process " + std::to_string(c.pid()) +
+                        " runs but its CUDA state could not be given back: no NVIDIA GPU") !=
+           std::string::npos;
+  };
+  EXPECT_TRUE(said(locked)) << summary;
+  EXPECT_FALSE(said(other)) << summary;
+  for (Child* c : {&locked, &other}) {
+    EXPECT_NE(test::process_state(c->pid()), 'T') << "left stopped: " << summary;
+    c->kill(SIGKILL);
+    c->wait();
   }
 }
 

@@ -48,6 +48,7 @@ std::string to_json_text(const PluginReport& r) {
   j["driver_load_seconds"] = r.driver_load_seconds;
   j["cuinit_seconds"] = r.cuinit_seconds;
   j["interrupt_only"] = r.interrupt_only;
+  j["locked_pids"] = r.locked_pids;
   return j.dump(2) + "\n";
 }
 
@@ -69,6 +70,7 @@ PluginReport parse_plugin_report(const std::string& text) {
     r.driver_load_seconds = j.value("driver_load_seconds", 0.0);
     r.cuinit_seconds = j.value("cuinit_seconds", 0.0);
     r.interrupt_only = j.value("interrupt_only", false);
+    r.locked_pids = j.value("locked_pids", std::vector<pid_t>{});
     for (const auto& h : j.at("hooks")) {
       PluginHook ph;
       ph.name = h.at("name").get<std::string>();

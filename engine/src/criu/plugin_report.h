@@ -58,6 +58,10 @@ struct PluginReport {
   std::string api_error;       // why not
   bool cuda = false;           // some dumped/restored task had CUDA state
   std::vector<pid_t> cuda_pids;
+  // Dump: the tasks this run locked (they were running before it). A recovery that resumes
+  // the tree gives their CUDA state back: until then their next CUDA call blocks, so a task
+  // resumed with its VRAM still in host memory would be a service left frozen on the GPU.
+  std::vector<pid_t> locked_pids;
   std::string gpu_map;             // restore: the map the plugin applied
   std::string driver_library;      // the libcuda the plugin loaded ("" if none)
   double driver_load_seconds = 0;  // dlopen + entry points + cuInit, once per criu run

@@ -376,22 +376,41 @@ void ProcessLock::release() noexcept {
   state_ = CudaProcState::kRunning;
 }
 
+Returned return_to_running(pid_t pid) {
+  if (!process_exists(pid)) return Returned::kNothing;
+  const auto s = process_state(pid);
+  if (!s) return Returned::kNothing;
+  switch (*s) {
+    case CudaProcState::kRunning:
+      return Returned::kNothing;
+    case CudaProcState::kFailed:
+      throw Error(Errc::kDevice, "CUDA process " + std::to_string(pid) +
+                                     " is in the failed state: its GPU state is lost");
+    case CudaProcState::kCheckpointed:
+      restore(pid, GpuMap{});
+      unlock(pid);
+      return Returned::kRestoredAndUnlocked;
+    case CudaProcState::kLocked:
+      unlock(pid);
+      return Returned::kUnlocked;
+  }
+  return Returned::kNothing;
+}
+
 ProcessLock::~ProcessLock() {
   if (!owned_) return;
   try {
     if (!process_exists(pid_)) return;  // e.g. CRIU killed it after a dump: nothing to undo
-    // Ask the driver rather than trusting state_: a call that failed midway may have moved it.
-    const auto s = process_state(pid_);
-    if (!s) return;
-    if (*s == CudaProcState::kCheckpointed) {
-      spdlog::warn("restoring the CUDA state of process {} after an error", pid_);
-      device::restore(pid_, GpuMap{});
-    }
-    if (*s == CudaProcState::kCheckpointed || *s == CudaProcState::kLocked) {
-      device::unlock(pid_);
-      spdlog::warn("unlocked CUDA process {} after an error", pid_);
-    } else if (*s == CudaProcState::kFailed) {
-      spdlog::error("CUDA process {} is in the failed state: its GPU state is lost", pid_);
+    // Asks the driver rather than trusting state_: a call that failed midway may have moved it.
+    switch (return_to_running(pid_)) {
+      case Returned::kRestoredAndUnlocked:
+        spdlog::warn("restored the CUDA state of process {} and unlocked it after an error", pid_);
+        break;
+      case Returned::kUnlocked:
+        spdlog::warn("unlocked CUDA process {} after an error", pid_);
+        break;
+      case Returned::kNothing:
+        break;
     }
   } catch (const std::exception& e) {
     spdlog::error(

@@ -237,9 +237,12 @@ void build_criu_args(DumpState& d) {
   // CRIU's --timeout bounds the freezing stage, which includes the plugin's CUDA lock.
   a.freeze_timeout =
       std::chrono::duration_cast<std::chrono::seconds>(o.lock_timeout) + std::chrono::seconds(10);
-  a.before_start = [&guard = d.guard](pid_t criu_pid) { guard.criu_started(criu_pid); };
-  a.on_start = [](pid_t) { fault_point("criu_dump"); };
   d.report_path = d.images / criu::kDumpReportName;
+  a.before_start = [&guard = d.guard, report = d.report_path](pid_t criu_pid) {
+    guard.cuda_report(report);
+    guard.criu_started(criu_pid);
+  };
+  a.on_start = [](pid_t) { fault_point("criu_dump"); };
   a.env = {std::string(criu::kEnvReport) + "=" + d.report_path.string(),
            std::string(criu::kEnvFinalState) + "=" + (o.leave_running ? "running" : "stopped"),
            std::string(criu::kEnvLockTimeoutMs) + "=" + std::to_string(o.lock_timeout.count())};

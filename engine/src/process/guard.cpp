@@ -18,6 +18,7 @@
 #include <mutex>
 #include <set>
 
+#include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
@@ -42,6 +43,7 @@ struct GuardPlan {
   std::vector<pid_t> roots;
   std::set<pid_t> pids;
   std::set<pid_t> cuda;
+  fs::path cuda_report;  // the dump's plugin report: its locked_pids are given back as well
   // Start ticks of the protected processes when they were named (0: it had ended already).
   std::map<pid_t, std::uint64_t> started;
   pid_t criu = 0;
@@ -257,6 +259,9 @@ void Guard::protect(pid_t root, const std::vector<pid_t>& pids) {
 }
 void Guard::cuda(const std::vector<pid_t>& pids) {
   send({{"op", "cuda"}, {"pids", pids}});
+}
+void Guard::cuda_report(const fs::path& report) {
+  send({{"op", "cuda_report"}, {"path", report.string()}});
 }
 void Guard::criu_started(pid_t pid) {
   send({{"op", "criu"}, {"pid", pid}, {"started", start_ticks(pid).value_or(0)}});
@@ -660,14 +665,33 @@ std::string recover(const Plan& p) {
       say(log, "the checkpoint is durable, so the dumped processes ended as planned");
   } else {
     for (pid_t q : live) ::kill(q, SIGCONT);
-    for (pid_t q : live) {
-      if (!p.cuda.count(q)) continue;
+    // criu has ended (step 1), so no tracer holds the restore threads the driver works in.
+    std::set<pid_t> cuda = p.cuda;
+    if (!p.cuda_report.empty()) {
       try {
-        device::restore(q, GpuMap{});
-        device::unlock(q);
+        if (const auto rep = criu::read_plugin_report(p.cuda_report))
+          cuda.insert(rep->locked_pids.begin(), rep->locked_pids.end());
+      } catch (const Error& e) {
+        say(log, "the CRIU plugin's report cannot be read (" + std::string(e.what()) +
+                     "): a process it locked may stay frozen on the GPU");
+      }
+    }
+    for (pid_t q : live) {
+      if (!cuda.count(q)) continue;
+      try {
+        switch (device::return_to_running(q)) {
+          case device::Returned::kRestoredAndUnlocked:
+            say(log, "the CUDA state of process " + std::to_string(q) + " was restored");
+            break;
+          case device::Returned::kUnlocked:
+            say(log, "the CUDA state of process " + std::to_string(q) + " was unlocked");
+            break;
+          case device::Returned::kNothing:
+            break;
+        }
       } catch (const Error& e) {
         say(log, "process " + std::to_string(q) +
-                     " runs but its CUDA state could not be restored: " + e.what());
+                     " runs but its CUDA state could not be given back: " + e.what());
       }
     }
     if (!live.empty()) {
@@ -696,6 +720,8 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
       p.started[e.at(0).get<pid_t>()] = e.at(1).get<std::uint64_t>();
   } else if (op == "cuda") {
     for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.cuda.insert(q);
+  } else if (op == "cuda_report") {
+    p.cuda_report = m.at("path").get<std::string>();
   } else if (op == "criu") {
     p.criu = m.at("pid").get<pid_t>();
     p.criu_started = m.at("started").get<std::uint64_t>();
@@ -744,6 +770,7 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
       p.roots.clear();
       p.pids.clear();
       p.cuda.clear();
+      p.cuda_report.clear();
       p.started.clear();
     }
   }

@@ -63,6 +63,9 @@ class Guard {
   void protect(pid_t root, const std::vector<pid_t>& pids = {});
   // These processes had their CUDA state checkpointed: recovery restores and unlocks them.
   void cuda(const std::vector<pid_t>& pids);
+  // Where the CRIU plugin of the dump about to start reports the tasks it locks: a recovery
+  // gives those back too, for gpuckpt may die before it learns them (cuda() above).
+  void cuda_report(const std::filesystem::path& report);
   // criu runs as `pid` / has exited.
   void criu_started(pid_t pid);
   void criu_finished();
