@@ -138,10 +138,7 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfADumpLeavesTheServiceRunningAndNothingBehind
       EXPECT_FALSE(st.exited);
       EXPECT_EQ(st.code, sig);
       // The guard resumes it (after a SIGKILL of gpuckpt too), with its state.
-      EXPECT_TRUE(test::wait_until([&] {
-        const char c = test::process_state(s.pid());
-        return c != 'T' && c != 't';
-      })) << "the service was left frozen";
+      EXPECT_TRUE(test::runs_again(s.pid())) << "the service was left frozen";
       EXPECT_TRUE(test::wait_until([&] { return ask_unix_line(sock("d"), "STATE") == state; }));
       EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }))
           << "staging left behind: " << entries(staging_).front();
@@ -193,10 +190,7 @@ TEST_F(E2eFaults, SignalAtAnyPhaseOfAMigrationRollsBackToOneRunningOriginal) {
           point);
       g.kill(sig);
       g.wait();
-      EXPECT_TRUE(test::wait_until([&] {
-        const char c = test::process_state(s.pid());
-        return c != 'T' && c != 't';
-      })) << "the original was left frozen";
+      EXPECT_TRUE(test::runs_again(s.pid())) << "the original was left frozen";
       // One server, the original, answers on its own socket path with its state: the copy is
       // gone and the path was put back.
       EXPECT_TRUE(test::wait_until([&] {
@@ -285,10 +279,7 @@ TEST_F(E2eFaults, AGuardThatDiesLeavesGpuckptToResumeTheServiceItself) {
   const std::string msg = j["error"].value("message", "");
   EXPECT_NE(msg.find("had died, so gpuckpt undid the operation itself"), std::string::npos) << msg;
   EXPECT_NE(msg.find("process " + pid + " was resumed"), std::string::npos) << msg;
-  EXPECT_TRUE(test::wait_until([&] {
-    const char c = test::process_state(s.pid());
-    return c != 'T' && c != 't';
-  })) << "the service was left frozen";
+  EXPECT_TRUE(test::runs_again(s.pid())) << "the service was left frozen";
   EXPECT_EQ(ask_unix_line(sock("k"), "STATE"), state);
   EXPECT_FALSE(fs::exists(out_ / "k.ckpt"));
   EXPECT_TRUE(entries(out_).empty());
@@ -742,10 +733,7 @@ TEST_F(E2eFaults, AMigrationKilledWithItsGuardIsUndoneByTheNextRun) {
       g.kill(SIGKILL);
       g.wait();
     }
-    EXPECT_TRUE(test::wait_until([&] {
-      const char c = test::process_state(s.pid());
-      return c != 'T' && c != 't';
-    })) << "the original was left frozen";
+    EXPECT_TRUE(test::runs_again(s.pid())) << "the original was left frozen";
     EXPECT_TRUE(test::wait_until([&] {
       return serving(sock(name).string()) == std::vector<pid_t>{s.pid()};
     })) << "the unconfirmed copy survived";

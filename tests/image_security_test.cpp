@@ -64,24 +64,6 @@ class ScopedUmask {
   mode_t old_;
 };
 
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      ::setenv(name_, old_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
-
 // A checkpoint of a small tree (two files, a symlink) with a process record in `extra`.
 class Checkpoint : public ::testing::Test {
  protected:
@@ -628,7 +610,7 @@ TEST_F(Checkpoint, SecurityConfigFileSetsTheDefaults) {
   const fs::path conf = dir_.path() / "config.json";
   write_text(conf, R"({"sign_key": "node.key", "trusted_keys": "/etc/keys",
                        "require_signature": true})");
-  ScopedEnv env("GPUCKPT_CONFIG", conf.string());
+  test::ScopedEnv env("GPUCKPT_CONFIG", conf.string());
   const SecurityConfig c = load_security_config();
   EXPECT_EQ(c.file, conf);
   EXPECT_EQ(c.sign_key, dir_.path() / "node.key");  // relative to the config's directory

@@ -383,6 +383,26 @@ TEST(Guard, KeepsTheSpoolItMayRestoreFromAfterItsGpuckptIsGone) {
   EXPECT_FALSE(fs::exists(path));
 }
 
+// The real gpuckpt-guard, as gpuckpt runs it: commands on its stdin (`to`), its "ready" and
+// summary on its stdout (`from`).
+struct RawGuard {
+  Child child;
+  UniqueFd to, from;
+};
+RawGuard spawn_guard(const std::vector<std::string>& args) {
+  int down[2], up[2];
+  if (::pipe2(down, O_CLOEXEC) != 0 || ::pipe2(up, O_CLOEXEC) != 0)
+    throw Error(Errc::kIo, std::string("pipe2: ") + std::strerror(errno));
+  UniqueFd down_r(down[0]), down_w(down[1]), up_r(up[0]), up_w(up[1]);
+  SpawnOptions so;
+  so.stdin_fd = down_r.get();
+  so.stdout_fd = up_w.get();
+  std::vector<std::string> argv{(test::bin_dir() / process::kGuardBinary).string()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Child c = spawn(argv, so);
+  return {std::move(c), std::move(down_w), std::move(up_r)};
+}
+
 // The guard acts on a protected pid only while it names the process it was told of (same start
 // tick): a migration's original ends once handed over, and a recovery then (gpuckpt killed
 // before it disarmed) must not kill whatever took that pid since. A wrong tick stands in for the
@@ -393,17 +413,7 @@ TEST(Guard, ARecoveryLeavesAloneAProcessThatTookAProtectedPid) {
     Child victim = spawn({"sleep", "600"});
     const auto ticks = process::start_ticks(victim.pid());
     ASSERT_TRUE(ticks.has_value());
-    int down[2], up[2];
-    ASSERT_EQ(::pipe2(down, O_CLOEXEC), 0);
-    ASSERT_EQ(::pipe2(up, O_CLOEXEC), 0);
-    UniqueFd down_r(down[0]), down_w(down[1]), up_r(up[0]), up_w(up[1]);
-    SpawnOptions so;
-    so.stdin_fd = down_r.get();
-    so.stdout_fd = up_w.get();
-    Child guard =
-        spawn({(test::bin_dir() / process::kGuardBinary).string(), "--operation", "migrate"}, so);
-    down_r.reset();
-    up_w.reset();
+    auto [guard, down_w, up_r] = spawn_guard({"--operation", "migrate"});
     const std::uint64_t told = same_process ? *ticks : *ticks + 1;
     const std::string plan = nlohmann::json{{"op", "protect"},
                                             {"root", victim.pid()},
@@ -469,7 +479,7 @@ TEST(Guard, GivesBackTheCudaStateOfTheTasksTheDumpsPluginLocked) {
   EXPECT_TRUE(said(locked)) << summary;
   EXPECT_FALSE(said(other)) << summary;
   for (Child* c : {&locked, &other}) {
-    EXPECT_NE(test::process_state(c->pid()), 'T') << "left stopped: " << summary;
+    EXPECT_TRUE(test::runs_again(c->pid())) << "left stopped: " << summary;
     c->kill(SIGKILL);
     c->wait();
   }
@@ -570,18 +580,7 @@ TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
   // Held by a live guard alone (its gpuckpt gone): left to it, and removed by it once the
   // operation is over.
   {
-    int down[2], up[2];
-    ASSERT_EQ(::pipe2(down, O_CLOEXEC), 0);
-    ASSERT_EQ(::pipe2(up, O_CLOEXEC), 0);
-    UniqueFd down_r(down[0]), down_w(down[1]), up_r(up[0]), up_w(up[1]);
-    SpawnOptions so;
-    so.stdin_fd = down_r.get();
-    so.stdout_fd = up_w.get();
-    Child guard = spawn({(test::bin_dir() / process::kGuardBinary).string(), "--operation", "dump",
-                         "--journal", j.string()},
-                        so);
-    down_r.reset();
-    up_w.reset();
+    auto [guard, down_w, up_r] = spawn_guard({"--operation", "dump", "--journal", j.string()});
     char ready[6] = {};
     ASSERT_EQ(::read(up_r.get(), ready, 6), 6);
     EXPECT_TRUE(recover_abandoned_operations().empty()) << "recovered under a live guard";

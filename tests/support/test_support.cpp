@@ -367,6 +367,13 @@ char process_state(pid_t pid) {
   return stat[paren + 2];
 }
 
+bool runs_again(pid_t pid) {
+  return wait_until([&] {
+    const char c = process_state(pid);
+    return c != 'T' && c != 't';
+  });
+}
+
 }  // namespace gpuckpt::test
 
 namespace gpuckpt::test {

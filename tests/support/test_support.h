@@ -155,6 +155,9 @@ Error error_from(const std::function<void()>& f);
 
 // The state letter of /proc/PID/stat ('R', 'S', 'T', 'Z', ...), or 0 if there is no process.
 char process_state(pid_t pid);
+// Whether `pid` is, or within wait_until's timeout becomes, neither stopped nor traced ('T',
+// 't'): a frozen service that a recovery resumes.
+bool runs_again(pid_t pid);
 
 }  // namespace gpuckpt::test
 
