@@ -101,12 +101,15 @@ const char* env(const char* name) {
   return v && *v ? v : nullptr;
 }
 
-void save_report() {
-  if (g.report_path.empty()) return;
+// False (and said on stderr) when the report could not be written.
+bool save_report() {
+  if (g.report_path.empty()) return true;
   try {
     gpuckpt::write_file_atomic(g.report_path, gpuckpt::criu::to_json_text(g.report));
+    return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpuckpt plugin: cannot write %s: %s\n", g.report_path.c_str(), e.what());
+    return false;
   }
 }
 
@@ -347,12 +350,16 @@ int pause_devices(int pid) {
     Tracked t;
     t.initial = *st;
     if (*st == dev::CudaProcState::kRunning) {
+      // In the report before the lock: if gpuckpt and criu die from then on, the guard reads
+      // it to give the CUDA state back (process/guard.cpp). A task listed but never locked
+      // costs nothing there (it runs); one locked but not listed would stay frozen.
+      g.report.locked_pids.push_back(pid);
+      if (!save_report())
+        throw gpuckpt::Error(gpuckpt::Errc::kIo,
+                             "cannot record the task in the plugin's report before locking it, "
+                             "so a recovery could not unlock it");
       dev::lock(pid, g.lock_timeout);
       t.locked_by_us = true;
-      // In the report before anything else can happen: if gpuckpt and criu die from here on,
-      // the guard reads it to give the CUDA state back (process/guard.cpp).
-      g.report.locked_pids.push_back(pid);
-      save_report();
     }
     t.checkpointed = *st == dev::CudaProcState::kCheckpointed;
     g.tracked[pid] = t;

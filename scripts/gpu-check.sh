@@ -861,7 +861,7 @@ fi
 # ---- gpuckpt killed in the middle of a dump: the service runs on, its VRAM given back ----
 # The CRIU plugin locks and checkpoints the server's CUDA state while gpuckpt waits for criu;
 # gpuckpt learns which tasks once criu has finished. Killed before (criu_dump) or after
-# (compress_write) that, the guard must resume the server with its VRAM back on the GPU, and
+# (compress_write, in a staged dump: --staging) that, the guard must resume the server with its VRAM back on the GPU, and
 # with the guard killed too, the next `gpuckpt recover` must. The proof: the server answers
 # STATE (a CUDA call: it blocks while the state is locked or in host memory) with the hash of
 # before, and its next answer equals the twin's.
@@ -872,7 +872,9 @@ children_named() {  # children_named PARENT COMM -> pids
     [ "$(awk '{ print $4 }' "$d/stat" 2>/dev/null)" = "$1" ] && echo "${d#/proc/}"
   done
 }
-if [ "$criu_ok" = 1 ]; then
+if [ "$criu_ok" = 1 ] && ! kill -0 "$demo_pid" 2>/dev/null; then
+  record SKIP "dump killed" "the demo server (pid $demo_pid) is not running"
+elif [ "$criu_ok" = 1 ]; then
   for fault in criu_dump compress_write criu_dump+guard; do
     have_time 40 "dump killed at $fault" || break
     point=${fault%+guard}
@@ -910,7 +912,7 @@ if [ "$criu_ok" = 1 ]; then
       summary=$(sed -n 's/^gpuckpt-guard: gpuckpt ended in the middle of an operation; //p' "$work/fault.out")
     else
       how="gpuckpt recover"
-      kill -9 "$g" "$guard"
+      kill -9 "$guard" "$g"
       wait "$g" 2>/dev/null
       timeout "$(cap 90)" "$gpuckpt" --json recover >"$work/recover.json" 2>"$work/recover.err"
       summary=$(json_get "$work/recover.json" recovered.0.summary)

@@ -339,7 +339,8 @@ void collect_dump(DumpState& d) {
     spdlog::warn("the CRIU plugin wrote no report ({}): device stages are missing",
                  d.report_path.string());
   rec.cuda_pids = cuda_pids_of(plugin);
-  if (!o.leave_running) d.guard.cuda(rec.cuda_pids);
+  // Only what this dump locked: a task that was locked or checkpointed before it is left so.
+  if (!o.leave_running && plugin) d.guard.cuda(plugin->locked_pids);
   add_dump_stages(result.timeline, d.run, result.image_bytes, stats, plugin);
   if (const Stage* f = result.timeline.find("frozen")) result.frozen_seconds = f->seconds;
   rec.cuda = plugin && plugin->cuda;

@@ -44,6 +44,9 @@ struct GuardPlan {
   std::set<pid_t> pids;
   std::set<pid_t> cuda;
   fs::path cuda_report;  // the dump's plugin report: its locked_pids are given back as well
+  // The dump's staging directory, which holds that report: kept from other runs' sweeps while
+  // a recovery may still need to read it (gpuckpt's TempDir held it until it was killed).
+  UniqueFd cuda_report_hold;
   // Start ticks of the protected processes when they were named (0: it had ended already).
   std::map<pid_t, std::uint64_t> started;
   pid_t criu = 0;
@@ -540,6 +543,42 @@ std::string changed_since_the_kill(const Plan& p, const std::map<pid_t, Plan::Co
   return {};
 }
 
+// Gives back the CUDA state of the live protected processes this dump locked (the plugin's
+// report, read now: gpuckpt may have died before it learnt them) or checkpointed (p.cuda), from
+// whatever state the driver reports: until then every CUDA call of theirs blocks. criu has
+// ended (recover's step 1), so no tracer holds the restore threads the driver works in.
+void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, std::vector<std::string>& log) {
+  std::set<pid_t> cuda = p.cuda;
+  if (!p.cuda_report.empty()) {
+    try {
+      // None: criu stopped before the plugin started (nothing locked), or no plugin at all.
+      if (const auto rep = criu::read_plugin_report(p.cuda_report))
+        cuda.insert(rep->locked_pids.begin(), rep->locked_pids.end());
+    } catch (const Error& e) {
+      say(log, "the CRIU plugin's report cannot be read (" + std::string(e.what()) +
+                   "): a process it locked may stay frozen on the GPU");
+    }
+  }
+  for (pid_t q : live) {
+    if (!cuda.count(q)) continue;
+    try {
+      switch (device::return_to_running(q)) {
+        case device::Returned::kRestoredAndUnlocked:
+          say(log, "the CUDA state of process " + std::to_string(q) + " was restored");
+          break;
+        case device::Returned::kUnlocked:
+          say(log, "the CUDA state of process " + std::to_string(q) + " was unlocked");
+          break;
+        case device::Returned::kNothing:
+          break;
+      }
+    } catch (const Error& e) {
+      say(log, "process " + std::to_string(q) +
+                   " runs but its CUDA state could not be given back: " + e.what());
+    }
+  }
+}
+
 std::string recover(const Plan& p) {
   std::vector<std::string> log;
   // A pid counts only while it is the process gpuckpt named (same start tick): one reused
@@ -586,13 +625,30 @@ std::string recover(const Plan& p) {
     }
     u.kill = u.kill || c.kill;
   }
+  // The protected processes still alive as the ones named (start ticks), their trees included.
+  auto live_targets = [&] {
+    std::set<pid_t> live;
+    for (pid_t q : p.pids)
+      if (protected_one(q)) live.insert(q);
+    for (pid_t r : p.roots)
+      if (protected_one(r))
+        for (pid_t q : process_tree(r))
+          if (alive(q)) live.insert(q);
+    return std::vector<pid_t>(live.begin(), live.end());
+  };
   if (p.replay) {
     if (const std::string why = changed_since_the_kill(p, unique, is, protected_one);
         !why.empty()) {
       // Someone acted since (an operator resumed the original, or a copy has been serving
       // alone): undoing now would end a running service. Nothing is removed either; the
       // sweeps of later runs take the staging nobody holds.
-      say(log, why + ", so nothing was undone");
+      // Except the CUDA state the dump locked: a tree that runs again because criu died with
+      // gpuckpt (the kernel resumes a tracer's tasks) would otherwise serve frozen on the GPU.
+      // Giving it back acts only on a state the driver still reports locked or checkpointed.
+      const std::size_t said = log.size();
+      if (!p.durable || !p.end_targets) give_back_cuda(p, live_targets(), log);
+      say(log,
+          why + (log.size() > said ? ", so nothing else was undone" : ", so nothing was undone"));
       std::string out;
       for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
       return out;
@@ -650,14 +706,7 @@ std::string recover(const Plan& p) {
     }
   }
   // ...else resumed where they are frozen (or ended, once durable, if they were to end).
-  std::set<pid_t> live_set;
-  for (pid_t q : p.pids)
-    if (protected_one(q)) live_set.insert(q);
-  for (pid_t r : p.roots)
-    if (protected_one(r))
-      for (pid_t q : process_tree(r))
-        if (alive(q)) live_set.insert(q);
-  const std::vector<pid_t> live(live_set.begin(), live_set.end());
+  const std::vector<pid_t> live = live_targets();
   if (p.durable && p.end_targets) {
     for (pid_t q : live) ::kill(q, SIGKILL);
     for (pid_t q : live) wait_ended(q, std::chrono::seconds(10));
@@ -665,35 +714,7 @@ std::string recover(const Plan& p) {
       say(log, "the checkpoint is durable, so the dumped processes ended as planned");
   } else {
     for (pid_t q : live) ::kill(q, SIGCONT);
-    // criu has ended (step 1), so no tracer holds the restore threads the driver works in.
-    std::set<pid_t> cuda = p.cuda;
-    if (!p.cuda_report.empty()) {
-      try {
-        if (const auto rep = criu::read_plugin_report(p.cuda_report))
-          cuda.insert(rep->locked_pids.begin(), rep->locked_pids.end());
-      } catch (const Error& e) {
-        say(log, "the CRIU plugin's report cannot be read (" + std::string(e.what()) +
-                     "): a process it locked may stay frozen on the GPU");
-      }
-    }
-    for (pid_t q : live) {
-      if (!cuda.count(q)) continue;
-      try {
-        switch (device::return_to_running(q)) {
-          case device::Returned::kRestoredAndUnlocked:
-            say(log, "the CUDA state of process " + std::to_string(q) + " was restored");
-            break;
-          case device::Returned::kUnlocked:
-            say(log, "the CUDA state of process " + std::to_string(q) + " was unlocked");
-            break;
-          case device::Returned::kNothing:
-            break;
-        }
-      } catch (const Error& e) {
-        say(log, "process " + std::to_string(q) +
-                     " runs but its CUDA state could not be given back: " + e.what());
-      }
-    }
+    give_back_cuda(p, live, log);
     if (!live.empty()) {
       std::string ids;
       for (pid_t q : live) ids += (ids.empty() ? "" : ",") + std::to_string(q);
@@ -722,6 +743,15 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
     for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.cuda.insert(q);
   } else if (op == "cuda_report") {
     p.cuda_report = m.at("path").get<std::string>();
+    if (hold_dirs) {
+      try {
+        // The report lies in images/ of the dump's staging directory (make_images_dir).
+        p.cuda_report_hold = hold_dir(p.cuda_report.parent_path().parent_path());
+      } catch (const Error&) {
+        // Gone already (the dump ended it, or a sweep took it): recover says the report is
+        // missing.
+      }
+    }
   } else if (op == "criu") {
     p.criu = m.at("pid").get<pid_t>();
     p.criu_started = m.at("started").get<std::uint64_t>();
@@ -771,6 +801,7 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
       p.pids.clear();
       p.cuda.clear();
       p.cuda_report.clear();
+      p.cuda_report_hold.reset();
       p.started.clear();
     }
   }

@@ -61,7 +61,7 @@ class Guard {
   // then); `pids` adds processes known to belong to it. Each with its start tick now: recovery
   // leaves alone a process that took one of these pids since.
   void protect(pid_t root, const std::vector<pid_t>& pids = {});
-  // These processes had their CUDA state checkpointed: recovery restores and unlocks them.
+  // This dump locked these processes' CUDA state (and checkpointed it): recovery gives it back.
   void cuda(const std::vector<pid_t>& pids);
   // Where the CRIU plugin of the dump about to start reports the tasks it locks: a recovery
   // gives those back too, for gpuckpt may die before it learns them (cuda() above).
