@@ -400,7 +400,6 @@ Returned return_to_running(pid_t pid) {
 ProcessLock::~ProcessLock() {
   if (!owned_) return;
   try {
-    if (!process_exists(pid_)) return;  // e.g. CRIU killed it after a dump: nothing to undo
     // Asks the driver rather than trusting state_: a call that failed midway may have moved it.
     switch (return_to_running(pid_)) {
       case Returned::kRestoredAndUnlocked:

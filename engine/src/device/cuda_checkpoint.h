@@ -63,12 +63,13 @@ std::vector<pid_t> lock_before_kill(const std::vector<pid_t>& pids,
 // What return_to_running did.
 enum class Returned { kNothing, kUnlocked, kRestoredAndUnlocked };
 
-// Brings a process back to running CUDA from whatever state the driver reports now (call it
-// only for a process the caller itself locked: it would undo anyone's lock) (a step cut short may
-// have moved it): checkpointed -> restore (same GPUs) -> unlock, locked -> unlock. Nothing for a
-// running process, a missing one or one without CUDA state. The process must not be held stopped by
-// a tracer: the driver does the work in its restore thread. Throws Error(kDevice) for the failed
-// state (its GPU state is lost) and the driver's errors, Error(kNoDevice) without the API.
+// Brings a process the caller itself locked back to running CUDA (it would undo anyone's lock),
+// from whatever state the driver reports now, since a step cut short may have moved it:
+// checkpointed -> restore (same GPUs) -> unlock, locked -> unlock. Nothing for a running
+// process, a missing one (e.g. CRIU killed it after a dump) or one without CUDA state. The process
+// must not be held stopped by a tracer: the driver does the work in its restore thread. Throws
+// Error(kDevice) for the failed state (its GPU state is lost) and the driver's errors,
+// Error(kNoDevice) without the API.
 Returned return_to_running(pid_t pid);
 
 // RAII: locks in the constructor; the destructor unlocks if still locked (e.g. a dump failed

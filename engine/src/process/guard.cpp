@@ -506,13 +506,19 @@ void say(std::vector<std::string>& log, std::string s) {
 }
 
 // Step 5, and the summary: every path of the plan goes, whichever way the targets went.
+// The summary: what recovery did, in order.
+std::string joined(const std::vector<std::string>& log) {
+  std::string out;
+  for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
+  return out;
+}
+
 std::string finish(const Plan& p, const std::vector<std::string>& log) {
   for (const auto& path : p.remove) {
     std::error_code ec;
     fs::remove_all(path, ec);
   }
-  std::string out;
-  for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
+  const std::string out = joined(log);
   return out.empty() ? kNothingToUndo : out;
 }
 
@@ -649,9 +655,7 @@ std::string recover(const Plan& p) {
       if (!p.durable || !p.end_targets) give_back_cuda(p, live_targets(), log);
       say(log,
           why + (log.size() > said ? ", so nothing else was undone" : ", so nothing was undone"));
-      std::string out;
-      for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
-      return out;
+      return joined(log);
     }
   }
   for (const auto& [key, c] : unique) {
@@ -748,8 +752,8 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
         // The report lies in images/ of the dump's staging directory (make_images_dir).
         p.cuda_report_hold = hold_dir(p.cuda_report.parent_path().parent_path());
       } catch (const Error&) {
-        // Gone already (the dump ended it, or a sweep took it): recover says the report is
-        // missing.
+        // Gone already (the dump ended it, or a sweep took it): recovery then has p.cuda
+        // alone.
       }
     }
   } else if (op == "criu") {
