@@ -427,21 +427,41 @@ void add_migrate(CLI::App& app, Context& ctx) {
 
 void run_recover(Context& ctx) {
   const std::vector<RecoveredOperation> done = recover_abandoned_operations();
+  // A failover script reads the exit status: an operation not wholly undone (the original not
+  // restored, a socket path not put back) exits with the code of its first failure.
+  const RecoveryFailure* first = nullptr;
+  for (const auto& r : done)
+    if (!first && !r.failures.empty()) first = &r.failures.front();
+  if (first) ctx.exit_code = static_cast<int>(first->code);
   if (ctx.json) {
     nlohmann::json list = nlohmann::json::array();
-    for (const auto& r : done)
+    for (const auto& r : done) {
+      nlohmann::json failures = nlohmann::json::array();
+      for (const auto& f : r.failures)
+        failures.push_back({{"code", std::string(errc_name(f.code))}, {"message", f.what}});
       list.push_back({{"operation", r.operation},
                       {"gpuckpt_pid", r.gpuckpt_pid},
                       {"started", r.started},
                       {"journal", r.journal},
-                      {"summary", r.summary}});
-    ctx.emit({{"ok", true}, {"recovered", list}});
+                      {"summary", r.summary},
+                      {"complete", r.failures.empty()},
+                      {"failures", failures}});
+    }
+    nlohmann::json out = {{"ok", first == nullptr}, {"recovered", list}};
+    if (first)
+      out["error"] = {{"code", std::string(errc_name(first->code))},
+                      {"message", "not everything could be undone: " + first->what}};
+    ctx.emit(out);
     return;
   }
   if (done.empty()) print_header("nothing to recover: no gpuckpt was killed with its guard");
   for (const auto& r : done)
-    print_header("undid the %s of gpuckpt pid %d (started %s): %s", r.operation.c_str(),
-                 static_cast<int>(r.gpuckpt_pid), r.started.c_str(), r.summary.c_str());
+    print_header("undid the %s of gpuckpt pid %d (started %s)%s: %s", r.operation.c_str(),
+                 static_cast<int>(r.gpuckpt_pid), r.started.c_str(),
+                 r.failures.empty() ? "" : ", not all of it", r.summary.c_str());
+  if (first)
+    std::fprintf(stderr, "gpuckpt: error: not everything could be undone: %s\n",
+                 first->what.c_str());
 }
 
 void add_recover(CLI::App& app, Context& ctx) {

@@ -600,6 +600,7 @@ TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
   EXPECT_EQ(done[0].operation, "dump");
   EXPECT_EQ(done[0].gpuckpt_pid, 1234);
   EXPECT_EQ(done[0].summary, "process " + std::to_string(victim.pid()) + " was resumed");
+  EXPECT_TRUE(done[0].failures.empty());
   EXPECT_TRUE(test::wait_until([&] { return !frozen(); })) << "the process was left frozen";
   EXPECT_FALSE(fs::exists(j));
   EXPECT_TRUE(recover_abandoned_operations().empty());
@@ -637,9 +638,79 @@ TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
   EXPECT_NE(cuda[0].summary.find(driver ? "so nothing was undone" : "so nothing else was undone"),
             std::string::npos)
       << cuda[0].summary;
+  // A state not given back is a failure of the recovery, not only a line of its summary.
+  ASSERT_EQ(cuda[0].failures.size(), driver ? 0u : 1u);
+  if (!driver) EXPECT_NE(cuda[0].failures[0].code, Errc::kOk);
   EXPECT_TRUE(process::alive(victim.pid()));
   victim.kill(SIGKILL);
   victim.wait();
+}
+
+// A failover script reads `gpuckpt recover`'s exit status. A migration killed with its guard
+// after the original had ended is undone by restoring the original from the checkpoint; when
+// that restore fails, the service is down, and recover must not exit 0 as if it were back.
+TEST(Journal, ARecoveryThatCannotRestoreTheOriginalFailsWithTheRestoresCode) {
+  auto dir = test::scratch_dir();
+  const fs::path run = dir.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  Child original = spawn({"true"});
+  ASSERT_TRUE(original.wait().ok());  // ended, as a migration ends it once its copy answers
+  std::string boot = read_file("/proc/sys/kernel/random/boot_id");
+  boot.erase(boot.find_last_not_of('\n') + 1);
+  std::error_code ec;
+  const std::string pidns = fs::read_symlink("/proc/self/ns/pid", ec).string();
+  fs::create_directories(run);
+  const fs::path j = run / ".migrate-4321.journal-0123456789abcdef";
+  const fs::path checkpoint = dir.path() / "gone.ckpt";  // removed since, by someone
+  auto write_journal = [&] {
+    std::ofstream out(j);
+    out << nlohmann::json{{"gpuckpt_journal", 1}, {"operation", "migrate"}, {"pid", 4321},
+                          {"started", "T0"},      {"boot_id", boot},        {"pidns", pidns}}
+               .dump()
+        << "\n"
+        << nlohmann::json{{"op", "protect"},
+                          {"root", original.pid()},
+                          {"pids", {original.pid()}},
+                          {"started", {{original.pid(), 1}}}}
+               .dump()
+        << "\n"
+        << nlohmann::json{{"op", "restore_from"},
+                          {"checkpoint", checkpoint.string()},
+                          {"staging", (dir.path() / "staging").string()},
+                          {"criu", "criu"}}
+               .dump()
+        << "\n";
+  };
+  write_journal();
+  const auto r = test::run_cli({"--json", "recover"});
+  const auto out = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << r.out << r.err;
+  EXPECT_EQ(out["ok"], false);
+  ASSERT_EQ(out["recovered"].size(), 1u) << r.out;
+  const auto& op = out["recovered"][0];
+  EXPECT_EQ(op["operation"], "migrate");
+  EXPECT_EQ(op["complete"], false);
+  ASSERT_EQ(op["failures"].size(), 1u) << r.out;
+  EXPECT_NE(op["failures"][0]["message"].get<std::string>().find(
+                "restore it by hand: gpuckpt restore " + checkpoint.string()),
+            std::string::npos)
+      << r.out;
+  // The exit status is the failed restore's own code, named in the JSON as every error is.
+  EXPECT_EQ(out["error"]["code"], op["failures"][0]["code"]);
+  EXPECT_EQ(out["error"]["code"], std::string(errc_name(Errc::kInvalidInput))) << r.out;
+  EXPECT_EQ(r.exit_code, static_cast<int>(Errc::kInvalidInput)) << r.err;
+  // Said once: a later run does not fail again on a restore left to the operator.
+  EXPECT_FALSE(fs::exists(j));
+  EXPECT_EQ(test::run_cli({"recover"}).exit_code, 0);
+
+  // Without --json: the same status, and why on stderr.
+  write_journal();
+  const auto text = test::run_cli({"recover"});
+  EXPECT_EQ(text.exit_code, static_cast<int>(Errc::kInvalidInput)) << text.err;
+  EXPECT_NE(text.err.find("not everything could be undone: restoring the original from " +
+                          checkpoint.string() + " failed"),
+            std::string::npos)
+      << text.err;
 }
 
 // A guarded operation keeps its journal for as long as it runs, held by gpuckpt and by its

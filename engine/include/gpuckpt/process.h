@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpuckpt/device.h"
+#include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
 #include "gpuckpt/timing.h"
 
@@ -296,6 +297,13 @@ struct DumpRestoreBenchResult {
 
 DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& opts);
 
+// A step of a recovery that failed: the original not restored, a path not put back, a
+// process's CUDA state not given back.
+struct RecoveryFailure {
+  Errc code = Errc::kInternal;  // of the error that stopped the step
+  std::string what;             // as the summary says it
+};
+
 // An operation whose gpuckpt was killed together with its guard (a cgroup's SIGKILL, the OOM
 // killer), undone from its journal by a later run.
 struct RecoveredOperation {
@@ -304,6 +312,8 @@ struct RecoveredOperation {
   std::string started;    // when it started, UTC (ISO 8601)
   std::string journal;    // the journal it was undone from (removed now)
   std::string summary;    // what was undone, as a guard says it ("process 12 was resumed")
+  // What could not be undone (each also in the summary): empty when the recovery is complete.
+  std::vector<RecoveryFailure> failures;
 };
 // Undoes, as their guards would have, the operations whose gpuckpt and guard were both killed on
 // this host (in this boot and pid namespace), and returns them; each is also logged. Every dump,

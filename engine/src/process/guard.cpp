@@ -80,7 +80,12 @@ namespace {
 
 using Plan = GuardPlan;
 void apply(Plan& p, const json& m, bool hold_dirs);
-std::string recover(const Plan& p);
+// What a recovery did, in order, and what of it failed (each failure is said in the summary too).
+struct Recovery {
+  std::string summary;
+  std::vector<RecoveryFailure> failures;
+};
+Recovery recover(const Plan& p);
 
 std::mutex g_guards_mu;
 std::set<Guard*> g_guards;
@@ -403,7 +408,7 @@ std::string Guard::recover_somewhere(bool by_guard, std::chrono::milliseconds ti
   if (!by_guard) {
     child_.wait_for(std::chrono::seconds(1));
     return "the guard (pid " + std::to_string(guard_pid) + ") had died, so " + here +
-           recover(*mirror_);
+           recover(*mirror_).summary;
   }
   std::string summary = read_line(from_guard_.get(), timeout);
   const auto ended = child_.wait_for(std::chrono::seconds(10));
@@ -411,7 +416,7 @@ std::string Guard::recover_somewhere(bool by_guard, std::chrono::milliseconds ti
     // It took the abort and died in its recovery (killed): what it had not done, and what it
     // had, is done again here (resuming, killing a copy and removing paths bear repeating).
     return "the guard (pid " + std::to_string(guard_pid) + ") died in its recovery (" +
-           ended->describe() + "), so " + here + recover(*mirror_);
+           ended->describe() + "), so " + here + recover(*mirror_).summary;
   if (summary.empty())
     summary = "the guard did not report its recovery within " +
               std::to_string(timeout.count() / 1000) + " s";
@@ -501,25 +506,37 @@ namespace gpuckpt::process {
 
 namespace {
 
-void say(std::vector<std::string>& log, std::string s) {
-  log.push_back(std::move(s));
+// What a recovery has done so far, and what it could not do.
+struct RecoveryLog {
+  std::vector<std::string> said;
+  std::vector<RecoveryFailure> failed;
+};
+
+void say(RecoveryLog& log, std::string s) {
+  log.said.push_back(std::move(s));
 }
 
-// Step 5, and the summary: every path of the plan goes, whichever way the targets went.
+// Said like the rest, and counted: `gpuckpt recover` exits with the first failure's code.
+void fail(RecoveryLog& log, Errc code, std::string s) {
+  log.failed.push_back({code, s});
+  say(log, std::move(s));
+}
+
 // The summary: what recovery did, in order.
-std::string joined(const std::vector<std::string>& log) {
+std::string joined(const RecoveryLog& log) {
   std::string out;
-  for (const auto& l : log) out += (out.empty() ? "" : "; ") + l;
+  for (const auto& l : log.said) out += (out.empty() ? "" : "; ") + l;
   return out;
 }
 
-std::string finish(const Plan& p, const std::vector<std::string>& log) {
+// Step 5, and the summary: every path of the plan goes, whichever way the targets went.
+Recovery finish(const Plan& p, RecoveryLog log) {
   for (const auto& path : p.remove) {
     std::error_code ec;
     fs::remove_all(path, ec);
   }
   const std::string out = joined(log);
-  return out.empty() ? kNothingToUndo : out;
+  return {out.empty() ? kNothingToUndo : out, std::move(log.failed)};
 }
 
 // For a replay: why undoing the plan now would do harm, or "" if everything is as the kill
@@ -553,7 +570,7 @@ std::string changed_since_the_kill(const Plan& p, const std::map<pid_t, Plan::Co
 // report, read now: gpuckpt may have died before it learnt them) or checkpointed (p.cuda), from
 // whatever state the driver reports: until then every CUDA call of theirs blocks. criu has
 // ended (recover's step 1), so no tracer holds the restore threads the driver works in.
-void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, std::vector<std::string>& log) {
+void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, RecoveryLog& log) {
   std::set<pid_t> cuda = p.cuda;
   if (!p.cuda_report.empty()) {
     try {
@@ -561,8 +578,9 @@ void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, std::vector<s
       if (const auto rep = criu::read_plugin_report(p.cuda_report))
         cuda.insert(rep->locked_pids.begin(), rep->locked_pids.end());
     } catch (const Error& e) {
-      say(log, "the CRIU plugin's report cannot be read (" + std::string(e.what()) +
-                   "): a process it locked may stay frozen on the GPU");
+      fail(log, e.code(),
+           "the CRIU plugin's report cannot be read (" + std::string(e.what()) +
+               "): a process it locked may stay frozen on the GPU");
     }
   }
   for (pid_t q : live) {
@@ -579,14 +597,15 @@ void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, std::vector<s
           break;
       }
     } catch (const Error& e) {
-      say(log, "process " + std::to_string(q) +
-                   " runs but its CUDA state could not be given back: " + e.what());
+      fail(log, e.code(),
+           "process " + std::to_string(q) +
+               " runs but its CUDA state could not be given back: " + e.what());
     }
   }
 }
 
-std::string recover(const Plan& p) {
-  std::vector<std::string> log;
+Recovery recover(const Plan& p) {
+  RecoveryLog log;
   // A pid counts only while it is the process gpuckpt named (same start tick): one reused
   // since is someone else's.
   auto is = [](pid_t q, std::uint64_t started) {
@@ -651,11 +670,11 @@ std::string recover(const Plan& p) {
       // Except the CUDA state the dump locked: a tree that runs again because criu died with
       // gpuckpt (the kernel resumes a tracer's tasks) would otherwise serve frozen on the GPU.
       // Giving it back acts only on a state the driver still reports locked or checkpointed.
-      const std::size_t said = log.size();
+      const std::size_t said = log.said.size();
       if (!p.durable || !p.end_targets) give_back_cuda(p, live_targets(), log);
-      say(log,
-          why + (log.size() > said ? ", so nothing else was undone" : ", so nothing was undone"));
-      return joined(log);
+      say(log, why + (log.said.size() > said ? ", so nothing else was undone"
+                                             : ", so nothing was undone"));
+      return {joined(log), std::move(log.failed)};
     }
   }
   for (const auto& [key, c] : unique) {
@@ -682,8 +701,10 @@ std::string recover(const Plan& p) {
   }
   // 3. paths a rollback must put back.
   for (const auto& [from, to] : p.renames) {
-    if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT)
-      say(log, "cannot put " + to.string() + " back: " + std::strerror(errno));
+    if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
+      const int err = errno;
+      fail(log, Errc::kIo, detail::with_strerror("cannot put " + to.string() + " back", err));
+    }
   }
   // 4. the targets, each only while it is the process that was protected.
   // Restored from the checkpoint if they already ended for a migration...
@@ -702,9 +723,11 @@ std::string recover(const Plan& p) {
         say(log, "the original was restored from " + p.restore_from.string() + " as pid " +
                      std::to_string(rr.pid));
       } catch (const std::exception& e) {
-        say(log, "restoring the original from " + p.restore_from.string() +
-                     " failed (restore it by hand: gpuckpt restore " + p.restore_from.string() +
-                     "): " + e.what());
+        const auto* err = dynamic_cast<const Error*>(&e);
+        fail(log, err ? err->code() : Errc::kInternal,
+             "restoring the original from " + p.restore_from.string() +
+                 " failed (restore it by hand: gpuckpt restore " + p.restore_from.string() +
+                 "): " + e.what());
       }
       return finish(p, log);
     }
@@ -875,7 +898,7 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
     }
     if (aborted) break;
   }
-  const std::string summary = recover(plan);
+  const std::string summary = recover(plan).summary;
   over();
   if (!aborted) {
     // gpuckpt died: nobody reads the pipe, so tell the operator on the inherited stderr.
@@ -917,16 +940,19 @@ std::vector<RecoveredOperation> recover_abandoned_operations() {
       ++process::g_aborting;
     }
     try {
-      r.summary = process::recover(p);
+      auto undone = process::recover(p);
+      r.summary = std::move(undone.summary);
+      r.failures = std::move(undone.failures);
     } catch (...) {
       process::end_abort(r.summary);
       throw;
     }
     process::end_abort(r.summary);
-    spdlog::warn(
-        "a {} by gpuckpt (pid {}, started {}) was killed together with its guard; "
-        "undone now: {}",
-        r.operation, r.gpuckpt_pid, r.started, r.summary);
+    spdlog::log(r.failures.empty() ? spdlog::level::warn : spdlog::level::err,
+                "a {} by gpuckpt (pid {}, started {}) was killed together with its guard; "
+                "undone now{}: {}",
+                r.operation, r.gpuckpt_pid, r.started, r.failures.empty() ? "" : ", not all of it",
+                r.summary);
     out.push_back(std::move(r));
   });
   return out;
