@@ -4,10 +4,14 @@
 // links, a second copy). gpuckpt is stopped at each phase deterministically by its fault points
 // (util/fault.h): $GPUCKPT_FAULT_PAUSE names the point, $GPUCKPT_FAULT_MARK is created there.
 #include <fcntl.h>
+#include <grp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -388,6 +392,79 @@ TEST_F(E2eFaults, ASecondDumpOfAProcessBeingDumpedIsRefusedBeforeFreezing) {
   s.wait();
 }
 
+// The lock that keeps a second gpuckpt off was an flock on /proc/PID, which any local user may
+// take: `nobody` holding it refused every dump of a root service. It is now a file in the run
+// directory (root's alone), removed with the lock.
+TEST_F(E2eFaults, AnotherUsersLockOnProcHoldsOffNoDumpAndTheLockFileGoesWithTheDump) {
+  const fs::path run = dir_.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());  // inherited by every gpuckpt
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to hold the lock as nobody";
+  Child s = server("n");
+  const std::string pid = std::to_string(s.pid());
+  const std::string proc = "/proc/" + pid;
+  // One process (flock(1) would leave its command behind when killed), as `nobody`: only
+  // syscalls after the fork.
+  const pid_t holder = ::fork();
+  ASSERT_GE(holder, 0);
+  if (holder == 0) {
+    if (::setgroups(0, nullptr) != 0 || ::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(1);
+    const int fd = ::open(proc.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) ::_exit(2);
+    for (;;) ::pause();
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      if (pid <= 0) return;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, nullptr, 0);
+    }
+  } reap{holder};
+  ASSERT_TRUE(test::wait_until([&] {
+    int status = 0;
+    if (::waitpid(holder, &status, WNOHANG) == holder) {
+      ADD_FAILURE() << "the holder ended early (status " << status << ")";
+      reap.pid = 0;
+      return true;
+    }
+    UniqueFd fd(::open(proc.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    return fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  })) << "nobody never held "
+      << proc;
+  ASSERT_NE(reap.pid, 0);
+  auto lock_files = [&] {
+    std::vector<std::string> v;
+    for (const auto& e : fs::directory_iterator(run))
+      if (e.path().filename().string().starts_with(".lock-")) v.push_back(e.path().string());
+    return v;
+  };
+
+  Child g = test::paused_cli({"dump", "--pid", pid, "--leave-running", "-o",
+                              (out_ / "n.ckpt").string(), "--staging", staging_.string()},
+                             "criu_dump", dir_.path(), test::Resume::kWhenUnmarked);
+  // Held by this dump alone, named by the pid namespace, the pid and its start tick (a later
+  // process with this pid is another file).
+  const auto ticks = process::start_ticks(s.pid());
+  ASSERT_TRUE(ticks.has_value());
+  struct stat ns = {};
+  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0);
+  EXPECT_EQ(lock_files(),
+            std::vector<std::string>{(run / (".lock-" + std::to_string(ns.st_ino) + "-" + pid +
+                                             "-" + std::to_string(*ticks)))
+                                         .string()});
+  const auto second = test::run_cli({"dump", "--pid", pid, "-o", (out_ / "n2.ckpt").string()}, 120);
+  EXPECT_EQ(second.exit_code, 10) << second.err;
+  EXPECT_NE(second.err.find("being dumped or migrated by another gpuckpt"), std::string::npos)
+      << second.err;
+  test::resume_paused(dir_.path(), "criu_dump");
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "cli.err");
+  EXPECT_EQ(ask_unix_line(sock("n"), "PING"), "PONG");
+  EXPECT_TRUE(lock_files().empty()) << "the lock file outlived its dump";
+  s.kill(SIGKILL);
+  s.wait();
+}
+
 TEST_F(E2eFaults, SignalDuringAReleaseMigrationRestoresTheOriginalFromTheCheckpointAndSaysSo) {
   // A TCP listener: the original ends once the checkpoint is durable, so after a SIGKILL of
   // gpuckpt once the copy runs (before gpuckpt read its pid, and in the probe phase) the guard
@@ -698,7 +775,7 @@ TEST_F(E2eFaults, AMigrationKilledWithItsGuardIsUndoneByTheNextRun) {
         paused_cli({"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / name).string(),
                     "--staging", staging_.string(), "--probe", "unix:" + sock(name).string()},
                    "first_answer");
-    ASSERT_EQ(entries(run).size(), 1u) << "no journal while the migration runs";
+    ASSERT_EQ(entries(run, ".migrate-").size(), 1u) << "no journal while the migration runs";
     if (how != "guard alone") {
       const pid_t killed = g.pid();
       ASSERT_TRUE(kill_guard_of(g));
@@ -708,7 +785,9 @@ TEST_F(E2eFaults, AMigrationKilledWithItsGuardIsUndoneByTheNextRun) {
       EXPECT_EQ(test::process_state(s.pid()), 'T');
       EXPECT_EQ(serving(sock(name).string()).size(), 2u);
       EXPECT_EQ(entries(dir_.path(), "." + name + ".sock.gpuckpt-rollback").size(), 1u);
-      EXPECT_EQ(entries(run).size(), 1u);
+      EXPECT_EQ(entries(run, ".migrate-").size(), 1u);
+      // And the lock of the killed gpuckpt's file, which nobody holds now.
+      EXPECT_EQ(entries(run, ".lock-").size(), 1u);
       if (how == "recover") {
         const auto r = test::run_cli({"--json", "recover"});
         ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -739,8 +818,15 @@ TEST_F(E2eFaults, AMigrationKilledWithItsGuardIsUndoneByTheNextRun) {
     })) << "the unconfirmed copy survived";
     EXPECT_EQ(ask_unix_line(sock(name), "STATE"), state) << "the path was not given back";
     EXPECT_TRUE(entries(dir_.path(), "." + name + ".sock.gpuckpt-rollback").empty());
-    EXPECT_TRUE(test::wait_until([&] { return entries(run).empty(); })) << "a journal was left";
+    EXPECT_TRUE(test::wait_until([&] { return entries(run, ".migrate-").empty(); }))
+        << "a journal was left";
     EXPECT_TRUE(test::wait_until([&] { return entries(staging_).empty(); }));
+    // The killed gpuckpt's lock file keeps no later dump off the original: the next takes it
+    // over, and removes it with its own lock.
+    const auto again = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "--leave-running",
+                                      "-o", (out_ / (name + "-again.ckpt")).string()});
+    EXPECT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_TRUE(entries(run, ".lock-").empty());
     for (pid_t p : serving(sock(name).string())) {
       if (p == s.pid()) continue;
       ::kill(p, SIGKILL);
@@ -752,6 +838,39 @@ TEST_F(E2eFaults, AMigrationKilledWithItsGuardIsUndoneByTheNextRun) {
   const auto r = test::run_cli({"recover"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("nothing to recover"), std::string::npos) << r.out;
+}
+
+// A lock file whose gpuckpt was SIGKILLed and whose process has ended since is swept by the
+// next run; one of a live process, or of another pid namespace's, is left (its next lock takes
+// it over; the other namespace's pids are not ours to judge).
+TEST_F(E2eFaults, TheNextRunSweepsOnlyTheLockFilesOfProcessesThatHaveEnded) {
+  const fs::path run = dir_.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());  // inherited by every gpuckpt
+  Child live = spawn({"sleep", "600"});
+  Child gone = spawn({"sleep", "600"});
+  const auto live_ticks = process::start_ticks(live.pid());
+  const auto gone_ticks = process::start_ticks(gone.pid());
+  ASSERT_TRUE(live_ticks && gone_ticks);
+  gone.kill(SIGKILL);
+  gone.wait();
+  struct stat ns = {};
+  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0);
+  auto name = [&](std::uint64_t pidns, pid_t q, std::uint64_t t) {
+    return ".lock-" + std::to_string(pidns) + "-" + std::to_string(q) + "-" + std::to_string(t);
+  };
+  fs::create_directories(run);
+  fs::permissions(run, fs::perms::owner_all);
+  const std::string of_live = name(ns.st_ino, live.pid(), *live_ticks);
+  const std::string of_gone = name(ns.st_ino, gone.pid(), *gone_ticks);
+  const std::string of_other_ns = name(ns.st_ino + 1, gone.pid(), *gone_ticks);
+  for (const auto& n : {of_live, of_gone, of_other_ns}) std::ofstream(run / n).put('\n');
+  const auto r = test::run_cli({"recover"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(run / of_live));
+  EXPECT_FALSE(fs::exists(run / of_gone));
+  EXPECT_TRUE(fs::exists(run / of_other_ns));
+  live.kill(SIGKILL);
+  live.wait();
 }
 
 TEST_F(E2eFaults, RolledBackMigrationLeavesTheSocketPathBoundToTheOriginal) {

@@ -379,7 +379,7 @@ void publish_checkpoint(DumpState& d) {
 DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCopy copy) {
   // Locked before the tree is looked at: another gpuckpt's dump in flight may have it stopped
   // already, and "being dumped by another gpuckpt" is the refusal that says why.
-  std::vector<UniqueFd> locks =
+  std::vector<HeldLockFile> locks =
       lock_processes(o.pid > 0 ? process_tree(o.pid) : std::vector<pid_t>{});
   const Target target = preflight_target(o.pid);
   preflight_output(o);

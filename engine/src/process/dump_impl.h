@@ -7,6 +7,7 @@
 #include "gpuckpt/process.h"
 #include "image/stream_pack.h"
 #include "process/record.h"
+#include "process/support.h"
 #include "util/unique_fd.h"
 
 namespace gpuckpt::process {
@@ -16,7 +17,7 @@ struct DumpOutcome {
   ProcessRecord record;
   // The tree's processes, locked against another gpuckpt's dump or migration of them for as
   // long as this outcome lives (lock_processes).
-  std::vector<UniqueFd> locks;
+  std::vector<HeldLockFile> locks;
 };
 
 class Guard;

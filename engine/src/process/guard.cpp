@@ -597,9 +597,13 @@ void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, RecoveryLog& 
           break;
       }
     } catch (const Error& e) {
-      fail(log, e.code(),
-           "process " + std::to_string(q) +
-               " runs but its CUDA state could not be given back: " + e.what());
+      // One that ended meanwhile (a stop's SIGTERM was pending) has no state left to give back.
+      if (!alive(q))
+        say(log, "process " + std::to_string(q) + " ended before its CUDA state was given back");
+      else
+        fail(log, e.code(),
+             "process " + std::to_string(q) +
+                 " runs but its CUDA state could not be given back: " + e.what());
     }
   }
 }
@@ -620,8 +624,12 @@ Recovery recover(const Plan& p) {
   if (is(p.criu, p.criu_started) && alive(p.criu)) {
     if (!wait_ended(p.criu, std::chrono::seconds(60))) {
       ::kill(p.criu, SIGKILL);
-      wait_ended(p.criu, std::chrono::seconds(10));
-      say(log, "criu (pid " + std::to_string(p.criu) + ") was killed");
+      if (wait_ended(p.criu, std::chrono::seconds(10)))
+        say(log, "criu (pid " + std::to_string(p.criu) + ") was killed");
+      else
+        fail(log, Errc::kCriu,
+             "criu (pid " + std::to_string(p.criu) +
+                 ") does not end, even killed: the processes it holds stay as they are");
     }
   }
   // 2. the copies, which may own the service's endpoints.
@@ -692,7 +700,14 @@ Recovery recover(const Plan& p) {
       for (pid_t q : process_tree(c.pid))
         if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
     // end_tree locks restored CUDA processes before it kills them (cuda-checkpoint#53).
-    end_tree(tree, 10000);
+    if (const auto left = end_tree(tree, 10000); !left.empty()) {
+      std::string ids;
+      for (pid_t q : left) ids += (ids.empty() ? "" : ",") + std::to_string(q);
+      fail(log, Errc::kProcess,
+           "the restored copy " + std::to_string(root ? c.pid : c.pidns_init) +
+               " did not end (still alive: " + ids + "), so two copies may serve");
+      continue;
+    }
     say(log,
         c.kill ? "the restored copy " + std::to_string(root ? c.pid : c.pidns_init) + " was killed"
                : "the restore was interrupted before criu finished in its pid namespace, "
@@ -736,8 +751,14 @@ Recovery recover(const Plan& p) {
   const std::vector<pid_t> live = live_targets();
   if (p.durable && p.end_targets) {
     for (pid_t q : live) ::kill(q, SIGKILL);
-    for (pid_t q : live) wait_ended(q, std::chrono::seconds(10));
-    if (!live.empty())
+    std::string stuck;
+    for (pid_t q : live)
+      if (!wait_ended(q, std::chrono::seconds(10)))
+        stuck += (stuck.empty() ? "" : ",") + std::to_string(q);
+    if (!stuck.empty())
+      fail(log, Errc::kProcess,
+           "the checkpoint is durable, but the dumped processes " + stuck + " did not end");
+    else if (!live.empty())
       say(log, "the checkpoint is durable, so the dumped processes ended as planned");
   } else {
     for (pid_t q : live) ::kill(q, SIGCONT);
@@ -955,6 +976,7 @@ std::vector<RecoveredOperation> recover_abandoned_operations() {
                 r.summary);
     out.push_back(std::move(r));
   });
+  process::remove_abandoned_locks();  // never throws: the list above is what a caller needs
   return out;
 }
 

@@ -46,9 +46,9 @@ std::string failed(const fs::path& path, int err) {
   return path.string() + ": " + std::strerror(err);
 }
 
-// The journal directory, created if missing; nullopt, with why, if there is none of this
-// user's alone (a journal anyone could write would have root kill and rename what it names).
-std::optional<fs::path> journal_dir(std::string& why) {
+}  // namespace
+
+std::optional<fs::path> run_directory(std::string& why) {
   fs::path dir;
   if (const char* e = std::getenv("GPUCKPT_RUN_DIR"); e && *e) {
     dir = e;
@@ -75,6 +75,8 @@ std::optional<fs::path> journal_dir(std::string& why) {
   }
   return dir;
 }
+
+namespace {
 
 // Ours: .NAME.journal- and temp_sibling's 16 hex digits.
 bool journal_name(const std::string& name) {
@@ -142,7 +144,7 @@ Journal Journal::open_new(const std::string& operation) {
     return Journal();
   };
   std::string why;
-  const auto dir = journal_dir(why);
+  const auto dir = run_directory(why);
   if (!dir) return not_kept(why);
   UniqueFd fd(::open(dir->c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600));
   if (!fd) return not_kept("O_TMPFILE in " + failed(*dir, errno));
@@ -193,7 +195,7 @@ UniqueFd hold_journal(const fs::path& path) {
 
 void for_each_abandoned_journal(const std::function<void(const AbandonedJournal&)>& fn) {
   std::string why;
-  const auto dir = journal_dir(why);
+  const auto dir = run_directory(why);
   if (!dir) {
     spdlog::debug("no journals to look at: {}", why);
     return;

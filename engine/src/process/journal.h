@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,12 +22,17 @@
 
 namespace gpuckpt::process {
 
+// gpuckpt's run directory, created if missing: $GPUCKPT_RUN_DIR, else /run/gpuckpt for root,
+// else $XDG_RUNTIME_DIR/gpuckpt; it must be a directory of this user's alone (mode 0700): a
+// journal or a lock anyone could write would have root kill and rename what it names, or hold
+// off its dumps. nullopt, with why, if there is no such directory.
+std::optional<std::filesystem::path> run_directory(std::string& why);
+
 class Journal {
  public:
   Journal() = default;
-  // A new journal for `operation` ("dump", "migrate"), held, with its header, in the journal
-  // directory: $GPUCKPT_RUN_DIR, else /run/gpuckpt for root, else $XDG_RUNTIME_DIR/gpuckpt;
-  // mode 0700, this user's alone. It appears whole: built unnamed (O_TMPFILE), locked, then
+  // A new journal for `operation` ("dump", "migrate"), held, with its header, in the run
+  // directory (run_directory). It appears whole: built unnamed (O_TMPFILE), locked, then
   // linked. Without one (no such directory, a full tmpfs) the journal is inactive, the
   // operation goes on (guarded as before) and a warning says what is not covered.
   static Journal open_new(const std::string& operation);

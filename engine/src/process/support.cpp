@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "process/journal.h"
 #include "process/proc_info.h"
 #include "util/fs.h"
 #include "util/poll_timeout.h"
@@ -70,9 +72,113 @@ void require_utf8_path(const fs::path& path, const std::string& what) {
                                   "only (nothing was frozen)");
 }
 
-std::vector<UniqueFd> lock_processes(const std::vector<pid_t>& tree) {
-  std::vector<UniqueFd> locks;
+void HeldLockFile::release() noexcept {
+  if (fd_ && !path_.empty()) ::unlink(path_.c_str());
+  fd_.reset();
+  path_.clear();
+}
+
+namespace {
+
+constexpr std::string_view kLockPrefix = ".lock-";  // .lock-PIDNS-PID-TICK in the run directory
+
+[[noreturn]] void throw_being_dumped(pid_t q, const std::string& what) {
+  throw Error(Errc::kProcess, "process " + std::to_string(q) +
+                                  " is being dumped or migrated by another gpuckpt (" + what +
+                                  " is locked); nothing was frozen (wait for that one to finish)");
+}
+
+// The lock file's name for process `q` started at `ticks`, in this pid namespace: a run
+// directory shared with another namespace (a bind mount, $GPUCKPT_RUN_DIR) names other
+// processes by the same pids.
+std::string lock_name(pid_t q, std::uint64_t ticks) {
+  struct stat ns = {};
+  const std::uint64_t pidns = ::stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
+  return std::string(kLockPrefix) + std::to_string(pidns) + "-" + std::to_string(q) + "-" +
+         std::to_string(ticks);
+}
+
+// An exclusive flock on `path` (created if missing, unless `create` is false); nullopt if another
+// holds it, or if it is missing and not to be created. Errors are kIo: a full tmpfs is not
+// "being dumped" (exit 10), which a script may retry for good.
+std::optional<HeldLockFile> try_lock_file(const fs::path& path, bool create = true) {
+  for (;;) {
+    UniqueFd fd(
+        ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | (create ? O_CREAT : 0), 0600));
+    if (!fd) {
+      if (!create && errno == ENOENT) return std::nullopt;
+      throw_errno(Errc::kIo, "open the lock ", path);
+    }
+    if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+      if (errno == EWOULDBLOCK) return std::nullopt;
+      throw_errno(Errc::kIo, "lock ", path);
+    }
+    // The holder before us removes the file while it still holds it: the lock just taken may be
+    // on a name that is gone, beside which a third run would create and lock a new file.
+    struct stat held = {};
+    struct stat named = {};
+    if (::fstat(fd.get(), &held) != 0) throw_errno(Errc::kIo, "stat ", path);
+    if (::stat(path.c_str(), &named) != 0) {
+      if (errno != ENOENT) throw_errno(Errc::kIo, "stat ", path);
+      if (!create) return std::nullopt;
+      continue;
+    }
+    if (named.st_ino == held.st_ino && named.st_dev == held.st_dev)
+      return HeldLockFile(path, std::move(fd));
+  }
+}
+
+}  // namespace
+
+void remove_abandoned_locks() {
+  std::string why;
+  const std::optional<fs::path> run = run_directory(why);
+  if (!run) return;
+  std::error_code ec;
+  fs::directory_iterator it(*run, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    try {
+      const std::string name = it->path().filename().string();
+      if (!name.starts_with(kLockPrefix)) continue;
+      // Only the file of a process that has ended (or of another pid namespace's, whose pids are
+      // not ours to judge, left alone): one of a live process is its next lock's to take over,
+      // and a sweep must never hold a name a dump is about to lock.
+      pid_t q = 0;
+      std::uint64_t ticks = 0;
+      const auto parts = name.substr(kLockPrefix.size());
+      const auto a = parts.find('-'), b = parts.rfind('-');
+      if (a == std::string::npos || b == a) continue;
+      q = static_cast<pid_t>(std::stoll(parts.substr(a + 1, b - a - 1)));
+      ticks = std::stoull(parts.substr(b + 1));
+      if (name != lock_name(q, ticks)) continue;  // another namespace's, or not ours
+      if (const auto now = start_ticks(q); now && *now == ticks) continue;
+      // Taken only if nobody holds it, and removed as the lock goes out of scope.
+      (void)try_lock_file(it->path(), /*create=*/false);
+    } catch (const std::exception& e) {
+      spdlog::debug("lock file {}: {}", it->path().string(), e.what());
+    }
+  }
+}
+
+std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree) {
+  std::string why;
+  const std::optional<fs::path> run = run_directory(why);
+  if (!run && !tree.empty())
+    spdlog::warn(
+        "{}: the processes are locked on their /proc directories instead, which any "
+        "local user can hold to keep this dump off",
+        why);
+  std::vector<HeldLockFile> locks;
   for (pid_t q : tree) {
+    if (run) {
+      const auto started = start_ticks(q);
+      if (!started) continue;  // ended since the scan
+      const fs::path path = *run / lock_name(q, *started);
+      auto lock = try_lock_file(path);
+      if (!lock) throw_being_dumped(q, path.string());
+      locks.push_back(std::move(*lock));
+      continue;
+    }
     const std::string dir = "/proc/" + std::to_string(q);
     UniqueFd fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     if (!fd) {
@@ -81,15 +187,10 @@ std::vector<UniqueFd> lock_processes(const std::vector<pid_t>& tree) {
     }
     if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
-      if (err == EWOULDBLOCK)
-        throw Error(Errc::kProcess,
-                    "process " + std::to_string(q) +
-                        " is being dumped or migrated by another gpuckpt (its /proc/" +
-                        std::to_string(q) +
-                        " is locked); nothing was frozen (wait for that one to finish)");
+      if (err == EWOULDBLOCK) throw_being_dumped(q, "its " + dir);
       throw_syserr(Errc::kProcess, err, "lock ", dir);
     }
-    locks.push_back(std::move(fd));
+    locks.emplace_back(std::move(fd));
   }
   return locks;
 }

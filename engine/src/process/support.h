@@ -54,12 +54,50 @@ std::vector<pid_t> end_tree(const std::vector<pid_t>& tree, int timeout_ms = 300
 // its guard or writes into a record is checked with this before anything is frozen.
 void require_utf8_path(const std::filesystem::path& path, const std::string& what);
 
+// An exclusive flock held on a file that goes with it: the file is removed, still locked, when
+// this is destroyed, so that it does not outlive the lock (one that a SIGKILL left is taken
+// over by the next lock of the same name).
+class HeldLockFile {
+ public:
+  HeldLockFile(std::filesystem::path path, UniqueFd fd)
+      : path_(std::move(path)), fd_(std::move(fd)) {}
+  explicit HeldLockFile(UniqueFd fd) : fd_(std::move(fd)) {}  // a lock on no file of ours
+  ~HeldLockFile() { release(); }
+  HeldLockFile(HeldLockFile&& o) noexcept : path_(std::move(o.path_)), fd_(std::move(o.fd_)) {
+    o.path_.clear();
+  }
+  HeldLockFile& operator=(HeldLockFile&& o) noexcept {
+    if (this != &o) {
+      release();
+      path_ = std::move(o.path_);
+      o.path_.clear();
+      fd_ = std::move(o.fd_);
+    }
+    return *this;
+  }
+  HeldLockFile(const HeldLockFile&) = delete;
+  HeldLockFile& operator=(const HeldLockFile&) = delete;
+
+ private:
+  void release() noexcept;
+  std::filesystem::path path_;
+  UniqueFd fd_;
+};
+
 // One gpuckpt at a time may dump or migrate a process: two at once fought over it inside criu
-// ("was stopped by 5 unexpectedly") and both failed. Each process of `tree` is locked (flock on
-// its /proc directory, which names that process and no later one with its pid, and is dropped
-// with the lock's holder however it ends). Error(kProcess) if another gpuckpt holds one: nothing
-// is frozen yet. Processes that ended meanwhile are skipped.
-std::vector<UniqueFd> lock_processes(const std::vector<pid_t>& tree);
+// ("was stopped by 5 unexpectedly") and both failed. Each process of `tree` is locked: an
+// exclusive flock on a file of its own in the run directory (run_directory in journal.h:
+// /run/gpuckpt for root, this user's alone), named by its pid namespace, pid and start tick, so
+// that a later process with the same pid is another file, and dropped with the lock's holder
+// however it ends. Not on its /proc directory, as before: any local user may flock that, and so
+// held off every dump of a root service. Only without a run directory (a user other than root
+// without $XDG_RUNTIME_DIR) is /proc/PID flocked instead. Error(kProcess) if another gpuckpt holds
+// one: nothing is frozen yet. Processes that ended meanwhile are skipped.
+std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree);
+// Removes the lock files of lock_processes left by a gpuckpt that was SIGKILLed, once their
+// process has ended (one of a live process is taken over by its next lock): every guarded
+// operation and `gpuckpt recover` does this after undoing the journals. Never throws.
+void remove_abandoned_locks();
 
 // Environment handed to criu for the plugin (its GPU map is GpuMap::to_string()).
 // The device part of it (criu/plugin_report.h): the libcuda path this process found and, for a
