@@ -516,6 +516,33 @@ TEST(Guard, PutsBackTheVeryEntryItMovedAsideAndMovesNothingAfterAnAbort) {
   EXPECT_TRUE(fs::exists(fs::symlink_status(path))) << "moved after the rollback had run";
 }
 
+namespace {
+
+// The first lines of a journal as a killed gpuckpt (pid `gpuckpt`) leaves it, written in the
+// boot `boot_id` and in this pid namespace: its header, then its guard's protect of `root`
+// (started at `ticks`).
+std::string journal_head(const std::string& operation, pid_t gpuckpt, const std::string& boot_id,
+                         pid_t root, std::uint64_t ticks) {
+  std::error_code ec;
+  const std::string pidns = fs::read_symlink("/proc/self/ns/pid", ec).string();
+  return nlohmann::json{{"gpuckpt_journal", 1}, {"operation", operation}, {"pid", gpuckpt},
+                        {"started", "T0"},      {"boot_id", boot_id},     {"pidns", pidns}}
+             .dump() +
+         "\n" +
+         nlohmann::json{
+             {"op", "protect"}, {"root", root}, {"pids", {root}}, {"started", {{root, ticks}}}}
+             .dump() +
+         "\n";
+}
+
+std::string this_boot() {
+  std::string boot = read_file("/proc/sys/kernel/random/boot_id");
+  boot.erase(boot.find_last_not_of('\n') + 1);
+  return boot;
+}
+
+}  // namespace
+
 // The journal covers gpuckpt and its guard killed together. What the next run undoes is only
 // what nobody still holds (a live gpuckpt or guard recovers its own), only what was written in
 // this boot (the pids of an earlier one name other processes), and only from a directory this
@@ -530,26 +557,14 @@ TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
   ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
   const auto ticks = process::start_ticks(victim.pid());
   ASSERT_TRUE(ticks.has_value());
-  std::string boot = read_file("/proc/sys/kernel/random/boot_id");
-  boot.erase(boot.find_last_not_of('\n') + 1);
-  std::error_code ec;
-  const std::string pidns = fs::read_symlink("/proc/self/ns/pid", ec).string();
+  const std::string boot = this_boot();
 
   // A journal as a killed gpuckpt (pid 1234) leaves it: its header, then what it told its guard.
   auto write_journal = [&](const std::string& boot_id, const fs::path& cuda_report = {}) {
     fs::create_directories(run);
     const fs::path p = run / ".dump-1234.journal-0123456789abcdef";
     std::ofstream out(p);
-    out << nlohmann::json{{"gpuckpt_journal", 1}, {"operation", "dump"}, {"pid", 1234},
-                          {"started", "T0"},      {"boot_id", boot_id},  {"pidns", pidns}}
-               .dump()
-        << "\n"
-        << nlohmann::json{{"op", "protect"},
-                          {"root", victim.pid()},
-                          {"pids", {victim.pid()}},
-                          {"started", {{victim.pid(), *ticks}}}}
-               .dump()
-        << "\n";
+    out << journal_head("dump", 1234, boot_id, victim.pid(), *ticks);
     if (!cuda_report.empty())
       out << nlohmann::json{{"op", "cuda_report"}, {"path", cuda_report.string()}}.dump() << "\n";
     out << "{\"op\":\"durab";  // cut short by the kill
@@ -655,25 +670,13 @@ TEST(Journal, ARecoveryThatCannotRestoreTheOriginalFailsWithTheRestoresCode) {
   const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
   Child original = spawn({"true"});
   ASSERT_TRUE(original.wait().ok());  // ended, as a migration ends it once its copy answers
-  std::string boot = read_file("/proc/sys/kernel/random/boot_id");
-  boot.erase(boot.find_last_not_of('\n') + 1);
-  std::error_code ec;
-  const std::string pidns = fs::read_symlink("/proc/self/ns/pid", ec).string();
   fs::create_directories(run);
   const fs::path j = run / ".migrate-4321.journal-0123456789abcdef";
   const fs::path checkpoint = dir.path() / "gone.ckpt";  // removed since, by someone
   auto write_journal = [&] {
     std::ofstream out(j);
-    out << nlohmann::json{{"gpuckpt_journal", 1}, {"operation", "migrate"}, {"pid", 4321},
-                          {"started", "T0"},      {"boot_id", boot},        {"pidns", pidns}}
-               .dump()
-        << "\n"
-        << nlohmann::json{{"op", "protect"},
-                          {"root", original.pid()},
-                          {"pids", {original.pid()}},
-                          {"started", {{original.pid(), 1}}}}
-               .dump()
-        << "\n"
+    // The original's start tick is not the one it had: it has ended.
+    out << journal_head("migrate", 4321, this_boot(), original.pid(), 1)
         << nlohmann::json{{"op", "restore_from"},
                           {"checkpoint", checkpoint.string()},
                           {"staging", (dir.path() / "staging").string()},
