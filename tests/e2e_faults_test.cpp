@@ -848,8 +848,9 @@ TEST_F(E2eFaults, TheNextRunSweepsOnlyTheLockFilesOfProcessesThatHaveEnded) {
   const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());  // inherited by every gpuckpt
   Child live = spawn({"sleep", "600"});
   Child gone = spawn({"sleep", "600"});
+  const pid_t gone_pid = gone.pid();  // Child forgets it once waited for
   const auto live_ticks = process::start_ticks(live.pid());
-  const auto gone_ticks = process::start_ticks(gone.pid());
+  const auto gone_ticks = process::start_ticks(gone_pid);
   ASSERT_TRUE(live_ticks && gone_ticks);
   gone.kill(SIGKILL);
   gone.wait();
@@ -861,8 +862,8 @@ TEST_F(E2eFaults, TheNextRunSweepsOnlyTheLockFilesOfProcessesThatHaveEnded) {
   fs::create_directories(run);
   fs::permissions(run, fs::perms::owner_all);
   const std::string of_live = name(ns.st_ino, live.pid(), *live_ticks);
-  const std::string of_gone = name(ns.st_ino, gone.pid(), *gone_ticks);
-  const std::string of_other_ns = name(ns.st_ino + 1, gone.pid(), *gone_ticks);
+  const std::string of_gone = name(ns.st_ino, gone_pid, *gone_ticks);
+  const std::string of_other_ns = name(ns.st_ino + 1, gone_pid, *gone_ticks);
   for (const auto& n : {of_live, of_gone, of_other_ns}) std::ofstream(run / n).put('\n');
   const auto r = test::run_cli({"recover"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -655,7 +655,9 @@ TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
       << cuda[0].summary;
   // A state not given back is a failure of the recovery, not only a line of its summary.
   ASSERT_EQ(cuda[0].failures.size(), driver ? 0u : 1u);
-  if (!driver) EXPECT_NE(cuda[0].failures[0].code, Errc::kOk);
+  if (!driver) {
+    EXPECT_NE(cuda[0].failures[0].code, Errc::kOk);
+  }
   EXPECT_TRUE(process::alive(victim.pid()));
   victim.kill(SIGKILL);
   victim.wait();

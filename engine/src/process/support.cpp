@@ -93,8 +93,8 @@ constexpr std::string_view kLockPrefix = ".lock-";  // .lock-PIDNS-PID-TICK in t
 // processes by the same pids.
 std::string lock_name(pid_t q, std::uint64_t ticks) {
   struct stat ns = {};
-  const std::uint64_t pidns = ::stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
-  return std::string(kLockPrefix) + std::to_string(pidns) + "-" + std::to_string(q) + "-" +
+  if (::stat("/proc/self/ns/pid", &ns) != 0) throw_errno(Errc::kIo, "stat /proc/self/ns/pid");
+  return std::string(kLockPrefix) + std::to_string(ns.st_ino) + "-" + std::to_string(q) + "-" +
          std::to_string(ticks);
 }
 
@@ -125,12 +125,14 @@ std::optional<HeldLockFile> try_lock_file(const fs::path& path, bool create = tr
     }
     if (named.st_ino == held.st_ino && named.st_dev == held.st_dev)
       return HeldLockFile(path, std::move(fd));
+    // The name holds a new file now: a dump's, which a sweep must leave to it.
+    if (!create) return std::nullopt;
   }
 }
 
 }  // namespace
 
-void remove_abandoned_locks() {
+void remove_abandoned_locks() noexcept try {
   std::string why;
   const std::optional<fs::path> run = run_directory(why);
   if (!run) return;
@@ -150,14 +152,20 @@ void remove_abandoned_locks() {
       if (a == std::string::npos || b == a) continue;
       q = static_cast<pid_t>(std::stoll(parts.substr(a + 1, b - a - 1)));
       ticks = std::stoull(parts.substr(b + 1));
+      if (q <= 0) continue;
       if (name != lock_name(q, ticks)) continue;  // another namespace's, or not ours
-      if (const auto now = start_ticks(q); now && *now == ticks) continue;
+      const auto now = start_ticks(q);
+      if (now && *now == ticks) continue;
+      // No tick read: gone only if the kernel says so (a read may fail for other reasons).
+      if (!now && !(::kill(q, 0) != 0 && errno == ESRCH)) continue;
       // Taken only if nobody holds it, and removed as the lock goes out of scope.
       (void)try_lock_file(it->path(), /*create=*/false);
     } catch (const std::exception& e) {
       spdlog::debug("lock file {}: {}", it->path().string(), e.what());
     }
   }
+} catch (...) {
+  // Best effort: what is left is swept by a later run, or taken over by the next lock.
 }
 
 std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree) {

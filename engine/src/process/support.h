@@ -97,7 +97,7 @@ std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree);
 // Removes the lock files of lock_processes left by a gpuckpt that was SIGKILLed, once their
 // process has ended (one of a live process is taken over by its next lock): every guarded
 // operation and `gpuckpt recover` does this after undoing the journals. Never throws.
-void remove_abandoned_locks();
+void remove_abandoned_locks() noexcept;
 
 // Environment handed to criu for the plugin (its GPU map is GpuMap::to_string()).
 // The device part of it (criu/plugin_report.h): the libcuda path this process found and, for a
