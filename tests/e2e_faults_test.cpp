@@ -55,6 +55,17 @@ std::vector<std::string> entries(const fs::path& dir, const std::string& prefix 
   return v;
 }
 
+// This pid namespace's inode number, which names gpuckpt's lock files (process/support.h).
+std::uint64_t this_pidns() {
+  struct stat ns = {};
+  return ::stat("/proc/self/ns/pid", &ns) == 0 ? ns.st_ino : 0;
+}
+
+// The name of gpuckpt's lock file for process `pid` started at `ticks`, in pid namespace `pidns`.
+std::string lock_file(pid_t pid, std::uint64_t ticks, std::uint64_t pidns = this_pidns()) {
+  return ".lock-" + std::to_string(pidns) + "-" + std::to_string(pid) + "-" + std::to_string(ticks);
+}
+
 class E2eFaults : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -432,12 +443,6 @@ TEST_F(E2eFaults, AnotherUsersLockOnProcHoldsOffNoDumpAndTheLockFileGoesWithTheD
   })) << "nobody never held "
       << proc;
   ASSERT_NE(reap.pid, 0);
-  auto lock_files = [&] {
-    std::vector<std::string> v;
-    for (const auto& e : fs::directory_iterator(run))
-      if (e.path().filename().string().starts_with(".lock-")) v.push_back(e.path().string());
-    return v;
-  };
 
   Child g = test::paused_cli({"dump", "--pid", pid, "--leave-running", "-o",
                               (out_ / "n.ckpt").string(), "--staging", staging_.string()},
@@ -446,12 +451,7 @@ TEST_F(E2eFaults, AnotherUsersLockOnProcHoldsOffNoDumpAndTheLockFileGoesWithTheD
   // process with this pid is another file).
   const auto ticks = process::start_ticks(s.pid());
   ASSERT_TRUE(ticks.has_value());
-  struct stat ns = {};
-  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0);
-  EXPECT_EQ(lock_files(),
-            std::vector<std::string>{(run / (".lock-" + std::to_string(ns.st_ino) + "-" + pid +
-                                             "-" + std::to_string(*ticks)))
-                                         .string()});
+  EXPECT_EQ(entries(run, ".lock-"), std::vector<std::string>{lock_file(s.pid(), *ticks)});
   const auto second = test::run_cli({"dump", "--pid", pid, "-o", (out_ / "n2.ckpt").string()}, 120);
   EXPECT_EQ(second.exit_code, 10) << second.err;
   EXPECT_NE(second.err.find("being dumped or migrated by another gpuckpt"), std::string::npos)
@@ -460,7 +460,7 @@ TEST_F(E2eFaults, AnotherUsersLockOnProcHoldsOffNoDumpAndTheLockFileGoesWithTheD
   const ExitStatus st = g.wait();
   EXPECT_TRUE(st.ok()) << st.describe() << "\n" << read_file(dir_.path() / "cli.err");
   EXPECT_EQ(ask_unix_line(sock("n"), "PING"), "PONG");
-  EXPECT_TRUE(lock_files().empty()) << "the lock file outlived its dump";
+  EXPECT_TRUE(entries(run, ".lock-").empty()) << "the lock file outlived its dump";
   s.kill(SIGKILL);
   s.wait();
 }
@@ -854,16 +854,13 @@ TEST_F(E2eFaults, TheNextRunSweepsOnlyTheLockFilesOfProcessesThatHaveEnded) {
   ASSERT_TRUE(live_ticks && gone_ticks);
   gone.kill(SIGKILL);
   gone.wait();
-  struct stat ns = {};
-  ASSERT_EQ(::stat("/proc/self/ns/pid", &ns), 0);
-  auto name = [&](std::uint64_t pidns, pid_t q, std::uint64_t t) {
-    return ".lock-" + std::to_string(pidns) + "-" + std::to_string(q) + "-" + std::to_string(t);
-  };
+  const std::uint64_t pidns = this_pidns();
+  ASSERT_NE(pidns, 0u);
   fs::create_directories(run);
   fs::permissions(run, fs::perms::owner_all);
-  const std::string of_live = name(ns.st_ino, live.pid(), *live_ticks);
-  const std::string of_gone = name(ns.st_ino, gone_pid, *gone_ticks);
-  const std::string of_other_ns = name(ns.st_ino + 1, gone_pid, *gone_ticks);
+  const std::string of_live = lock_file(live.pid(), *live_ticks);
+  const std::string of_gone = lock_file(gone_pid, *gone_ticks);
+  const std::string of_other_ns = lock_file(gone_pid, *gone_ticks, pidns + 1);
   for (const auto& n : {of_live, of_gone, of_other_ns}) std::ofstream(run / n).put('\n');
   const auto r = test::run_cli({"recover"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

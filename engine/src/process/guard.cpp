@@ -522,6 +522,13 @@ void fail(RecoveryLog& log, Errc code, std::string s) {
   say(log, std::move(s));
 }
 
+// "12,13": pids as the summary names them.
+std::string pid_list(const std::vector<pid_t>& pids) {
+  std::string ids;
+  for (pid_t q : pids) ids += (ids.empty() ? "" : ",") + std::to_string(q);
+  return ids;
+}
+
 // The summary: what recovery did, in order.
 std::string joined(const RecoveryLog& log) {
   std::string out;
@@ -701,11 +708,9 @@ Recovery recover(const Plan& p) {
         if (std::find(tree.begin(), tree.end(), q) == tree.end()) tree.push_back(q);
     // end_tree locks restored CUDA processes before it kills them (cuda-checkpoint#53).
     if (const auto left = end_tree(tree, 10000); !left.empty()) {
-      std::string ids;
-      for (pid_t q : left) ids += (ids.empty() ? "" : ",") + std::to_string(q);
       fail(log, Errc::kProcess,
            "the restored copy " + std::to_string(root ? c.pid : c.pidns_init) +
-               " did not end (still alive: " + ids + "), so two copies may serve");
+               " did not end (still alive: " + pid_list(left) + "), so two copies may serve");
       continue;
     }
     say(log,
@@ -744,33 +749,31 @@ Recovery recover(const Plan& p) {
                  " failed (restore it by hand: gpuckpt restore " + p.restore_from.string() +
                  "): " + e.what());
       }
-      return finish(p, log);
+      return finish(p, std::move(log));
     }
   }
   // ...else resumed where they are frozen (or ended, once durable, if they were to end).
   const std::vector<pid_t> live = live_targets();
   if (p.durable && p.end_targets) {
     for (pid_t q : live) ::kill(q, SIGKILL);
-    std::string stuck;
+    std::vector<pid_t> stuck;
     for (pid_t q : live)
-      if (!wait_ended(q, std::chrono::seconds(10)))
-        stuck += (stuck.empty() ? "" : ",") + std::to_string(q);
+      if (!wait_ended(q, std::chrono::seconds(10))) stuck.push_back(q);
     if (!stuck.empty())
       fail(log, Errc::kProcess,
-           "the checkpoint is durable, but the dumped processes " + stuck + " did not end");
+           "the checkpoint is durable, but the dumped processes " + pid_list(stuck) +
+               " did not end");
     else if (!live.empty())
       say(log, "the checkpoint is durable, so the dumped processes ended as planned");
   } else {
     for (pid_t q : live) ::kill(q, SIGCONT);
     give_back_cuda(p, live, log);
     if (!live.empty()) {
-      std::string ids;
-      for (pid_t q : live) ids += (ids.empty() ? "" : ",") + std::to_string(q);
-      say(log, (live.size() == 1 ? "process " : "processes ") + ids +
+      say(log, (live.size() == 1 ? "process " : "processes ") + pid_list(live) +
                    (live.size() == 1 ? " was" : " were") + " resumed");
     }
   }
-  return finish(p, log);
+  return finish(p, std::move(log));
 }
 
 // At a commit: the entries moved aside (the replaced process's socket paths) are not put back,

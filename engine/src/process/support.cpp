@@ -88,14 +88,18 @@ constexpr std::string_view kLockPrefix = ".lock-";  // .lock-PIDNS-PID-TICK in t
                                   " is locked); nothing was frozen (wait for that one to finish)");
 }
 
-// The lock file's name for process `q` started at `ticks`, in this pid namespace: a run
-// directory shared with another namespace (a bind mount, $GPUCKPT_RUN_DIR) names other
-// processes by the same pids.
-std::string lock_name(pid_t q, std::uint64_t ticks) {
+// ".lock-PIDNS-": the start of this pid namespace's lock file names. A run directory shared
+// with another namespace (a bind mount, $GPUCKPT_RUN_DIR) names other processes by the same
+// pids.
+std::string lock_prefix() {
   struct stat ns = {};
   if (::stat("/proc/self/ns/pid", &ns) != 0) throw_errno(Errc::kIo, "stat /proc/self/ns/pid");
-  return std::string(kLockPrefix) + std::to_string(ns.st_ino) + "-" + std::to_string(q) + "-" +
-         std::to_string(ticks);
+  return std::string(kLockPrefix) + std::to_string(ns.st_ino) + "-";
+}
+
+// The lock file's name for process `q` started at `ticks`.
+std::string lock_name(const std::string& prefix, pid_t q, std::uint64_t ticks) {
+  return prefix + std::to_string(q) + "-" + std::to_string(ticks);
 }
 
 // An exclusive flock on `path` (created if missing, unless `create` is false); nullopt if another
@@ -136,24 +140,22 @@ void remove_abandoned_locks() noexcept try {
   std::string why;
   const std::optional<fs::path> run = run_directory(why);
   if (!run) return;
+  const std::string prefix = lock_prefix();
   std::error_code ec;
   fs::directory_iterator it(*run, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     try {
+      // Only the file of a process of this namespace that has ended: one of a live process is
+      // its next lock's to take over, a sweep must never hold a name a dump is about to lock,
+      // and another namespace's pids are not ours to judge.
       const std::string name = it->path().filename().string();
-      if (!name.starts_with(kLockPrefix)) continue;
-      // Only the file of a process that has ended (or of another pid namespace's, whose pids are
-      // not ours to judge, left alone): one of a live process is its next lock's to take over,
-      // and a sweep must never hold a name a dump is about to lock.
-      pid_t q = 0;
-      std::uint64_t ticks = 0;
-      const auto parts = name.substr(kLockPrefix.size());
-      const auto a = parts.find('-'), b = parts.rfind('-');
-      if (a == std::string::npos || b == a) continue;
-      q = static_cast<pid_t>(std::stoll(parts.substr(a + 1, b - a - 1)));
-      ticks = std::stoull(parts.substr(b + 1));
-      if (q <= 0) continue;
-      if (name != lock_name(q, ticks)) continue;  // another namespace's, or not ours
+      if (!name.starts_with(prefix)) continue;
+      const std::string rest = name.substr(prefix.size());
+      const auto dash = rest.find('-');
+      if (dash == std::string::npos) continue;
+      const auto q = static_cast<pid_t>(std::stoll(rest.substr(0, dash)));
+      const std::uint64_t ticks = std::stoull(rest.substr(dash + 1));
+      if (q <= 0 || name != lock_name(prefix, q, ticks)) continue;  // not one we wrote
       const auto now = start_ticks(q);
       if (now && *now == ticks) continue;
       // No tick read: gone only if the kernel says so (a read may fail for other reasons).
@@ -176,12 +178,13 @@ std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree) {
         "{}: the processes are locked on their /proc directories instead, which any "
         "local user can hold to keep this dump off",
         why);
+  const std::string prefix = run ? lock_prefix() : std::string();
   std::vector<HeldLockFile> locks;
   for (pid_t q : tree) {
     if (run) {
       const auto started = start_ticks(q);
       if (!started) continue;  // ended since the scan
-      const fs::path path = *run / lock_name(q, *started);
+      const fs::path path = *run / lock_name(prefix, q, *started);
       auto lock = try_lock_file(path);
       if (!lock) throw_being_dumped(q, path.string());
       locks.push_back(std::move(*lock));
