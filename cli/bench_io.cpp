@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <vector>
 
 #include "commands.h"
@@ -161,7 +160,7 @@ class IoBench {
     spdlog::info("bench io: generating {} of test data in {}", human_bytes(a.size), src_.string());
     generate_tree(src_, a.size);
     raw = dir_bytes(src_);
-    threads = a.threads ? a.threads : std::max(1u, std::thread::hardware_concurrency());
+    threads = a.threads ? a.threads : usable_cpus();
     have_zstd_ = have("zstd") && have("tar");
   }
 

@@ -95,12 +95,20 @@ struct StagingFlags {
   }
 };
 
+// --threads, for dump, restore and migrate.
+constexpr const char* kThreadsHelp =
+    "Compression and decompression workers (default 0: one per CPU gpuckpt may run on, at most "
+    "32). Fewer leave the node's other services their CPUs (the servers on its other GPUs; a "
+    "staged --leave-running snapshot compresses while the process runs again), at the cost of "
+    "a longer dump or restore where compression is the bound";
+
 struct DumpArgs {
   int pid = 0;
   std::string output, spool;
   StagingFlags staging;
   bool leave_running = false, force = false, tcp_established = false;
   int level = 1;
+  unsigned threads = 0;
   int lock_timeout_ms = 10000;
   CriuFlags criu;
   SignFlags sign;
@@ -115,6 +123,7 @@ void run_dump(const DumpArgs& o, Context& ctx) {
   d.staging_root = o.staging.dir;
   d.staging_mode = o.staging.resolve();
   d.pack.zstd_level = o.level;
+  d.pack.threads = o.threads;
   d.pack.force = o.force;
   d.pack.progress = ctx.progress();
   d.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
@@ -183,6 +192,7 @@ void add_dump(CLI::App& app, Context& ctx) {
   c->add_flag("--force", o->force, "Replace an existing checkpoint");
   o->staging.add(c, "Where CRIU writes its images first (tmpfs)");
   c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+  c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
   c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
       ->check(CLI::PositiveNumber);
   o->criu.add(c);
@@ -199,6 +209,7 @@ struct RestoreArgs {
   std::string checkpoint, gpu_map, spool;
   StagingFlags staging;
   bool new_pidns = false, take_endpoints = false, await_commit = false, no_huge_pages = false;
+  unsigned threads = 0;
   ProbeFlags probe;
   CriuFlags criu;
   TrustFlags trust;
@@ -212,6 +223,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.staging_root = o.staging.dir;
   r.staging_mode = o.staging.resolve();
   r.unpack.progress = ctx.progress();
+  r.unpack.threads = o.threads;
   r.probe = o.probe.probe();
   r.new_pid_ns = o.new_pidns;
   r.take_endpoints = o.take_endpoints;
@@ -296,6 +308,7 @@ void add_restore(CLI::App& app, Context& ctx) {
   c->add_flag("--new-pidns", o->new_pidns,
               "Restore into a new pid namespace (the checkpointed pid may be in use here)");
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
+  c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
   o->probe.add(c);
   o->criu.add(c);
   o->trust.add(c);
@@ -309,6 +322,7 @@ struct MigrateArgs {
   StagingFlags staging;
   bool keep = false, force = false, tcp_established = false, no_huge_pages = false;
   int level = 1;
+  unsigned threads = 0;
   int lock_timeout_ms = 10000;
   int stall_timeout_s = 60;
   ProbeFlags probe;
@@ -332,6 +346,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.staging_root = o.staging.dir;
   m.staging_mode = o.staging.resolve();
   m.pack.zstd_level = o.level;
+  m.pack.threads = o.threads;
   m.pack.force = o.force;
   m.pack.progress = ctx.progress();
   m.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
@@ -415,6 +430,9 @@ void add_migrate(CLI::App& app, Context& ctx) {
               "migration kept, so that it can be retried)");
   o->staging.add(c, "tmpfs staging directory for CRIU's images");
   c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+  c->add_option("--threads", o->threads,
+                std::string(kThreadsHelp) + " (ssh://: this host's; the target uses its own)")
+      ->check(CLI::Range(0u, 1024u));
   c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
       ->check(CLI::PositiveNumber);
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);

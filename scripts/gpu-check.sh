@@ -17,7 +17,8 @@
 #   scripts/gpu-check.sh --bundle gpu-bundle    # on the GPU machine: check with that bundle
 # Options: --build-dir DIR, --vram-gib N (default 4), --torch-gib N (default 1.5), --no-criu,
 # --no-torch, --no-tests, --budget-s S (default 330: the whole check ends by then), --keep,
-# --jobs N
+# --jobs N, --bench-dump SIZE (also `gpuckpt bench dump` of a SIZE demo server, 3 runs, on the
+# disk of the repository: the storage path on this machine's cores)
 # Exit: 0 all checks passed (some may be skipped), 1 a check failed, 2 usage, 7 no GPU.
 set -uo pipefail
 
@@ -33,12 +34,13 @@ do_torch=1
 do_tests=1
 keep=0
 jobs=16
+bench_size=""
 # The device machine gives one command 10 minutes; the whole check must end well within, with
 # its summary written (it is rewritten after every check, so a kill still leaves results).
 budget_s=330
 
 usage() {  # usage EXIT_CODE
-  sed -n "3,21p" "$0" | sed 's/^# \{0,1\}//' >&2
+  sed -n "3,22p" "$0" | sed 's/^# \{0,1\}//' >&2
   exit "$1"
 }
 while [ $# -gt 0 ]; do
@@ -54,6 +56,7 @@ while [ $# -gt 0 ]; do
     --no-tests) do_tests=0 ;;
     --keep) keep=1 ;;
     --jobs) jobs=${2:?}; shift ;;
+    --bench-dump) bench_size=${2:?}; shift ;;
     -h|--help) usage 0 ;;
     *) echo "$me: unknown argument $1" >&2; usage 2 ;;
   esac
@@ -415,8 +418,9 @@ fi
 [ -x "$server" ] || die 1 "$server missing: nvcc was not found when building"
 [ "$ckpt_api" = true ] || die 1 "the driver lacks the checkpoint API: $(json_get "$work/devices.json" driver.checkpoint_error)"
 
-launch_server() {  # launch_server NAME KIND: starts it in the background (KIND: demo or torch)
+launch_server() {  # launch_server NAME KIND [ARGS...]: starts it in the background (KIND: demo or torch)
   local name=$1 kind=$2 pid
+  shift 2
   # Own session: CRIU dumps it as a standalone tree, and the check's shell is not part of it.
   local session=()
   if command -v setsid >/dev/null; then session=(setsid); fi
@@ -425,7 +429,7 @@ launch_server() {  # launch_server NAME KIND: starts it in the background (KIND:
       "$torch_server" --socket "$work/$name.sock" --gib "$torch_gib" --seed 7 \
       </dev/null >"$work/$name.out" 2>"$work/$name.err" &
   else
-    "${session[@]}" "$server" --socket "$work/$name.sock" --vram-gib "$vram_gib" --seed 7 \
+    "${session[@]}" "$server" --socket "$work/$name.sock" --vram-gib "$vram_gib" --seed 7 "$@" \
       </dev/null >"$work/$name.out" 2>"$work/$name.err" &
   fi
   pid=$!
@@ -656,15 +660,17 @@ save_criu_logs() {  # save_criu_logs TAG
   fi
 }
 plugin_figures() {  # plugin_figures FILE BYTES -> device stages of a gpuckpt dump/restore JSON
-  local f=$1 bytes=$2 n s out=""
-  for n in cuda_init device_lock device_checkpoint device_restore unlock; do
+  # A tree's are "NAME@PID", one per process with CUDA state: their bytes are not known apart.
+  local f=$1 bytes=$2 n s out="" names
+  names=$(grep -o '"name": *"[^"]*"' "$f" | sed 's/^"name": *"//; s/"$//')
+  while read -r n; do
     s=$(stage_get "$f" "$n" seconds)
     [ -n "$s" ] || continue
     case $n in
       device_checkpoint|device_restore) out+="$n ${s} s ($(gbps "$bytes" "$s") GB/s) " ;;
       *) out+="$n ${s} s " ;;
     esac
-  done
+  done < <(grep -E '^(cuda_init|device_lock|device_checkpoint|device_restore|unlock)(@[0-9]+)?$' <<<"$names")
   echo "${out:-no device stages}"
 }
 
@@ -934,6 +940,147 @@ elif [ "$criu_ok" = 1 ]; then
       break
     fi
   done
+fi
+
+# ---- a tree with CUDA in several processes: the front and two workers ----------------------
+# Like a tensor-parallel server: the front never touches CUDA and each worker holds its share of
+# the VRAM state. The CRIU plugin must lock and checkpoint every worker, the restore must bring
+# back all of them with their VRAM, and a dump killed after the checkpoint must leave every
+# worker running with its VRAM back on the GPU.
+tree_pids() {  # tree_pids SOCKET -> the front's pid and the workers', one per line
+  local info
+  info=$(ask "$1" INFO)
+  tr ' ' '\n' <<<"$info" | sed -n -e 's/^pid=//p' -e 's/^worker_pids=//p' | tr ',' '\n'
+}
+tree_round() {  # tree_round TAG: STATE hash unchanged and the next answer equals the twin's
+  local tag=$1 state a b
+  state=$(ask "$tree_sock" STATE)
+  a=$(ask "$tree_sock" "GEN $tag") b=$(ask "$ttree_sock" "GEN $tag")
+  if [ "$(hash_of "$state")" = "$tree_hash" ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+    tree_hash=$(hash_of "$(ask "$tree_sock" STATE)")
+    return 0
+  fi
+  tree_why="STATE '$state' (before $tree_hash), answer '$a' vs twin '$b'"
+  return 1
+}
+if [ "$criu_ok" = 1 ] && have_time 70 "cuda tree"; then
+  t0=$(now)
+  launch_server tree demo --workers 2 --vram-gib 2
+  launch_server tree-twin demo --workers 2 --vram-gib 2
+  if await_server tree demo && tree_sock=$srv_sock && await_server tree-twin demo; then
+    ttree_sock=$srv_sock
+    mapfile -t tpids < <(tree_pids "$tree_sock")
+    mapfile -t twpids < <(tree_pids "$ttree_sock")
+    children+=("${tpids[@]}" "${twpids[@]}")
+    a=$(ask "$tree_sock" "GEN a tree") b=$(ask "$ttree_sock" "GEN a tree")
+    tree_hash=$(hash_of "$(ask "$tree_sock" STATE)")
+    if [ "${#tpids[@]}" -eq 3 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+      record PASS "tree server" "front ${tpids[0]}, CUDA workers ${tpids[1]} ${tpids[2]} (2 GiB of VRAM state between them), twin agrees: $a ($(elapsed "$t0") s)"
+      tree_ok=1
+    else
+      record FAIL "tree server" "pids '${tpids[*]}', answer '$a' vs twin '$b'"
+      tree_ok=0
+    fi
+    if [ "$tree_ok" = 1 ] && criu_dump tree "${tpids[0]}" "$work/tree.ckpt"; then
+      restored+=("${tpids[@]}")
+      gone=1
+      for p in "${tpids[@]}"; do wait_gone "$p" || gone=0; done
+      if [ "$gone" = 0 ]; then
+        record FAIL "tree dump" "the tree's processes are still there after the dump"
+      elif criu_restore tree "$work/tree.ckpt" "$tree_sock" STATE; then
+        mapfile -t npids < <(tree_pids "$tree_sock")
+        children+=("${npids[@]}")
+        restored+=("${npids[@]}")
+        record INFO "tree device" "$(plugin_figures "$work/tree-dump.json" 2147483648) | restore: $(plugin_figures "$work/tree-restore.json" 2147483648)"
+        if [ "${npids[*]}" = "${tpids[*]}" ] && tree_round "after a restore"; then
+          record PASS "tree restored" "pids ${npids[*]} as before, the workers' VRAM hash unchanged, the next answer equals the twin's"
+        else
+          record FAIL "tree restored" "pids '${npids[*]}' (before '${tpids[*]}'), ${tree_why:-}"
+          tree_ok=0
+        fi
+      else
+        tree_ok=0
+      fi
+      save_criu_logs tree
+    else
+      tree_ok=0
+    fi
+    rm -rf "$work/tree.ckpt"
+    # Killed after the plugin has checkpointed both workers (a staged dump at compress_write).
+    if [ "$tree_ok" = 1 ] && have_time 40 "tree dump killed"; then
+      mark=$work/tree-fault.mark
+      rm -rf "$mark" "$work/tree-fault.ckpt" "$work/tree-staging"
+      mkdir -p "$work/tree-staging"
+      t0=$(now)
+      GPUCKPT_FAULT_PAUSE=compress_write GPUCKPT_FAULT_MARK=$mark "$gpuckpt" dump \
+        --pid "${tpids[0]}" -o "$work/tree-fault.ckpt" --staging "$work/tree-staging" \
+        "${criu_args[@]}" >"$work/tree-fault.out" 2>&1 &
+      g=$!
+      limit=$((SECONDS + $(cap 60)))
+      until [ -e "$mark" ] || ! kill -0 "$g" 2>/dev/null || [ $SECONDS -ge $limit ]; do sleep 0.1; done
+      guard=$(children_named "$g" gpuckpt-guard | head -n 1)
+      if [ ! -e "$mark" ] || [ -z "$guard" ]; then
+        kill -9 "$g" 2>/dev/null
+        wait "$g" 2>/dev/null
+        record FAIL "tree dump killed" "gpuckpt never reached compress_write, or has no guard: $(tail -n 3 "$work/tree-fault.out" | tr '\n' ' ')"
+      else
+        kill -9 "$g"
+        wait "$g" 2>/dev/null
+        limit=$((SECONDS + $(cap 90)))
+        while kill -0 "$guard" 2>/dev/null && [ $SECONDS -lt $limit ]; do sleep 0.1; done
+        summary=$(sed -n 's/^gpuckpt-guard: gpuckpt ended in the middle of an operation; //p' "$work/tree-fault.out")
+        words=1
+        for p in "${tpids[1]}" "${tpids[2]}"; do
+          [[ $summary == *"the CUDA state of process $p was restored"* ]] || words=0
+        done
+        if [ "$words" = 1 ] && [ ! -e "$work/tree-fault.ckpt" ] && tree_round "after a killed dump"; then
+          record PASS "tree dump killed" "SIGKILL at compress_write: its guard gave both workers their VRAM back and resumed the tree, no checkpoint ('$summary'); the hash is unchanged and the next answer equals the twin's ($(elapsed "$t0") s)"
+        else
+          record FAIL "tree dump killed" "summary '$summary', ${tree_why:-}, checkpoint left: $([ -e "$work/tree-fault.ckpt" ] && echo yes || echo no); $(tail -n 3 "$work/tree-fault.out" | tr '\n' ' ')"
+        fi
+      fi
+    fi
+  fi
+fi
+
+# ---- the storage path on this machine: gpuckpt bench dump (--bench-dump SIZE) --------------
+# Issue 12's comparison (gpuckpt streamed and staged, plain criu -D; each beside its floor) on a
+# host with many cores, where the dev VM's 2 vCPUs are the bound. On the repository's disk: the
+# work dir may be a tmpfs.
+bench_table() {  # bench_table FILE -> the ceilings and floors, then one line per method
+  LD_LIBRARY_PATH=$orig_ld_library_path python3 - "$1" <<'EOF' 2>&1
+import json, sys
+j = json.load(open(sys.argv[1]))
+p, f = j["path"], j["floors"]
+print(f"cores {p['cores']}, write {p['disk_write_gbps']:.2f} GB/s, read {p['disk_read_gbps']:.2f} GB/s, "
+      f"fill {p['fill_gbps']:.2f} / huge {p['fill_huge_gbps']:.2f} GB/s, zstd {p['zstd_compress_gbps']:.2f} / "
+      f"{p['zstd_decompress_gbps']:.2f} GB/s per core; floors: dump {f['dump']['seconds']:.2f} s "
+      f"({f['dump']['bound']}), restore {f['restore']['seconds']:.2f} s ({f['restore']['bound']})")
+for m in j["methods"]:
+    r = lambda k: m.get(k) if m.get(k) is not None else float("nan")
+    print(f"  {m['name']:<12} dump {r('dump_median_seconds'):6.2f} s ({r('dump_time_vs_criu'):.2f}x criu, "
+          f"{r('dump_percent_of_floor'):.0f}% of floor) runs {m.get('dump_seconds')}, restore "
+          f"{r('restore_median_seconds'):6.2f} s ({r('restore_time_vs_criu'):.2f}x criu, "
+          f"{r('restore_percent_of_floor'):.0f}% of floor) runs {m.get('restore_seconds')}, extra "
+          f"{r('dump_extra_median_bytes') / 2**20:.0f} / {r('restore_extra_median_bytes') / 2**20:.0f} MiB")
+EOF
+}
+if [ -n "$bench_size" ] && [ "$criu_ok" = 1 ] && have_time 150 "bench dump"; then
+  bdir=$here/.gpu-check-bench
+  rm -rf "$bdir" && mkdir -p "$bdir"
+  record INFO "bench disk" "$(df -hT "$bdir" | tail -n 1 | awk '{ print $2, $3, "on", $7 }'); staging: $(df -hT /dev/shm | tail -n 1 | awk '{ print $2, $3 }')"
+  t0=$(now)
+  if timeout "$(cap 900)" "$gpuckpt" --json bench dump --dir "$bdir" --size "$bench_size" \
+      --runs 3 "${criu_args[@]}" >"$work/bench-dump.json" 2>"$work/bench-dump.err"; then
+    if [ -n "$out_dir" ]; then cp "$work/bench-dump.json" "$out_dir/bench-dump.json"; fi
+    table=$(bench_table "$work/bench-dump.json")
+    printf '%s\n' "$table"
+    record INFO "bench dump" "$(head -n 1 <<<"$table")"
+    record PASS "bench dump" "$bench_size, 3 runs of each method ($(elapsed "$t0") s); the table is in the log and bench-dump.json"
+  else
+    record FAIL "bench dump" "$(tail -n 5 "$work/bench-dump.err" | tr '\n' ' ') ($(elapsed "$t0") s)"
+  fi
+  rm -rf "$bdir"
 fi
 
 # ---- the GPU tests -------------------------------------------------------------------------

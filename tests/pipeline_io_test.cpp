@@ -2,6 +2,7 @@
 // in-order delivery to the sink whatever order workers finish in, and failure propagation.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -10,9 +11,11 @@
 #include <thread>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "image/aligned_buffer.h"
 #include "image/async_io.h"
 #include "image/pipeline.h"
+#include "image/transfer_common.h"
 #include "test_support.h"
 #include "util/unique_fd.h"
 
@@ -244,6 +247,43 @@ TEST(Pipeline, ASourceShorterThanItsRangesIsAnError) {
     EXPECT_EQ(e.code(), Errc::kCorrupt);
     EXPECT_NE(std::string(e.what()).find("ends early"), std::string::npos) << e.what();
   }
+}
+
+// The pipeline's buffers are most of what a dump adds to the host's memory, which must stay
+// under 512 MiB on a node with many CPUs as on this machine's two. The rest was
+// 74 MiB on 16 CPUs (394 MiB in all, docs/PERFORMANCE.md); 96 MiB leaves room for more workers'
+// zstd contexts.
+TEST(Pipeline, AutoSizedBuffersStayInsideTheirBudgetWhateverTheCpuCount) {
+  constexpr std::uint64_t kDumpExtraBound = 512ull << 20, kRest = 96ull << 20;
+  const std::size_t buf = slot_buffer_bytes(4u << 20);
+  for (unsigned threads : {1u, 2u, 16u, 32u, 64u, 1024u}) {
+    const unsigned slots = resolve_slots(0, threads, buf, ~0ull);
+    EXPECT_LE(2ull * slots * buf, kAutoBufferBudget) << threads << " threads";
+    EXPECT_LE(2ull * slots * buf + kRest, kDumpExtraBound) << threads << " threads";
+    EXPECT_GE(slots, std::min(2u * threads + 8, 32u)) << "too few slots to keep the workers busy";
+  }
+  // A small job never holds more slots than it has chunks.
+  EXPECT_EQ(resolve_slots(0, 32, buf, 3), 3u);
+  EXPECT_EQ(resolve_slots(7, 32, buf, ~0ull), 7u);  // asked for: as asked
+}
+
+// A container's cpuset, not the host's CPU count: one allowed CPU means one worker.
+TEST(Pipeline, DefaultWorkersFollowTheCpusThisProcessMayUse) {
+  EXPECT_LE(resolve_threads(0), kMaxAutoThreads);
+  EXPECT_EQ(resolve_threads(0), std::min(usable_cpus(), kMaxAutoThreads));
+  EXPECT_EQ(resolve_threads(5), 5u);
+  unsigned narrowed = 0;
+  int err = 0;
+  // The affinity mask is per thread: narrowing this one leaves the test's others alone.
+  std::thread([&] {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    if (::sched_setaffinity(0, sizeof one, &one) != 0) err = errno;
+    narrowed = resolve_threads(0);
+  }).join();
+  ASSERT_EQ(err, 0) << std::strerror(err);
+  EXPECT_EQ(narrowed, 1u);
 }
 
 }  // namespace

@@ -314,6 +314,44 @@ TEST(Stages, PluginHooksLandExactlyAndCriuStatsInsideTheCriuRun) {
   EXPECT_EQ(bare.stages()[0].name, "criu_dump");
 }
 
+// As measured on an H200: a front without CUDA and two CUDA workers. The front's hooks had
+// nothing to do; only where cuInit was paid is kept of them.
+TEST(Stages, ATreesTimelineNamesTheDeviceStagesOfOnlyItsCudaProcesses) {
+  Timeline tl;
+  criu::Run run;
+  run.start = tl.origin();
+  run.end = run.start + std::chrono::seconds(1);
+  const auto t0 =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(run.start.time_since_epoch()).count();
+  auto hook = [&](const char* name, pid_t pid, int ms, bool skipped) {
+    return criu::PluginHook{name,    pid, t0 + ms * 1000000LL, t0 + (ms + 1) * 1000000LL, true,
+                            skipped, ""};
+  };
+  criu::PluginReport gpu;
+  gpu.hooks = {hook("cuda_init", 10, 1, false),         hook("device_lock", 10, 1, true),
+               hook("device_lock", 11, 3, false),       hook("device_lock", 12, 5, false),
+               hook("device_checkpoint", 10, 7, true),  hook("device_checkpoint", 11, 9, false),
+               hook("device_checkpoint", 12, 11, false)};
+  gpu.cuda = true;
+  gpu.cuda_pids = {11, 12};
+  process::add_dump_stages(tl, run, 1, std::nullopt, gpu);
+  EXPECT_NE(tl.find("cuda_init@10"), nullptr);
+  for (const char* s :
+       {"device_lock@11", "device_lock@12", "device_checkpoint@11", "device_checkpoint@12"})
+    EXPECT_NE(tl.find(s), nullptr) << s;
+  EXPECT_EQ(tl.find("device_lock@10"), nullptr);
+  EXPECT_EQ(tl.find("device_checkpoint@10"), nullptr);
+
+  // Without CUDA anywhere, every process's (skipped) hooks stay: the table still shows that
+  // the device steps cost nothing.
+  Timeline cpu;
+  criu::PluginReport none;
+  none.hooks = {hook("device_lock", 10, 1, true), hook("device_lock", 11, 3, true)};
+  process::add_dump_stages(cpu, run, 1, std::nullopt, none);
+  EXPECT_NE(cpu.find("device_lock@10"), nullptr);
+  EXPECT_NE(cpu.find("device_lock@11"), nullptr);
+}
+
 TEST(Spawn, AChildWhoseBeforeExecHookThrowsRunsNothing) {
   auto dir = test::scratch_dir();
   const fs::path ran = dir.path() / "ran";

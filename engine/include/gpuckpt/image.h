@@ -23,13 +23,13 @@ inline constexpr std::uint32_t kImageFormatMinor = 1;
 
 struct PackOptions {
   int zstd_level = 1;                    // fast levels: the pipeline is throughput-bound
-  unsigned threads = 0;                  // compression workers; 0 = hardware concurrency
+  unsigned threads = 0;                  // compression workers; 0 = one per usable CPU, <= 32
   std::uint32_t chunk_bytes = 4u << 20;  // multiple of 4 KiB, 64 KiB .. 256 MiB
   unsigned queue_depth = 16;             // io_uring submission queue depth (1 .. 4096)
   bool direct_io = true;                 // O_DIRECT where the filesystem allows it
   bool force = false;                    // replace an existing checkpoint
   // Chunk buffers in flight (each holds two chunk-sized buffers); bounds memory.
-  // 0 = auto: 2 * threads + 8, capped to ~512 MiB of buffers and to the number of chunks.
+  // 0 = auto: 2 * threads + 8, capped to 320 MiB of buffers and to the number of chunks.
   unsigned inflight_chunks = 0;
   // A blob file is closed and the next one started once it would exceed this size.
   std::uint64_t max_blob_bytes = 1ull << 30;
@@ -45,7 +45,7 @@ struct PackOptions {
 };
 
 struct UnpackOptions {
-  unsigned threads = 0;  // decompression workers; 0 = hardware concurrency
+  unsigned threads = 0;  // decompression workers; 0 = one per usable CPU, at most 32
   unsigned queue_depth = 16;
   bool direct_io = true;
   bool force = false;            // allow (and replace) a non-empty output directory

@@ -24,6 +24,9 @@ int run_shell(const std::string& command);
 std::string shell_quote(std::string_view s);
 // This machine's host name (gethostname), "" if it has none.
 std::string host_name();
+// The CPUs this process may run on (its affinity mask, which a cpuset container narrows), at
+// least 1. Not std::thread::hardware_concurrency(): that counts every CPU of the host.
+unsigned usable_cpus();
 
 // Test hook: deterministic places to interrupt gpuckpt. When $GPUCKPT_FAULT_PAUSE names a point
 // that gpuckpt reaches, it creates the file $GPUCKPT_FAULT_MARK and then blocks there forever,

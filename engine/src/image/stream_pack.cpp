@@ -519,8 +519,9 @@ TransferResult StreamPacker::finish(const nlohmann::json& extra) {
 
 // ---- reading ----------------------------------------------------------------------------------
 
-CheckpointSource::CheckpointSource(const fs::path& checkpoint, const BlobArrival* arrival)
-    : ckpt_(checkpoint), arrival_(arrival), threads_(resolve_threads(0)) {
+CheckpointSource::CheckpointSource(const fs::path& checkpoint, const BlobArrival* arrival,
+                                   unsigned threads)
+    : ckpt_(checkpoint), arrival_(arrival), threads_(resolve_threads(threads)) {
   m_ = load_manifest(checkpoint);
   // A signature that fails is a manifest changed after signing: nothing is served from it.
   enforce_signature(m_.signature, TrustOptions{}, checkpoint);
@@ -747,9 +748,12 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
     // A few reads in flight beyond the workers' chunks keep the disk busy; several images
     // stream at once (a tree's tasks restore in parallel), so each keeps its share small.
     // Spliced chunks stay held while the pipe holds their bytes: room for those as well.
+    // Never more buffers than a pack's budget, however many workers were asked for.
     const std::size_t in_pipe = (pipe_capacity(fd) + largest - 1) / largest + 1;
-    cfg.slots = static_cast<unsigned>(std::min<std::size_t>(n, cfg.workers + 4 + in_pipe));
     cfg.buffer_bytes = slot_buffer_bytes(largest);
+    const std::size_t budget =
+        std::max<std::size_t>(in_pipe + 2, kAutoBufferBudget / (2 * cfg.buffer_bytes));
+    cfg.slots = static_cast<unsigned>(std::min({n, cfg.workers + 4 + in_pipe, budget}));
     cfg.queue_depth = cfg.slots;
     cfg.short_read_errc = Errc::kCorrupt;
     if (arrival_)

@@ -147,9 +147,10 @@ class StreamPacker {
 class CheckpointSource {
  public:
   // `arrival`: the blobs are still being received (image/arrival.h); each chunk is read only
-  // once its bytes are there. The blob files must already have their full sizes.
+  // once its bytes are there. The blob files must already have their full sizes. `threads`:
+  // decompression workers of each file written (0: resolve_threads' default).
   explicit CheckpointSource(const std::filesystem::path& checkpoint,
-                            const BlobArrival* arrival = nullptr);
+                            const BlobArrival* arrival = nullptr, unsigned threads = 0);
   const Manifest& manifest() const { return m_; }
   // The regular file `path`, or nullptr.
   const ManifestEntry* find(std::string_view path) const;

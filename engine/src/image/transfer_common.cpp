@@ -9,9 +9,9 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
-#include <thread>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "image/aligned_buffer.h"
 #include "image/chunk_codec.h"
 #include "image/publish.h"
@@ -25,7 +25,7 @@ namespace gpuckpt::image {
 
 unsigned resolve_threads(unsigned requested) {
   if (requested) return requested;
-  return std::max(1u, std::thread::hardware_concurrency());
+  return std::min(usable_cpus(), kMaxAutoThreads);
 }
 
 std::size_t slot_buffer_bytes(std::uint32_t chunk_bytes) {

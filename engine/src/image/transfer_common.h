@@ -14,9 +14,16 @@
 
 namespace gpuckpt::image {
 
-// Buffer memory the auto-sized pipeline may use (both buffers of every slot).
-inline constexpr std::uint64_t kAutoBufferBudget = 512ull << 20;
+// Buffer memory the auto-sized pipeline may use (both buffers of every slot). With a worker's
+// zstd context and the rest of gpuckpt's and criu's memory, a dump's extra host memory stays
+// under 512 MiB on any host (docs/PERFORMANCE.md): 394 MiB measured with 40 slots on 16 CPUs.
+inline constexpr std::uint64_t kAutoBufferBudget = 320ull << 20;
+// Auto-sized workers: one per usable CPU, at most this many. 32 workers of zstd level 1 compress
+// 20-45 GB/s and decompress 90-180 GB/s, beyond any one node's storage or network, and a serving
+// host's other CPUs stay with its services.
+inline constexpr unsigned kMaxAutoThreads = 32;
 
+// `requested`, or 0: one per usable CPU (usable_cpus()), at most kMaxAutoThreads.
 unsigned resolve_threads(unsigned requested);
 // Capacity of each slot buffer for chunks of `chunk_bytes`: the chunk, rounded up to the I/O
 // alignment, plus room for an unaligned read window.

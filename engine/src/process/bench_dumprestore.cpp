@@ -283,7 +283,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
         if (o.log && settled > 0)
           o.log("waited " + format_seconds(settled) + " for free page reporting to settle");
       } else {
-        const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+        const unsigned threads = usable_cpus();
         if (!touch_fresh_memory(res.process_bytes, true, threads))
           touch_fresh_memory(res.process_bytes, false, threads);  // no THP here
       }

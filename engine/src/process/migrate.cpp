@@ -153,6 +153,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   r.staging_root = o.staging_root;
   r.staging_mode = o.staging_mode;
   r.unpack.progress = o.pack.progress;
+  r.unpack.threads = o.pack.threads;
   r.probe = o.probe;
   r.new_pid_ns = !release;
   r.take_endpoints = true;  // the copy is meant to take the original's socket paths

@@ -27,13 +27,21 @@ class Pending {
     v_.push_back({std::move(name), start, end, bytes});
   }
   // A tree's processes each have their own device stages: "device_lock@1234" once the report
-  // covers more than one process, the plain name otherwise.
+  // covers more than one process, the plain name otherwise. Where some of a tree's processes
+  // hold CUDA state, the hooks that had nothing to do in the others are left out: a
+  // "device_checkpoint@FRONT" of 0 s would read as a front that was checkpointed. Where cuInit
+  // was paid (cuda_init, not skipped) stays, whichever process it was.
   void add_plugin(const criu::PluginReport& plugin) {
     bool several = false;
     for (const auto& h : plugin.hooks) several |= h.pid != plugin.hooks.front().pid;
-    for (const auto& h : plugin.hooks)
+    const auto& cuda = plugin.cuda_pids;
+    for (const auto& h : plugin.hooks) {
+      if (several && h.skipped && !cuda.empty() &&
+          std::find(cuda.begin(), cuda.end(), h.pid) == cuda.end())
+        continue;
       add(several ? h.name + "@" + std::to_string(h.pid) : h.name, at_ns(h.start_ns),
           at_ns(h.end_ns));
+    }
   }
   void flush(Timeline& tl) {
     std::stable_sort(v_.begin(), v_.end(),

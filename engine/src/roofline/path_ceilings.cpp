@@ -1,7 +1,6 @@
 // The checkpoint path's ceilings (gpuckpt/roofline.h, PathCeilings): the disk, zstd per core,
 // memory fill and copy, measured here the way gpuckpt itself moves the bytes.
 #include <fcntl.h>
-#include <sched.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -37,12 +36,6 @@ constexpr unsigned kDepth = 8;            // requests in flight, as the pipeline
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-unsigned allowed_cores() {
-  cpu_set_t set;
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return 1;
 }
 
 // A temporary file in the measured directory, removed however the measurement ends: it is
@@ -267,7 +260,7 @@ PathCeilings measure_path_ceilings(const PathMeasureOptions& o) {
   if (o.bytes < kBlock) throw Error(Errc::kUsage, "the disk measurement needs at least 4 MiB");
   PathCeilings p;
   p.dir = fs::absolute(o.dir).lexically_normal().string();
-  p.cores = allowed_cores();
+  p.cores = usable_cpus();
   {
     std::vector<image::AlignedBuffer> bufs;
     SampleContent content(11);

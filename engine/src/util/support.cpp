@@ -1,15 +1,18 @@
 #include "gpuckpt/support.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -92,6 +95,22 @@ std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return {};
   return buf;
+}
+
+unsigned usable_cpus() {
+  // Sized for hosts beyond cpu_set_t's 1024 CPUs; EINVAL: the kernel's mask is larger still.
+  struct Free {
+    void operator()(cpu_set_t* s) const { CPU_FREE(s); }
+  };
+  for (std::size_t n = 1024; n <= (1u << 16); n *= 4) {
+    const std::unique_ptr<cpu_set_t, Free> set(CPU_ALLOC(n));
+    if (!set) break;
+    const std::size_t size = CPU_ALLOC_SIZE(n);
+    if (::sched_getaffinity(0, size, set.get()) == 0)
+      return static_cast<unsigned>(std::max(1, CPU_COUNT_S(size, set.get())));
+    if (errno != EINVAL) break;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
 }
 
 // xoshiro256**, splitmix64-seeded.
