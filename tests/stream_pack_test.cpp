@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -223,6 +224,65 @@ TEST_F(StreamPack, PagesSplicedIntoAPipeArriveExactlyThoughTheReaderLags) {
   EXPECT_TRUE(whole);
   EXPECT_EQ(got.size(), files_[0].second.size());
   EXPECT_TRUE(got == files_[0].second) << "the bytes read from the pipe differ";
+}
+
+// A tree's tasks read their pages images at once: together, not each, they keep to the buffer
+// budget. A file that finds it spent still gets the few slots it needs to move, without waiting
+// for another file, whose reader may be waiting for this one.
+TEST_F(StreamPack, FilesStreamedAtOnceShareOneBufferBudget) {
+  constexpr std::size_t kChunks = 40;
+  files_.clear();
+  for (int i = 0; i < 3; ++i)
+    files_.push_back({"pages-" + std::to_string(i + 1) + ".img",
+                      random_bytes(kChunks * opts_.chunk_bytes, 20 + i, true)});
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  image::SourceLimits limits;
+  limits.threads = 8;
+  // One file's share: 8 workers + 4 in flight + the pipe's 2, two buffers of a chunk each.
+  const std::uint64_t slot = 2 * image::slot_buffer_bytes(opts_.chunk_bytes);
+  limits.buffer_bytes = 14 * slot;
+  const image::CheckpointSource src(ckpt, nullptr, limits);
+
+  std::vector<Pipe> pipes;
+  std::vector<std::future<bool>> writers;
+  for (int i = 0; i < 3; ++i) {
+    pipes.push_back(make_pipe());
+    ASSERT_EQ(::fcntl(pipes[i].wr.get(), F_SETPIPE_SZ, 65536), 65536);
+  }
+  for (int i = 0; i < 3; ++i)
+    writers.push_back(std::async(std::launch::async, [&, i] {
+      const bool whole = src.write_to(*src.find(files_[i].first), pipes[i].wr.get());
+      pipes[i].wr.reset();
+      return whole;
+    }));
+  // Bytes in a pipe: that file holds its slots, and cannot finish (40 chunks, a 64 KiB pipe)
+  // before its pipe is read. All three hold theirs now.
+  auto readable = [&](int i) {
+    pollfd p{pipes[i].rd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  };
+  ASSERT_TRUE(test::wait_until([&] { return readable(0) && readable(1) && readable(2); }))
+      << "a file never started";
+  const std::uint64_t held = src.buffer_bytes_held();
+  // The first file takes its 14 slots; each of the others what it needs to move: the pipe's
+  // 2 chunks and 2 more. Each on its own would have taken 14.
+  EXPECT_LE(held, limits.buffer_bytes + 2 * 4 * slot) << held / slot << " slots";
+  EXPECT_GE(held, 3 * 4 * slot);
+
+  std::vector<std::string> got(3);
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 3; ++i)
+    readers.emplace_back([&, i] {
+      char buf[65536];
+      for (ssize_t n; (n = ::read(pipes[i].rd.get(), buf, sizeof buf)) > 0;)
+        got[i].append(buf, static_cast<std::size_t>(n));
+    });
+  for (auto& w : writers) EXPECT_TRUE(w.get());
+  for (auto& r : readers) r.join();
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == files_[i].second) << files_[i].first;
+  EXPECT_EQ(src.buffer_bytes_held(), 0u);
+  EXPECT_LE(src.buffer_bytes_peak(), limits.buffer_bytes + 2 * 4 * slot);
 }
 
 // CRIU may close an image before its end (it needed no more of it): not an error.

@@ -520,8 +520,11 @@ TransferResult StreamPacker::finish(const nlohmann::json& extra) {
 // ---- reading ----------------------------------------------------------------------------------
 
 CheckpointSource::CheckpointSource(const fs::path& checkpoint, const BlobArrival* arrival,
-                                   unsigned threads)
-    : ckpt_(checkpoint), arrival_(arrival), threads_(resolve_threads(threads)) {
+                                   SourceLimits limits)
+    : ckpt_(checkpoint),
+      arrival_(arrival),
+      threads_(resolve_threads(limits.threads)),
+      budget_(limits.buffer_bytes) {
   m_ = load_manifest(checkpoint);
   // A signature that fails is a manifest changed after signing: nothing is served from it.
   enforce_signature(m_.signature, TrustOptions{}, checkpoint);
@@ -709,6 +712,32 @@ std::vector<Error> CheckpointSource::check_unread(std::vector<std::string>* not_
   return damaged;
 }
 
+CheckpointSource::BufferGrant::BufferGrant(const CheckpointSource& src, std::size_t least,
+                                           std::size_t wanted, std::size_t slot_bytes)
+    : src_(src) {
+  std::lock_guard lk(src.budget_mu_);
+  const std::uint64_t left = src.budget_ > src.held_ ? src.budget_ - src.held_ : 0;
+  slots_ = std::max<std::size_t>(least, std::min<std::uint64_t>(wanted, left / slot_bytes));
+  bytes_ = static_cast<std::uint64_t>(slots_) * slot_bytes;
+  src.held_ += bytes_;
+  src.peak_ = std::max(src.peak_, src.held_);
+}
+
+CheckpointSource::BufferGrant::~BufferGrant() {
+  std::lock_guard lk(src_.budget_mu_);
+  src_.held_ -= bytes_;
+}
+
+std::uint64_t CheckpointSource::buffer_bytes_held() const {
+  std::lock_guard lk(budget_mu_);
+  return held_;
+}
+
+std::uint64_t CheckpointSource::buffer_bytes_peak() const {
+  std::lock_guard lk(budget_mu_);
+  return peak_;
+}
+
 bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
   {
     std::lock_guard lk(asked_mu_);
@@ -744,16 +773,17 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
     for (const auto& c : e.chunks) ranges.push_back({c.blob, c.offset, c.stored});
     PipelineConfig cfg;
     cfg.phase = "restore";
-    cfg.workers = static_cast<unsigned>(std::min<std::size_t>(threads_, n));
-    // A few reads in flight beyond the workers' chunks keep the disk busy; several images
-    // stream at once (a tree's tasks restore in parallel), so each keeps its share small.
-    // Spliced chunks stay held while the pipe holds their bytes: room for those as well.
-    // Never more buffers than a pack's budget, however many workers were asked for.
+    // A few reads in flight beyond the workers' chunks keep the disk busy. Spliced chunks stay
+    // held while the pipe holds their bytes: room for those as well. Several images stream at
+    // once (a tree's tasks restore in parallel) and share one budget; one that finds it spent
+    // still gets what it needs to move, never waiting for another file: that one's reader, a
+    // CRIU task, may be waiting for this file's.
     const std::size_t in_pipe = (pipe_capacity(fd) + largest - 1) / largest + 1;
     cfg.buffer_bytes = slot_buffer_bytes(largest);
-    const std::size_t budget =
-        std::max<std::size_t>(in_pipe + 2, kAutoBufferBudget / (2 * cfg.buffer_bytes));
-    cfg.slots = static_cast<unsigned>(std::min({n, cfg.workers + 4 + in_pipe, budget}));
+    const std::size_t wanted = std::min<std::size_t>(n, std::size_t{threads_} + 4 + in_pipe);
+    const BufferGrant grant(*this, std::min(wanted, in_pipe + 2), wanted, 2 * cfg.buffer_bytes);
+    cfg.slots = static_cast<unsigned>(grant.slots());
+    cfg.workers = static_cast<unsigned>(std::min<std::size_t>({threads_, n, grant.slots()}));
     cfg.queue_depth = cfg.slots;
     cfg.short_read_errc = Errc::kCorrupt;
     if (arrival_)

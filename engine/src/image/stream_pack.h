@@ -34,6 +34,7 @@
 #include "image/blob_tap.h"
 #include "image/chunk_codec.h"
 #include "image/manifest.h"
+#include "image/transfer_common.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
 
@@ -140,6 +141,14 @@ class StreamPacker {
   unsigned working_ = 0;
 };
 
+// What a CheckpointSource may use for its large files.
+struct SourceLimits {
+  unsigned threads = 0;  // decompression workers of each large file (0: resolve_threads' default)
+  // Chunk buffers of all the large files being written at once (a tree's tasks read their pages
+  // images in parallel). A file that finds the budget spent still gets the few it needs to move.
+  std::uint64_t buffer_bytes = kAutoBufferBudget;
+};
+
 // Serves the files of one checkpoint. The manifest's seal (and a signature's integrity) is
 // checked and the blobs are looked at up front; each chunk is checked against its xxh3 (and
 // BLAKE2b when recorded) before it is decompressed, and each file against its whole-file xxh3.
@@ -147,10 +156,9 @@ class StreamPacker {
 class CheckpointSource {
  public:
   // `arrival`: the blobs are still being received (image/arrival.h); each chunk is read only
-  // once its bytes are there. The blob files must already have their full sizes. `threads`:
-  // decompression workers of each file written (0: resolve_threads' default).
+  // once its bytes are there. The blob files must already have their full sizes.
   explicit CheckpointSource(const std::filesystem::path& checkpoint,
-                            const BlobArrival* arrival = nullptr, unsigned threads = 0);
+                            const BlobArrival* arrival = nullptr, SourceLimits limits = {});
   const Manifest& manifest() const { return m_; }
   // The regular file `path`, or nullptr.
   const ManifestEntry* find(std::string_view path) const;
@@ -169,6 +177,9 @@ class CheckpointSource {
   // Bytes read from the blobs and bytes written out, so far (any thread).
   std::uint64_t stored_read() const { return stored_read_.load(); }
   std::uint64_t raw_written() const { return raw_written_.load(); }
+  // Chunk buffer bytes the large files being written hold now, and the most they held at once.
+  std::uint64_t buffer_bytes_held() const;
+  std::uint64_t buffer_bytes_peak() const;
 
  private:
   const std::byte* decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
@@ -182,9 +193,28 @@ class CheckpointSource {
   void check_whole(const ManifestEntry& e, std::uint64_t digest) const;
   // Error(kCorrupt) naming chunk `k` of `e`, its blob and offset.
   Error corrupt(const ManifestEntry& e, std::size_t k, const std::string& why) const;
+  // Slots for one large file: as many as `wanted` that the budget still has, never fewer than
+  // `least`; handed back when it is destroyed.
+  class BufferGrant {
+   public:
+    BufferGrant(const CheckpointSource& src, std::size_t least, std::size_t wanted,
+                std::size_t slot_bytes);
+    ~BufferGrant();
+    BufferGrant(const BufferGrant&) = delete;
+    BufferGrant& operator=(const BufferGrant&) = delete;
+    std::size_t slots() const { return slots_; }
+
+   private:
+    const CheckpointSource& src_;
+    std::size_t slots_ = 0;
+    std::uint64_t bytes_ = 0;
+  };
   std::filesystem::path ckpt_;
   const BlobArrival* arrival_ = nullptr;
   unsigned threads_ = 1;  // decompression workers per large file
+  std::uint64_t budget_ = kAutoBufferBudget;
+  mutable std::mutex budget_mu_;
+  mutable std::uint64_t held_ = 0, peak_ = 0;
   Manifest m_;
   std::vector<UniqueFd> blobs_;
   mutable std::atomic<std::uint64_t> stored_read_{0}, raw_written_{0};

@@ -240,7 +240,7 @@ void stage_images(RestoreState& r) {
   // and the blobs' sizes before criu starts.
   if (r.stream) {
     fs::create_directory(r.images);
-    r.source.emplace(o.checkpoint, r.arrival, o.unpack.threads);
+    r.source.emplace(o.checkpoint, r.arrival, image::SourceLimits{o.unpack.threads});
     r.streamer.emplace(r.images, *r.source);
   } else {
     if (r.arrival) r.arrival->wait_complete();  // unpack reads the blobs as they are
