@@ -418,9 +418,10 @@ fi
 [ -x "$server" ] || die 1 "$server missing: nvcc was not found when building"
 [ "$ckpt_api" = true ] || die 1 "the driver lacks the checkpoint API: $(json_get "$work/devices.json" driver.checkpoint_error)"
 
-launch_server() {  # launch_server NAME KIND [ARGS...]: starts it in the background (KIND: demo or torch)
-  local name=$1 kind=$2 pid
+launch_server() {  # launch_server NAME KIND [VRAM_GIB [ARGS...]]: starts it in the background
+  local name=$1 kind=$2 vram=${3:-$vram_gib} pid  # KIND: demo or torch
   shift 2
+  if [ $# -gt 0 ]; then shift; fi
   # Own session: CRIU dumps it as a standalone tree, and the check's shell is not part of it.
   local session=()
   if command -v setsid >/dev/null; then session=(setsid); fi
@@ -429,7 +430,7 @@ launch_server() {  # launch_server NAME KIND [ARGS...]: starts it in the backgro
       "$torch_server" --socket "$work/$name.sock" --gib "$torch_gib" --seed 7 \
       </dev/null >"$work/$name.out" 2>"$work/$name.err" &
   else
-    "${session[@]}" "$server" --socket "$work/$name.sock" --vram-gib "$vram_gib" --seed 7 "$@" \
+    "${session[@]}" "$server" --socket "$work/$name.sock" --vram-gib "$vram" --seed 7 "$@" \
       </dev/null >"$work/$name.out" 2>"$work/$name.err" &
   fi
   pid=$!
@@ -956,7 +957,8 @@ tree_round() {  # tree_round TAG: STATE hash unchanged and the next answer equal
   local tag=$1 state a b
   state=$(ask "$tree_sock" STATE)
   a=$(ask "$tree_sock" "GEN $tag") b=$(ask "$ttree_sock" "GEN $tag")
-  if [ "$(hash_of "$state")" = "$tree_hash" ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+  if [ -n "$tree_hash" ] && [ "$(hash_of "$state")" = "$tree_hash" ] && [ -n "$a" ] &&
+     [ "$a" = "$b" ]; then
     tree_hash=$(hash_of "$(ask "$tree_sock" STATE)")
     return 0
   fi
@@ -965,8 +967,8 @@ tree_round() {  # tree_round TAG: STATE hash unchanged and the next answer equal
 }
 if [ "$criu_ok" = 1 ] && have_time 70 "cuda tree"; then
   t0=$(now)
-  launch_server tree demo --workers 2 --vram-gib 2
-  launch_server tree-twin demo --workers 2 --vram-gib 2
+  launch_server tree demo 2 --workers 2
+  launch_server tree-twin demo 2 --workers 2
   if await_server tree demo && tree_sock=$srv_sock && await_server tree-twin demo; then
     ttree_sock=$srv_sock
     mapfile -t tpids < <(tree_pids "$tree_sock")
@@ -974,7 +976,7 @@ if [ "$criu_ok" = 1 ] && have_time 70 "cuda tree"; then
     children+=("${tpids[@]}" "${twpids[@]}")
     a=$(ask "$tree_sock" "GEN a tree") b=$(ask "$ttree_sock" "GEN a tree")
     tree_hash=$(hash_of "$(ask "$tree_sock" STATE)")
-    if [ "${#tpids[@]}" -eq 3 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+    if [ "${#tpids[@]}" -eq 3 ] && [ -n "$tree_hash" ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
       record PASS "tree server" "front ${tpids[0]}, CUDA workers ${tpids[1]} ${tpids[2]} (2 GiB of VRAM state between them), twin agrees: $a ($(elapsed "$t0") s)"
       tree_ok=1
     else
@@ -1043,10 +1045,29 @@ if [ "$criu_ok" = 1 ] && have_time 70 "cuda tree"; then
   fi
 fi
 
+# ---- the GPU tests -------------------------------------------------------------------------
+
+if [ "$do_tests" = 1 ]; then
+  for t in device_gpu_test kernels_binaries_test device_cli_test; do
+    if [ ! -x "$tests_dir/$t" ]; then
+      record FAIL "$t" "not built (GoogleTest missing?): the check is incomplete"
+      continue
+    fi
+    have_time 20 "$t" || continue
+    t0=$(now)
+    if timeout "$(cap 120)" "$tests_dir/$t" >"$work/$t.log" 2>&1; then
+      record PASS "$t" "$(grep -c '^\[       OK \]' "$work/$t.log") passed, $(grep -c '^\[  SKIPPED \] .* ([0-9]* ms)$' "$work/$t.log") skipped ($(elapsed "$t0") s)"
+    else
+      record FAIL "$t" "$(grep -E '^\[  FAILED  \]|Failure|Timeout' "$work/$t.log" | head -n 5 | tr '\n' ' ') (exit or timeout after $(elapsed "$t0") s)"
+    fi
+    if [ -n "$out_dir" ]; then cat "$work/$t.log" >>"$out_dir/tests.log"; fi
+  done
+fi
+
 # ---- the storage path on this machine: gpuckpt bench dump (--bench-dump SIZE) --------------
-# Issue 12's comparison (gpuckpt streamed and staged, plain criu -D; each beside its floor) on a
+# The storage bench (gpuckpt streamed and staged, plain criu -D; each beside its floor) on a
 # host with many cores, where the dev VM's 2 vCPUs are the bound. On the repository's disk: the
-# work dir may be a tmpfs.
+# work dir may be a tmpfs. Last: it takes what is left of the budget.
 bench_table() {  # bench_table FILE -> the ceilings and floors, then one line per method
   LD_LIBRARY_PATH=$orig_ld_library_path python3 - "$1" <<'EOF' 2>&1
 import json, sys
@@ -1065,7 +1086,9 @@ for m in j["methods"]:
           f"{r('dump_extra_median_bytes') / 2**20:.0f} / {r('restore_extra_median_bytes') / 2**20:.0f} MiB")
 EOF
 }
-if [ -n "$bench_size" ] && [ "$criu_ok" = 1 ] && have_time 150 "bench dump"; then
+if [ -n "$bench_size" ] && [ "$criu_ok" = 0 ]; then
+  record SKIP "bench dump" "needs CRIU (above)"
+elif [ -n "$bench_size" ] && have_time 150 "bench dump"; then
   bdir=$here/.gpu-check-bench
   rm -rf "$bdir" && mkdir -p "$bdir"
   record INFO "bench disk" "$(df -hT "$bdir" | tail -n 1 | awk '{ print $2, $3, "on", $7 }'); staging: $(df -hT /dev/shm | tail -n 1 | awk '{ print $2, $3 }')"
@@ -1081,25 +1104,6 @@ if [ -n "$bench_size" ] && [ "$criu_ok" = 1 ] && have_time 150 "bench dump"; the
     record FAIL "bench dump" "$(tail -n 5 "$work/bench-dump.err" | tr '\n' ' ') ($(elapsed "$t0") s)"
   fi
   rm -rf "$bdir"
-fi
-
-# ---- the GPU tests -------------------------------------------------------------------------
-
-if [ "$do_tests" = 1 ]; then
-  for t in device_gpu_test kernels_binaries_test device_cli_test; do
-    if [ ! -x "$tests_dir/$t" ]; then
-      record FAIL "$t" "not built (GoogleTest missing?): the check is incomplete"
-      continue
-    fi
-    have_time 20 "$t" || continue
-    t0=$(now)
-    if timeout "$(cap 120)" "$tests_dir/$t" >"$work/$t.log" 2>&1; then
-      record PASS "$t" "$(grep -c '^\[       OK \]' "$work/$t.log") passed, $(grep -c '^\[  SKIPPED \] .* ([0-9]* ms)$' "$work/$t.log") skipped ($(elapsed "$t0") s)"
-    else
-      record FAIL "$t" "$(grep -E '^\[  FAILED  \]|Failure|Timeout' "$work/$t.log" | head -n 5 | tr '\n' ' ') (exit or timeout after $(elapsed "$t0") s)"
-    fi
-    if [ -n "$out_dir" ]; then cat "$work/$t.log" >>"$out_dir/tests.log"; fi
-  done
 fi
 
 if [ "$failures" -gt 0 ]; then exit 1; fi

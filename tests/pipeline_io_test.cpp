@@ -254,13 +254,14 @@ TEST(Pipeline, ASourceShorterThanItsRangesIsAnError) {
 // 74 MiB on 16 CPUs (394 MiB in all, docs/PERFORMANCE.md); 96 MiB leaves room for more workers'
 // zstd contexts.
 TEST(Pipeline, AutoSizedBuffersStayInsideTheirBudgetWhateverTheCpuCount) {
-  constexpr std::uint64_t kDumpExtraBound = 512ull << 20, kRest = 96ull << 20;
+  static_assert(kAutoBufferBudget + (96ull << 20) <= (512ull << 20),
+                "the buffers' budget leaves no room for the rest of a dump's memory");
   const std::size_t buf = slot_buffer_bytes(4u << 20);
   for (unsigned threads : {1u, 2u, 16u, 32u, 64u, 1024u}) {
     const unsigned slots = resolve_slots(0, threads, buf, ~0ull);
     EXPECT_LE(2ull * slots * buf, kAutoBufferBudget) << threads << " threads";
-    EXPECT_LE(2ull * slots * buf + kRest, kDumpExtraBound) << threads << " threads";
-    EXPECT_GE(slots, std::min(2u * threads + 8, 32u)) << "too few slots to keep the workers busy";
+    // 16 workers (the most measured, docs/PERFORMANCE.md) keep all the slots they had.
+    EXPECT_GE(slots, std::min(2u * threads + 8, 40u)) << "too few slots to keep the workers busy";
   }
   // A small job never holds more slots than it has chunks.
   EXPECT_EQ(resolve_slots(0, 32, buf, 3), 3u);

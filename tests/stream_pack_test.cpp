@@ -245,17 +245,28 @@ TEST_F(StreamPack, FilesStreamedAtOnceShareOneBufferBudget) {
   const image::CheckpointSource src(ckpt, nullptr, limits);
 
   std::vector<Pipe> pipes;
-  std::vector<std::future<bool>> writers;
   for (int i = 0; i < 3; ++i) {
     pipes.push_back(make_pipe());
     ASSERT_EQ(::fcntl(pipes[i].wr.get(), F_SETPIPE_SZ, 65536), 65536);
   }
+  std::vector<std::future<bool>> writers;
   for (int i = 0; i < 3; ++i)
     writers.push_back(std::async(std::launch::async, [&, i] {
-      const bool whole = src.write_to(*src.find(files_[i].first), pipes[i].wr.get());
-      pipes[i].wr.reset();
-      return whole;
+      // The write end closes however write_to ends, so that the reader sees the end.
+      struct Close {
+        UniqueFd& fd;
+        ~Close() { fd.reset(); }
+      } close{pipes[i].wr};
+      return src.write_to(*src.find(files_[i].first), pipes[i].wr.get());
     }));
+  // Should the test stop early, the read ends close first: a writer blocked on its pipe then
+  // ends (EPIPE) instead of holding the futures' destructors forever.
+  struct CloseReaders {
+    std::vector<Pipe>& p;
+    ~CloseReaders() {
+      for (auto& x : p) x.rd.reset();
+    }
+  } close_readers{pipes};
   // Bytes in a pipe: that file holds its slots, and cannot finish (40 chunks, a 64 KiB pipe)
   // before its pipe is read. All three hold theirs now.
   auto readable = [&](int i) {
@@ -278,8 +289,8 @@ TEST_F(StreamPack, FilesStreamedAtOnceShareOneBufferBudget) {
       for (ssize_t n; (n = ::read(pipes[i].rd.get(), buf, sizeof buf)) > 0;)
         got[i].append(buf, static_cast<std::size_t>(n));
     });
+  for (auto& r : readers) r.join();  // each ends at its write end's close
   for (auto& w : writers) EXPECT_TRUE(w.get());
-  for (auto& r : readers) r.join();
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == files_[i].second) << files_[i].first;
   EXPECT_EQ(src.buffer_bytes_held(), 0u);
   EXPECT_LE(src.buffer_bytes_peak(), limits.buffer_bytes + 2 * 4 * slot);

@@ -29,7 +29,8 @@ struct PackOptions {
   bool direct_io = true;                 // O_DIRECT where the filesystem allows it
   bool force = false;                    // replace an existing checkpoint
   // Chunk buffers in flight (each holds two chunk-sized buffers); bounds memory.
-  // 0 = auto: 2 * threads + 8, capped to 320 MiB of buffers and to the number of chunks.
+  // 0 = auto: 2 * threads + 8, capped to ~330 MiB of buffers (but at least 4 slots) and to the
+  // number of chunks.
   unsigned inflight_chunks = 0;
   // A blob file is closed and the next one started once it would exceed this size.
   std::uint64_t max_blob_bytes = 1ull << 30;

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "gpuckpt/unique_fd.h"
 
@@ -24,8 +25,10 @@ int run_shell(const std::string& command);
 std::string shell_quote(std::string_view s);
 // This machine's host name (gethostname), "" if it has none.
 std::string host_name();
-// The CPUs this process may run on (its affinity mask, which a cpuset container narrows), at
-// least 1. Not std::thread::hardware_concurrency(): that counts every CPU of the host.
+// The CPUs this process may run on (its affinity mask, which a cpuset container narrows): their
+// ids in order, and how many (at least 1). Not std::thread::hardware_concurrency(): that counts
+// every CPU of the host.
+std::vector<int> usable_cpu_ids();
 unsigned usable_cpus();
 
 // Test hook: deterministic places to interrupt gpuckpt. When $GPUCKPT_FAULT_PAUSE names a point

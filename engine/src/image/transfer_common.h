@@ -14,10 +14,11 @@
 
 namespace gpuckpt::image {
 
-// Buffer memory the auto-sized pipeline may use (both buffers of every slot). With a worker's
-// zstd context and the rest of gpuckpt's and criu's memory, a dump's extra host memory stays
-// under 512 MiB on any host (docs/PERFORMANCE.md): 394 MiB measured with 40 slots on 16 CPUs.
-inline constexpr std::uint64_t kAutoBufferBudget = 320ull << 20;
+// Buffer memory the auto-sized pipeline may use (both buffers of every slot): 40 slots of 4 MiB
+// chunks (2 x (4 MiB + 8 KiB) each), what 16 workers take. With the workers' zstd contexts and
+// the rest of gpuckpt's and criu's memory, a dump's extra host memory stays under 512 MiB on any
+// host (docs/PERFORMANCE.md): 394 MiB measured with 40 slots on 16 CPUs.
+inline constexpr std::uint64_t kAutoBufferBudget = 330ull << 20;
 // Auto-sized workers: one per usable CPU, at most this many. 32 workers of zstd level 1 compress
 // 20-45 GB/s and decompress 90-180 GB/s, beyond any one node's storage or network, and a serving
 // host's other CPUs stay with its services.

@@ -59,18 +59,6 @@ std::string cpu_model_name() {
   return fallback.empty() ? "unknown CPU" : fallback;
 }
 
-std::vector<int> allowed_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  std::vector<int> cpus;
-  if (::sched_getaffinity(0, sizeof set, &set) == 0) {
-    for (int c = 0; c < CPU_SETSIZE; ++c)
-      if (CPU_ISSET(c, &set)) cpus.push_back(c);
-  }
-  if (cpus.empty()) cpus.push_back(0);
-  return cpus;
-}
-
 std::uint64_t last_level_cache_bytes() {
   // Highest-level data/unified cache; each distinct shared_cpu_list is one instance.
   int best_level = 0;

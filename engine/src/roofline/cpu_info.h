@@ -9,8 +9,6 @@ namespace gpuckpt {
 
 // "model name" from /proc/cpuinfo (x86), else another identifying field, else "unknown CPU".
 std::string cpu_model_name();
-// CPUs this process may run on (sched_getaffinity), in ascending order.
-std::vector<int> allowed_cpus();
 // Total last-level cache in bytes over all its instances (0 if sysfs does not say).
 std::uint64_t last_level_cache_bytes();
 // MemAvailable from /proc/meminfo in bytes (0 if unknown).

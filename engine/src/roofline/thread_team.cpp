@@ -5,20 +5,20 @@
 
 #include <algorithm>
 
-#include "roofline/cpu_info.h"
+#include "gpuckpt/support.h"
 
 namespace gpuckpt {
 
 namespace {
 unsigned team_size(unsigned requested) {
-  return requested ? requested : static_cast<unsigned>(allowed_cpus().size());
+  return requested ? requested : usable_cpus();
 }
 }  // namespace
 
 ThreadTeam::ThreadTeam(unsigned threads)
     : start_(static_cast<std::ptrdiff_t>(team_size(threads)) + 1, Stamp{&t0_}),
       end_(static_cast<std::ptrdiff_t>(team_size(threads)) + 1, Stamp{&t1_}) {
-  const auto cpus = allowed_cpus();
+  const auto cpus = usable_cpu_ids();
   const unsigned n = team_size(threads);
   workers_.reserve(n);
   for (unsigned i = 0; i < n; ++i)

@@ -97,20 +97,31 @@ std::string host_name() {
   return buf;
 }
 
-unsigned usable_cpus() {
+std::vector<int> usable_cpu_ids() {
   // Sized for hosts beyond cpu_set_t's 1024 CPUs; EINVAL: the kernel's mask is larger still.
   struct Free {
     void operator()(cpu_set_t* s) const { CPU_FREE(s); }
   };
-  for (std::size_t n = 1024; n <= (1u << 16); n *= 4) {
+  for (int n = 1024; n <= (1 << 16); n *= 4) {
     const std::unique_ptr<cpu_set_t, Free> set(CPU_ALLOC(n));
     if (!set) break;
     const std::size_t size = CPU_ALLOC_SIZE(n);
-    if (::sched_getaffinity(0, size, set.get()) == 0)
-      return static_cast<unsigned>(std::max(1, CPU_COUNT_S(size, set.get())));
+    if (::sched_getaffinity(0, size, set.get()) == 0) {
+      std::vector<int> ids;
+      for (int c = 0; c < n; ++c)
+        if (CPU_ISSET_S(c, size, set.get())) ids.push_back(c);
+      if (!ids.empty()) return ids;
+      break;
+    }
     if (errno != EINVAL) break;
   }
-  return std::max(1u, std::thread::hardware_concurrency());
+  std::vector<int> all(std::max(1u, std::thread::hardware_concurrency()));
+  for (std::size_t c = 0; c < all.size(); ++c) all[c] = static_cast<int>(c);
+  return all;
+}
+
+unsigned usable_cpus() {
+  return static_cast<unsigned>(usable_cpu_ids().size());
 }
 
 // xoshiro256**, splitmix64-seeded.
