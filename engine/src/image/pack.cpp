@@ -298,7 +298,7 @@ PipelineConfig make_config(const PackOptions& opts, unsigned threads, unsigned s
                            std::size_t buf_bytes, std::uint64_t raw_total) {
   PipelineConfig cfg;
   cfg.phase = "pack";
-  cfg.workers = std::min(threads, slots);  // a worker without a slot would only wait
+  cfg.workers = threads;
   cfg.slots = slots;
   cfg.buffer_bytes = buf_bytes;
   cfg.queue_depth = opts.queue_depth;

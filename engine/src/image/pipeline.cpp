@@ -72,7 +72,9 @@ class PipelineRun {
       std::vector<std::jthread> threads;
       try {
         threads.emplace_back([this] { guarded([this] { reader_main(); }); });
-        for (unsigned i = 0; i < std::max(1u, cfg_.workers); ++i)
+        // A worker without a slot would only wait.
+        const unsigned workers = std::clamp(cfg_.workers, 1u, std::max(1u, cfg_.slots));
+        for (unsigned i = 0; i < workers; ++i)
           threads.emplace_back([this] { guarded([this] { worker_main(); }); });
         threads.emplace_back([this] { guarded([this] { sink_main(); }); });
       } catch (...) {

@@ -108,8 +108,8 @@ class SinkIo {
 };
 
 struct PipelineConfig {
-  std::string phase;  // progress phase, e.g. "pack"
-  unsigned workers = 1;
+  std::string phase;     // progress phase, e.g. "pack"
+  unsigned workers = 1;  // at most `slots` of them run: a worker without a slot would only wait
   unsigned slots = 4;
   std::size_t buffer_bytes = 0;  // each of a slot's two buffers
   unsigned queue_depth = 16;

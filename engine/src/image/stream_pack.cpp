@@ -783,7 +783,7 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
     const std::size_t wanted = std::min<std::size_t>(n, std::size_t{threads_} + 4 + in_pipe);
     const BufferGrant grant(*this, std::min(wanted, in_pipe + 2), wanted, 2 * cfg.buffer_bytes);
     cfg.slots = static_cast<unsigned>(grant.slots());
-    cfg.workers = static_cast<unsigned>(std::min<std::size_t>({threads_, n, grant.slots()}));
+    cfg.workers = threads_;
     cfg.queue_depth = cfg.slots;
     cfg.short_read_errc = Errc::kCorrupt;
     if (arrival_)

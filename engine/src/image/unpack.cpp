@@ -301,7 +301,7 @@ PipelineConfig make_config(const std::string& phase, const UnpackOptions& o,
                            const OpenCheckpoint& ck) {
   PipelineConfig cfg;
   cfg.phase = phase;
-  cfg.workers = std::min(ck.threads, ck.slots);  // a worker without a slot would only wait
+  cfg.workers = ck.threads;
   cfg.slots = ck.slots;
   cfg.buffer_bytes = ck.buf_bytes;
   cfg.queue_depth = o.queue_depth;

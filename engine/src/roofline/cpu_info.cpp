@@ -1,7 +1,5 @@
 #include "roofline/cpu_info.h"
 
-#include <sched.h>
-
 #include <cctype>
 #include <cstdlib>
 #include <filesystem>
