@@ -275,7 +275,10 @@ TEST_F(E2eSsh, ATargetWithoutGpuckptIsRefusedBeforeAnythingIsFrozen) {
   EXPECT_NE(r.err.find("nothing was frozen"), std::string::npos) << r.err;
   EXPECT_FALSE(stopped(demo.front.pid()));
   EXPECT_FALSE(test::vllm_complete(demo.port, "s", "fine?").empty());
-  EXPECT_TRUE(host_->processes().empty());
+  // The target's sshd session ends after the controller has read its error, as in the tests
+  // above: awaited, not sampled once.
+  EXPECT_TRUE(test::wait_until([&] { return host_->processes().empty(); }))
+      << "a process is left on the target";
 }
 
 // The target's gpuckpt fails before it receives (its spool cannot be made): its own message
@@ -293,7 +296,10 @@ TEST_F(E2eSsh, ATargetThatCannotReceiveSaysWhyBeforeAnythingIsFrozen) {
   EXPECT_NE(r.err.find("nothing was frozen"), std::string::npos) << r.err;
   EXPECT_FALSE(stopped(demo.front.pid()));
   EXPECT_FALSE(test::vllm_complete(demo.port, "s", "fine?").empty());
-  EXPECT_TRUE(host_->processes().empty());
+  // The target's sshd session ends after the controller has read its error, as in the tests
+  // above: awaited, not sampled once.
+  EXPECT_TRUE(test::wait_until([&] { return host_->processes().empty(); }))
+      << "a process is left on the target";
 }
 
 TEST_F(E2eSsh, AfterTheHostIsGoneTheSpareRestoresTheCheckpointFromObjectStorage) {
