@@ -403,6 +403,51 @@ TEST_F(E2eFaults, ASecondDumpOfAProcessBeingDumpedIsRefusedBeforeFreezing) {
   s.wait();
 }
 
+// A SIGKILL of gpuckpt dropped its locks at once, while its guard had yet to resume the
+// processes: another gpuckpt could then take up a stopped service that the guard was about to
+// resume under it. The guard holds the locks as well now, until it has resumed them.
+TEST_F(E2eFaults, AKilledDumpsProcessesStayLockedUntilItsGuardHasResumedThem) {
+  Child s = server("lk");
+  const std::string pid = std::to_string(s.pid());
+  Child g = paused_cli(
+      {"dump", "--pid", pid, "-o", (out_ / "lk.ckpt").string(), "--staging", staging_.string()},
+      "compress_write");
+  // The guard held still, so that gpuckpt's death is all that has happened.
+  const auto guards = process::live_pids_where(
+      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
+  ASSERT_EQ(guards.size(), 1u);
+  const pid_t guard = guards.front();
+  ASSERT_EQ(::kill(guard, SIGSTOP), 0);
+  struct Cont {
+    pid_t pid;
+    ~Cont() { ::kill(pid, SIGCONT); }  // whatever fails below, the guard recovers
+  } cont{guard};
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(guard) == 'T'; }));
+  g.kill(SIGKILL);
+  g.wait();
+
+  const auto second = test::run_cli({"--json", "dump", "--pid", pid, "-o",
+                                     (out_ / "lk2.ckpt").string(), "--staging", staging_.string()});
+  EXPECT_EQ(second.exit_code, 10) << second.err;
+  EXPECT_NE(second.out.find("being dumped or migrated by another gpuckpt"), std::string::npos)
+      << second.out;
+  EXPECT_FALSE(fs::exists(out_ / "lk2.ckpt"));
+
+  ASSERT_EQ(::kill(guard, SIGCONT), 0);
+  EXPECT_TRUE(test::runs_again(s.pid())) << "the service was left frozen";
+  ASSERT_TRUE(test::wait_until([&] {
+    const char c = test::process_state(guard);
+    return c == 0 || c == 'Z';
+  }));
+  // Its guard done, the next dump goes (it takes over the lock file that the kill left).
+  const auto third = test::run_cli({"dump", "--pid", pid, "--leave-running", "-o",
+                                    (out_ / "lk3.ckpt").string(), "--staging", staging_.string()});
+  EXPECT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_EQ(ask_unix_line(sock("lk"), "PING"), "PONG");
+  s.kill(SIGKILL);
+  s.wait();
+}
+
 // The lock that keeps a second gpuckpt off was an flock on /proc/PID, which any local user may
 // take: `nobody` holding it refused every dump of a root service. It is now a file in the run
 // directory (root's alone), removed with the lock.

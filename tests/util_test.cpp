@@ -1,12 +1,18 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstring>
 #include <thread>
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/timing.h"
 #include "test_support.h"
+#include "util/fd_passing.h"
+#include "util/unique_fd.h"
 #include "util/utf8.h"
 
 namespace fs = std::filesystem;
@@ -149,6 +155,56 @@ TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOrHandedOverOne) {
   }
   EXPECT_TRUE(fs::is_directory(kept));
   fs::remove_all(parent);
+}
+
+// What the guard relies on: a lock passed to it is the sender's very lock, which lives on in
+// the receiver once the sender has closed its own descriptor (or died).
+TEST(FdPassing, APassedLockStaysHeldByTheReceiverAfterTheSenderLetsGo) {
+  const auto dir = test::scratch_dir("gpuckpt-fdpass");
+  const std::string path = (dir.path() / "lock").string();
+  UniqueFd held(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  ASSERT_TRUE(held);
+  ASSERT_EQ(::flock(held.get(), LOCK_EX | LOCK_NB), 0);
+  int sv[2];
+  ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+  UniqueFd a(sv[0]), b(sv[1]);
+  const std::vector<int> fds{held.get(), held.get()};
+  const std::string line = "{\"op\":\"locks\"}\n";
+  ASSERT_EQ(send_with_fds(a.get(), line, fds), 0);
+  EXPECT_EQ(send_with_fds(a.get(), "", fds), EINVAL);  // descriptors travel with data only
+  held.reset();
+  a.reset();
+
+  std::vector<UniqueFd> got;
+  std::string text;
+  char buf[7];  // smaller than the line: the descriptors come with its first read
+  for (;;) {
+    const ssize_t n = recv_with_fds(b.get(), buf, sizeof buf, got);
+    ASSERT_GE(n, 0) << std::strerror(errno);
+    if (n == 0) break;
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  EXPECT_EQ(text, line);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_NE(::fcntl(got[0].get(), F_GETFD) & FD_CLOEXEC, 0);
+  const UniqueFd other(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  ASSERT_TRUE(other);
+  EXPECT_NE(::flock(other.get(), LOCK_EX | LOCK_NB), 0) << "the passed lock was lost";
+  got.clear();
+  EXPECT_EQ(::flock(other.get(), LOCK_EX | LOCK_NB), 0);
+}
+
+// A pipe (gpuckpt-guard run by hand) is read as before.
+TEST(FdPassing, APipeIsReadAsByRead) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  UniqueFd r(p[0]), w(p[1]);
+  ASSERT_EQ(::write(w.get(), "abc", 3), 3);
+  std::vector<UniqueFd> got;
+  char buf[8];
+  EXPECT_EQ(recv_with_fds(r.get(), buf, sizeof buf, got), 3);
+  EXPECT_EQ(std::string(buf, 3), "abc");
+  EXPECT_TRUE(got.empty());
 }
 
 TEST(Utf8, AcceptsWellFormedTextAndRefusesWhatJsonCannotHold) {

@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "gpuckpt/error.h"
+#include "util/fd_passing.h"
 #include "util/no_sigpipe.h"
 #include "util/write_fully.h"
 
@@ -126,36 +127,17 @@ void send_reply(int conn, bool exists) {
 // The pipe end criu passes after a request: one dummy byte carrying it as SCM_RIGHTS.
 UniqueFd recv_pipe(int conn) {
   char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  std::vector<UniqueFd> fds;
+  bool truncated = false;
   ssize_t r;
   do {
-    r = ::recvmsg(conn, &msg, MSG_CMSG_CLOEXEC);
+    r = recv_with_fds(conn, &byte, 1, fds, &truncated);
   } while (r < 0 && errno == EINTR);
   if (r < 0) throw_errno(Errc::kCriu, "receive a pipe from criu");
   if (r == 0) throw Error(Errc::kCriu, "criu closed the streamer socket before passing a pipe");
-  UniqueFd fd;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t k = 0; k < n; ++k) {
-      int f;
-      std::memcpy(&f, CMSG_DATA(c) + k * sizeof(int), sizeof f);
-      if (!fd)
-        fd.reset(f);
-      else
-        ::close(f);
-    }
-  }
-  if (!fd) throw Error(Errc::kCriu, "criu's streamer message carried no pipe");
-  if (msg.msg_flags & MSG_CTRUNC)
-    throw Error(Errc::kCriu, "criu passed more descriptors than expected");
-  return fd;
+  if (fds.empty()) throw Error(Errc::kCriu, "criu's streamer message carried no pipe");
+  if (truncated) throw Error(Errc::kCriu, "criu passed more descriptors than expected");
+  return std::move(fds.front());  // any others are closed with the vector
 }
 
 // Bigger pipes mean fewer wake-ups per MiB on both sides; the default (64 KiB) is kept if the

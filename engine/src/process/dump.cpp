@@ -379,13 +379,11 @@ void publish_checkpoint(DumpState& d) {
 DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCopy copy) {
   // Locked before the tree is looked at: another gpuckpt's dump in flight may have it stopped
   // already, and "being dumped by another gpuckpt" is the refusal that says why.
-  std::vector<HeldLockFile> locks =
-      lock_processes(o.pid > 0 ? process_tree(o.pid) : std::vector<pid_t>{});
+  guard.hold_locks(lock_processes(o.pid > 0 ? process_tree(o.pid) : std::vector<pid_t>{}));
   const Target target = preflight_target(o.pid);
   preflight_output(o);
 
   DumpState d{o, guard, target, copy};
-  d.out.locks = std::move(locks);
   {
     Timeline::Scope preflight(d.out.result.timeline, "preflight");
     prepare_criu(d);

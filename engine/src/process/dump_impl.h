@@ -15,13 +15,12 @@ namespace gpuckpt::process {
 struct DumpOutcome {
   DumpResult result;
   ProcessRecord record;
-  // The tree's processes, locked against another gpuckpt's dump or migration of them for as
-  // long as this outcome lives (lock_processes).
-  std::vector<HeldLockFile> locks;
 };
 
 class Guard;
 
+// The tree's processes are locked against another gpuckpt's dump or migration of them
+// (lock_processes) until `guard` is done or has undone the operation (Guard::hold_locks).
 // On any failure the tree is running again when this throws (the guard has resumed it), and
 // the message says so. On success the checkpoint is durable and the tree still stopped (or
 // running, for a snapshot): the caller decides its end and tells the guard.

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,6 +28,7 @@
 #include "process/restore_impl.h"
 #include "process/support.h"
 #include "util/fault.h"
+#include "util/fd_passing.h"
 #include "util/fs.h"
 #include "util/no_sigpipe.h"
 #include "util/poll_timeout.h"
@@ -163,9 +165,10 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
   recover_abandoned_operations();
   journal_ = Journal::open_new(operation);
   int down[2], up[2];
-  // O_CLOEXEC: criu and every other child of gpuckpt must not hold the write end, or the
-  // guard would not see gpuckpt's death.
-  if (::pipe2(down, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe for the guard");
+  // Close-on-exec: criu and every other child of gpuckpt must not hold the write end, or the
+  // guard would not see gpuckpt's death. A socket, not a pipe, to pass it the process locks.
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, down) != 0)
+    throw_errno(Errc::kInternal, "socket for the guard");
   UniqueFd down_r(down[0]), down_w(down[1]);
   if (::pipe2(up, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe for the guard");
   UniqueFd up_r(up[0]), up_w(up[1]);
@@ -207,6 +210,8 @@ Guard::~Guard() {
     to_guard_.reset();  // EOF: a guard still waiting for commands recovers and exits
     child_.wait_for(std::chrono::seconds(120));
   }
+  std::lock_guard lk(mu_);
+  release_locks_locked();
 }
 
 void Guard::refuse_after_abort_locked() const {
@@ -231,9 +236,37 @@ void Guard::send(const json& msg, bool must_reach) {
 
 void Guard::send_locked(const json& msg) {
   if (finished_) return;
-  if (!tell_locked(msg))
-    throw Error(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) +
-                                     ") has died: the operation stops here");
+  if (!tell_locked(msg)) throw_guard_died();
+}
+
+void Guard::throw_guard_died() const {
+  throw Error(Errc::kInternal, "the guard (pid " + std::to_string(child_.pid()) +
+                                   ") has died: the operation stops here");
+}
+
+void Guard::hold_locks(std::vector<HeldLockFile> locks) {
+  std::lock_guard lk(mu_);
+  refuse_after_abort_locked();
+  // Not in the mirror or the journal: a lock means nothing once gpuckpt and its guard are gone.
+  for (std::size_t i = 0; i < locks.size() && !finished_ && !gone_; i += kMaxFdsPerMessage) {
+    std::vector<int> fds;
+    for (std::size_t k = i; k < std::min(locks.size(), i + kMaxFdsPerMessage); ++k)
+      fds.push_back(locks[k].fd());
+    const std::string line = json{{"op", "locks"}, {"count", fds.size()}}.dump() + "\n";
+    if (const int err = send_with_fds(to_guard_.get(), line, fds); err != 0) {
+      gone_ = true;
+      spdlog::warn("the guard (pid {}) has died ({}); gpuckpt recovers by itself", child_.pid(),
+                   std::strerror(err));
+    }
+  }
+  if (gone_) throw_guard_died();  // nothing is frozen yet
+  for (auto& l : locks) locks_.push_back(std::move(l));
+}
+
+void Guard::release_locks_locked() {
+  if (child_.running())
+    for (auto& l : locks_) l.leave();
+  locks_.clear();
 }
 
 bool Guard::tell_locked(const json& msg) {
@@ -396,6 +429,7 @@ std::string Guard::abort(std::chrono::milliseconds timeout) {
       journal_.leave();
     else
       journal_.remove();
+    release_locks_locked();
   }
   end_abort(summary);
   return summary;
@@ -431,6 +465,7 @@ void Guard::disarm() {
     write_locked({{"op", "done"}});
     finished_ = true;
     journal_.remove();
+    locks_.clear();  // the operation is complete: whatever the guard still holds is moot
   }
   // What the guard was to remove is gpuckpt's again (a snapshot's spool, still uploading): an
   // interrupt from here on removes it itself, as for any command without a guard.
@@ -897,9 +932,12 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   Plan plan;
   std::string buf;
   bool aborted = false;
+  // gpuckpt's process locks (Guard::hold_locks), held until the operation is over: a gpuckpt
+  // killed meanwhile leaves them to this guard, so no other takes the processes it resumes.
+  std::vector<UniqueFd> locks;
   for (;;) {
     char chunk[4096];
-    const ssize_t n = ::read(in_fd, chunk, sizeof chunk);
+    const ssize_t n = recv_with_fds(in_fd, chunk, sizeof chunk, locks);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // gpuckpt is gone
     buf.append(chunk, static_cast<std::size_t>(n));

@@ -3,9 +3,10 @@
 // "Faults").
 //
 // gpuckpt starts it (gpuckpt-guard, in its own session so a Ctrl-C to the terminal does not
-// reach it) before anything is frozen, and tells it over a pipe, as JSON lines, what it would
-// have to undo: the trees to resume, the CRIU run in flight, the restored copies to kill, the
-// paths to remove or put back. If the pipe closes without a "done" (gpuckpt died), or on an
+// reach it) before anything is frozen, and tells it over a unix socket, as JSON lines, what it
+// would have to undo: the trees to resume, the CRIU run in flight, the restored copies to kill,
+// the paths to remove or put back (and passes it the processes' locks, which it holds until it
+// exits). If the socket closes without a "done" (gpuckpt died), or on an
 // "abort" (gpuckpt failed or was interrupted and asks for the rollback), the guard recovers:
 //   1. waits for criu to finish (criu leaves its tasks in a clean state; killing it while its
 //      parasite code runs inside a task could kill that task), SIGKILL past a bound;
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "process/journal.h"
+#include "process/support.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -61,6 +63,11 @@ class Guard {
   // then); `pids` adds processes known to belong to it. Each with its start tick now: recovery
   // leaves alone a process that took one of these pids since.
   void protect(pid_t root, const std::vector<pid_t>& pids = {});
+  // The processes' locks (lock_processes) are the guard's too from now on: a SIGKILL of gpuckpt
+  // drops its own hold, and the guard's keeps every other gpuckpt off the processes until it
+  // has resumed them. Released, their files removed, once the operation is over (done or
+  // undone); left to the guard if it still recovers then.
+  void hold_locks(std::vector<HeldLockFile> locks);
   // This dump locked these processes' CUDA state (and checkpointed it): recovery gives it back.
   void cuda(const std::vector<pid_t>& pids);
   // Where the CRIU plugin of the dump about to start reports the tasks it locks: a recovery
@@ -121,6 +128,10 @@ class Guard {
  private:
   // Throws once aborted (under mu_).
   void refuse_after_abort_locked() const;
+  [[noreturn]] void throw_guard_died() const;
+  // Under mu_, once the operation is over: the locks go, their files with them unless the
+  // guard, still running, holds them yet.
+  void release_locks_locked();
   // Under mu_: an abort from the interrupt thread and a command from the operation are ordered,
   // so that nothing is frozen (or started) after the guard has recovered.
   void send_locked(const nlohmann::json& msg);
@@ -142,6 +153,7 @@ class Guard {
   // Everything the guard was told: should it die (killed, out of memory), gpuckpt, still alive,
   // recovers from this itself rather than leave a service frozen.
   std::unique_ptr<GuardPlan> mirror_;
+  std::vector<HeldLockFile> locks_;  // shared with the guard (hold_locks)
   bool finished_ = false;
   bool aborted_ = false;
   bool gone_ = false;

@@ -78,6 +78,14 @@ class HeldLockFile {
   HeldLockFile(const HeldLockFile&) = delete;
   HeldLockFile& operator=(const HeldLockFile&) = delete;
 
+  int fd() const { return fd_.get(); }
+  // Lets go without removing the file: another holder of the same open file (a guard still
+  // recovering) keeps the lock, and the next lock of this name takes the file over after it.
+  void leave() noexcept {
+    path_.clear();
+    fd_.reset();
+  }
+
  private:
   void release() noexcept;
   std::filesystem::path path_;
