@@ -420,7 +420,9 @@ TEST_F(E2eFaults, AKilledDumpsProcessesStayLockedUntilItsGuardHasResumedThem) {
   ASSERT_EQ(::kill(guard, SIGSTOP), 0);
   struct Cont {
     pid_t pid;
-    ~Cont() { ::kill(pid, SIGCONT); }  // whatever fails below, the guard recovers
+    ~Cont() {
+      if (pid > 0) ::kill(pid, SIGCONT);  // whatever fails below, the guard recovers
+    }
   } cont{guard};
   ASSERT_TRUE(test::wait_until([&] { return test::process_state(guard) == 'T'; }));
   g.kill(SIGKILL);
@@ -434,6 +436,7 @@ TEST_F(E2eFaults, AKilledDumpsProcessesStayLockedUntilItsGuardHasResumedThem) {
   EXPECT_FALSE(fs::exists(out_ / "lk2.ckpt"));
 
   ASSERT_EQ(::kill(guard, SIGCONT), 0);
+  cont.pid = 0;  // its pid may name another process once it has ended
   EXPECT_TRUE(test::runs_again(s.pid())) << "the service was left frozen";
   ASSERT_TRUE(test::wait_until([&] {
     const char c = test::process_state(guard);

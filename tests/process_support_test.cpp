@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -30,6 +32,7 @@
 #include "process/stages.h"
 #include "process/support.h"
 #include "test_support.h"
+#include "util/fd_passing.h"
 #include "util/fs.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
@@ -390,6 +393,36 @@ TEST(Guard, AfterAnInterruptNothingMoreIsProtectedOrStarted) {
   EXPECT_THROW(spawn({"sh", "-c", "touch " + ran.string()}, so), Error);
   EXPECT_FALSE(fs::exists(ran));
   g.disarm();  // after an abort: nothing to do, and no throw
+}
+
+// A tree's locks go to the guard in messages of at most kMaxFdsPerMessage: every one of them
+// must arrive, and go (their files with them) once the operation is done.
+TEST(Guard, HoldsEveryLockItIsPassedBeyondOneMessagesWorth) {
+  auto dir = test::scratch_dir();
+  std::vector<process::HeldLockFile> locks;
+  std::set<std::string> names;
+  for (std::size_t i = 0; i < kMaxFdsPerMessage + 50; ++i) {
+    const fs::path p = dir.path() / ("lock-" + std::to_string(i));
+    UniqueFd fd(::open(p.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+    ASSERT_TRUE(fd);
+    ASSERT_EQ(::flock(fd.get(), LOCK_EX | LOCK_NB), 0);
+    names.insert(p.string());
+    locks.emplace_back(p, std::move(fd));
+  }
+  process::Guard g("dump");
+  g.hold_locks(std::move(locks));
+  const fs::path fds = "/proc/" + std::to_string(g.pid()) + "/fd";
+  const auto held = [&] {
+    std::size_t n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(fds, ec))
+      if (names.count(fs::read_symlink(e.path(), ec).string())) ++n;
+    return n;
+  };
+  EXPECT_TRUE(test::wait_until([&] { return held() == names.size(); }))
+      << "the guard holds " << held() << " of " << names.size();
+  g.disarm();
+  for (const auto& n : names) EXPECT_FALSE(fs::exists(n)) << n;
 }
 
 TEST(Guard, KeepsTheSpoolItMayRestoreFromAfterItsGpuckptIsGone) {

@@ -136,8 +136,9 @@ UniqueFd recv_pipe(int conn) {
   if (r < 0) throw_errno(Errc::kCriu, "receive a pipe from criu");
   if (r == 0) throw Error(Errc::kCriu, "criu closed the streamer socket before passing a pipe");
   if (fds.empty()) throw Error(Errc::kCriu, "criu's streamer message carried no pipe");
-  if (truncated) throw Error(Errc::kCriu, "criu passed more descriptors than expected");
-  return std::move(fds.front());  // any others are closed with the vector
+  if (truncated || fds.size() > 1)
+    throw Error(Errc::kCriu, "criu passed more descriptors than expected");
+  return std::move(fds.front());
 }
 
 // Bigger pipes mean fewer wake-ups per MiB on both sides; the default (64 KiB) is kept if the

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -253,10 +254,13 @@ void Guard::hold_locks(std::vector<HeldLockFile> locks) {
     for (std::size_t k = i; k < std::min(locks.size(), i + kMaxFdsPerMessage); ++k)
       fds.push_back(locks[k].fd());
     const std::string line = json{{"op", "locks"}, {"count", fds.size()}}.dump() + "\n";
-    if (const int err = send_with_fds(to_guard_.get(), line, fds); err != 0) {
+    const int err = send_with_fds(to_guard_.get(), line, fds);
+    if (err == EPIPE || err == ECONNRESET) {
       gone_ = true;
-      spdlog::warn("the guard (pid {}) has died ({}); gpuckpt recovers by itself", child_.pid(),
-                   std::strerror(err));
+      spdlog::warn("the guard (pid {}) has died; gpuckpt recovers by itself", child_.pid());
+    } else if (err != 0) {
+      // ETOOMANYREFS, ENOBUFS: the guard lives, and nothing is frozen yet.
+      throw_syserr(Errc::kIo, err, "pass the process locks to the guard");
     }
   }
   if (gone_) throw_guard_died();  // nothing is frozen yet
@@ -282,7 +286,7 @@ bool Guard::write_locked(const json& msg) {
   // The paths it names are UTF-8 (require_utf8_path, before anything is frozen); anything else
   // must not kill the operation here.
   const std::string line = msg.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
-  NoSigpipe nosig;  // a dead guard's pipe: EPIPE, not gpuckpt's silent death
+  NoSigpipe nosig;  // a dead guard's socket: EPIPE, not gpuckpt's silent death
   if (write_fully(to_guard_.get(), line.data(), line.size()) != 0) {
     gone_ = true;
     spdlog::warn("the guard (pid {}) has died; gpuckpt recovers by itself", child_.pid());
@@ -928,6 +932,11 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   auto over = [&] {
     if (!journal.empty()) ::unlink(journal.c_str());
   };
+  // A lock for each process of the tree arrives here: room for as many as the hard limit allows.
+  if (rlimit r{}; ::getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < r.rlim_max) {
+    r.rlim_cur = r.rlim_max;
+    (void)::setrlimit(RLIMIT_NOFILE, &r);
+  }
   if (!write_all(out_fd, "ready\n")) return 1;
   Plan plan;
   std::string buf;
@@ -935,11 +944,19 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   // gpuckpt's process locks (Guard::hold_locks), held until the operation is over: a gpuckpt
   // killed meanwhile leaves them to this guard, so no other takes the processes it resumes.
   std::vector<UniqueFd> locks;
+  bool locks_lost = false;
   for (;;) {
     char chunk[4096];
-    const ssize_t n = recv_with_fds(in_fd, chunk, sizeof chunk, locks);
+    bool truncated = false;
+    const ssize_t n = recv_with_fds(in_fd, chunk, sizeof chunk, locks, &truncated);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // gpuckpt is gone
+    if (truncated && !locks_lost) {
+      locks_lost = true;  // said once: the recovery goes on, only without those locks
+      write_all(2,
+                "gpuckpt-guard: the kernel dropped some of the process locks passed to it (out "
+                "of descriptors): another gpuckpt may take those processes up meanwhile\n");
+    }
     buf.append(chunk, static_cast<std::size_t>(n));
     for (std::size_t nl; (nl = buf.find('\n')) != std::string::npos;) {
       const json m = json::parse(buf.substr(0, nl), nullptr, false);

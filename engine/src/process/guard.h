@@ -141,7 +141,7 @@ class Guard {
   void commit(const nlohmann::json& msg);
   // abort()'s recovery: the guard's, or gpuckpt's own from the mirror if the guard is dead.
   std::string recover_somewhere(bool by_guard, std::chrono::milliseconds timeout);
-  // The mirror, then the guard; false once the guard is found gone (its pipe broken).
+  // The mirror, then the guard; false once the guard is found gone (its socket broken).
   bool tell_locked(const nlohmann::json& msg);
   bool write_locked(const nlohmann::json& msg);
   mutable std::mutex mu_;
