@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <thread>
 
@@ -230,16 +231,20 @@ TEST_F(HugePageFill, AVmaTheFillDeclinesIsStillPopulatedInParallelAndGainsNoMemo
                                std::chrono::seconds(60)))
       << read_file(so.stderr_file);
   const pid_t pid = target.pid();
-  {
-    // The premise: one VMA holds both regions (another kernel may keep them apart).
-    std::ifstream in("/proc/" + std::to_string(pid) + "/smaps");
-    bool merged = false;
-    for (std::string line; std::getline(in, line);)
-      if (line.rfind("Size:", 0) == 0 &&
-          std::stoull(line.substr(5)) >= ((kDenseMiB + kSparseMiB) << 10))
-        merged = true;
-    if (!merged) GTEST_SKIP() << "this kernel keeps the two mappings in VMAs of their own";
-  }
+  // The Rss of the VMA that holds both regions; nullopt if none does (another kernel may keep
+  // them apart). The zero pages that reading the sparse part maps do not count.
+  const auto merged_rss = [](pid_t p) -> std::optional<std::uint64_t> {
+    std::ifstream in("/proc/" + std::to_string(p) + "/smaps");
+    bool in_it = false;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Size:", 0) == 0)
+        in_it = std::stoull(line.substr(5)) >= ((kDenseMiB + kSparseMiB) << 10);
+      else if (in_it && line.rfind("Rss:", 0) == 0)
+        return std::stoull(line.substr(4)) << 10;
+    }
+    return std::nullopt;
+  };
+  if (!merged_rss(pid)) GTEST_SKIP() << "this kernel keeps the two mappings in VMAs of their own";
   const std::string hash = ask_unix_line(sock_, "HASH");
   const fs::path ckpt = dir_.path() / "c.ckpt";
   json d = run_json({"--json", "dump", "--pid", std::to_string(pid), "-o", ckpt.string()});
@@ -250,7 +255,9 @@ TEST_F(HugePageFill, AVmaTheFillDeclinesIsStillPopulatedInParallelAndGainsNoMemo
       {"--json", "restore", ckpt.string(), "--no-huge-pages", "--probe", "unix:" + sock_.string()});
   ASSERT_EQ(plain.value("ok", false), true);
   Ended p1{plain["pid"].get<pid_t>()};
+  EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash);
   const std::uint64_t rss_plain = rss_bytes(p1.pid);
+  const auto vma_plain = merged_rss(p1.pid);
   const std::string plain_layout = layout(p1.pid);
   p1.now();
 
@@ -265,6 +272,9 @@ TEST_F(HugePageFill, AVmaTheFillDeclinesIsStillPopulatedInParallelAndGainsNoMemo
     if (s["name"] == "memory_fill") fill = &s;
   ASSERT_NE(fill, nullptr) << "no populate threads ran: " << r["timeline"].dump();
   EXPECT_GT((*fill)["bytes"].get<std::uint64_t>(), 0u);
+  // Exactly the pages the read wrote, in the declined VMA; and nothing much anywhere else.
+  ASSERT_TRUE(vma_plain.has_value());
+  EXPECT_EQ(merged_rss(p2.pid), vma_plain);
   EXPECT_LT(rss_bytes(p2.pid), rss_plain + (16u << 20))
       << "RSS after a 4 KiB restore " << (rss_plain >> 20) << " MiB, after this one "
       << (rss_bytes(p2.pid) >> 20) << " MiB";
