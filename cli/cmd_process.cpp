@@ -202,8 +202,10 @@ void add_dump(CLI::App& app, Context& ctx) {
 
 // --no-huge-pages, for restore and migrate.
 constexpr const char* kNoHugePagesHelp =
-    "Fill the restored memory with 4 KiB pages, as upstream CRIU does (default: dense private "
-    "anonymous memory is read into transparent huge pages, docs/CRIU.md \"Huge-page fill\")";
+    "Fill the restored memory as upstream CRIU does: 4 KiB pages, faulted in by its one thread "
+    "(default: dense private anonymous memory is read into transparent huge pages, and helper "
+    "threads populate the memory ahead of the read; docs/CRIU.md \"Huge-page fill\", "
+    "\"Parallel fill\")";
 
 struct RestoreArgs {
   std::string checkpoint, gpu_map, spool;
