@@ -147,8 +147,41 @@ class HugePageFill : public ::testing::Test {
     test::close_inherited_fds();
     std::ofstream(dir_.path() / "target.py") << kTarget;
   }
+  // Starts kTarget (SOCK DENSE SPARSE, then `extra`) in a session of its own (no terminal: CRIU
+  // dumps it without --shell-job), and waits until it is ready.
+  ::testing::AssertionResult start_target(Child& c, const std::vector<std::string>& extra = {}) {
+    SpawnOptions so;
+    so.stdout_file = dir_.path() / "target.out";
+    so.stderr_file = dir_.path() / "target.err";
+    so.new_session = true;
+    std::vector<std::string> argv{"python3", (dir_.path() / "target.py").string(), sock_.string(),
+                                  std::to_string(kDenseMiB), std::to_string(kSparseMiB)};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    c = spawn(argv, so);
+    if (test::wait_until([&] { return read_file(so.stdout_file).rfind("READY", 0) == 0; },
+                         std::chrono::seconds(60)))
+      return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure()
+           << "the target never got ready: " << read_file(so.stderr_file);
+  }
+  // Dumps `target` to ckpt_; the dump ends it.
+  ::testing::AssertionResult dump(Child& target) {
+    const json d =
+        run_json({"--json", "dump", "--pid", std::to_string(target.pid()), "-o", ckpt_.string()});
+    target.wait();
+    if (d.value("ok", false)) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "the dump failed: " << d.dump();
+  }
+  // Restores ckpt_ (with `extra` options) until the copy answers on the socket.
+  json restore(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args{"--json", "restore", ckpt_.string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--probe", "unix:" + sock_.string()});
+    return run_json(args);
+  }
   TempDir dir_ = test::scratch_dir("gpuckpt-hugepage");
   fs::path sock_ = dir_.path() / "t.sock";
+  fs::path ckpt_ = dir_.path() / "c.ckpt";
 };
 
 TEST_F(HugePageFill, DenseMemoryComesBackInHugePagesAndSparseMemoryAddsNothing) {
@@ -156,29 +189,15 @@ TEST_F(HugePageFill, DenseMemoryComesBackInHugePagesAndSparseMemoryAddsNothing) 
   if (mode != "madvise" && mode != "always")
     GTEST_SKIP() << "transparent huge pages are '" << mode << "' on this kernel";
 
-  SpawnOptions so;
-  so.stdout_file = dir_.path() / "target.out";
-  so.stderr_file = dir_.path() / "target.err";
-  so.new_session = true;  // no terminal: CRIU dumps it without --shell-job
-  Child target = spawn({"python3", (dir_.path() / "target.py").string(), sock_.string(),
-                        std::to_string(kDenseMiB), std::to_string(kSparseMiB)},
-                       so);
-  ASSERT_TRUE(test::wait_until([&] { return read_file(so.stdout_file).rfind("READY", 0) == 0; },
-                               std::chrono::seconds(60)))
-      << read_file(so.stderr_file);
-  const pid_t pid = target.pid();
+  Child target;
+  ASSERT_TRUE(start_target(target));
   const std::string hash = ask_unix_line(sock_, "HASH");
-  const std::uint64_t rss_before = rss_bytes(pid);
+  const std::uint64_t rss_before = rss_bytes(target.pid());
   ASSERT_GT(rss_before, kDenseMiB << 20);
-
-  const fs::path ckpt = dir_.path() / "c.ckpt";
-  json d = run_json({"--json", "dump", "--pid", std::to_string(pid), "-o", ckpt.string()});
-  ASSERT_EQ(d.value("ok", false), true);
-  target.wait();
+  ASSERT_TRUE(dump(target));
 
   // 4 KiB pages, as upstream CRIU restores them.
-  json plain = run_json(
-      {"--json", "restore", ckpt.string(), "--no-huge-pages", "--probe", "unix:" + sock_.string()});
+  json plain = restore({"--no-huge-pages"});
   ASSERT_EQ(plain.value("ok", false), true);
   Ended p1{plain["pid"].get<pid_t>()};
   EXPECT_EQ(plain["huge_page_bytes"].get<std::uint64_t>(), 0u);
@@ -187,7 +206,7 @@ TEST_F(HugePageFill, DenseMemoryComesBackInHugePagesAndSparseMemoryAddsNothing) 
   p1.now();
 
   // The default: the dense region in huge pages.
-  json huge = run_json({"--json", "restore", ckpt.string(), "--probe", "unix:" + sock_.string()});
+  json huge = restore();
   ASSERT_EQ(huge.value("ok", false), true);
   Ended p2{huge["pid"].get<pid_t>()};
   EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the restored memory differs";
@@ -220,17 +239,8 @@ TEST_F(HugePageFill, AVmaTheFillDeclinesIsStillPopulatedInParallelAndGainsNoMemo
     GTEST_SKIP() << "transparent huge pages are '" << mode << "', not 'madvise', on this kernel";
   if (std::thread::hardware_concurrency() < 2)
     GTEST_SKIP() << "the populate threads (half the CPUs) need 2 CPUs";
-  SpawnOptions so;
-  so.stdout_file = dir_.path() / "target.out";
-  so.stderr_file = dir_.path() / "target.err";
-  so.new_session = true;
-  Child target = spawn({"python3", (dir_.path() / "target.py").string(), sock_.string(),
-                        std::to_string(kDenseMiB), std::to_string(kSparseMiB), "merged"},
-                       so);
-  ASSERT_TRUE(test::wait_until([&] { return read_file(so.stdout_file).rfind("READY", 0) == 0; },
-                               std::chrono::seconds(60)))
-      << read_file(so.stderr_file);
-  const pid_t pid = target.pid();
+  Child target;
+  ASSERT_TRUE(start_target(target, {"merged"}));
   // The Rss of the VMA that holds both regions; nullopt if none does (another kernel may keep
   // them apart). The zero pages that reading the sparse part maps do not count.
   const auto merged_rss = [](pid_t p) -> std::optional<std::uint64_t> {
@@ -244,15 +254,12 @@ TEST_F(HugePageFill, AVmaTheFillDeclinesIsStillPopulatedInParallelAndGainsNoMemo
     }
     return std::nullopt;
   };
-  if (!merged_rss(pid)) GTEST_SKIP() << "this kernel keeps the two mappings in VMAs of their own";
+  if (!merged_rss(target.pid()))
+    GTEST_SKIP() << "this kernel keeps the two mappings in VMAs of their own";
   const std::string hash = ask_unix_line(sock_, "HASH");
-  const fs::path ckpt = dir_.path() / "c.ckpt";
-  json d = run_json({"--json", "dump", "--pid", std::to_string(pid), "-o", ckpt.string()});
-  ASSERT_EQ(d.value("ok", false), true);
-  target.wait();
+  ASSERT_TRUE(dump(target));
 
-  json plain = run_json(
-      {"--json", "restore", ckpt.string(), "--no-huge-pages", "--probe", "unix:" + sock_.string()});
+  json plain = restore({"--no-huge-pages"});
   ASSERT_EQ(plain.value("ok", false), true);
   Ended p1{plain["pid"].get<pid_t>()};
   EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash);
@@ -261,7 +268,7 @@ TEST_F(HugePageFill, AVmaTheFillDeclinesIsStillPopulatedInParallelAndGainsNoMemo
   const std::string plain_layout = layout(p1.pid);
   p1.now();
 
-  json r = run_json({"--json", "restore", ckpt.string(), "--probe", "unix:" + sock_.string()});
+  json r = restore();
   ASSERT_EQ(r.value("ok", false), true);
   const Ended p2{r["pid"].get<pid_t>()};
   EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the restored memory differs";
