@@ -117,16 +117,25 @@ class E2eFaults : public ::testing::Test {
         resume_on_interrupt ? test::Resume::kOnInterrupt : test::Resume::kNever);
   }
 
-  // SIGKILLs the guard of gpuckpt `g` (held at a fault point) and waits until it is dead.
-  static bool kill_guard_of(const Child& g) {
+  // The guard of gpuckpt `g` (held at a fault point); 0 unless it has exactly one.
+  static pid_t guard_of(const Child& g) {
     const auto guards = process::live_pids_where(
         [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
-    if (guards.size() != 1) return false;
-    ::kill(guards.front(), SIGKILL);
+    return guards.size() == 1 ? guards.front() : 0;
+  }
+  // Waits until `pid` is gone or a zombie.
+  static bool wait_ended(pid_t pid) {
     return test::wait_until([&] {
-      const auto p = process::read_proc(guards.front());
+      const auto p = process::read_proc(pid);
       return !p || p->state == 'Z';
     });
+  }
+  // SIGKILLs the guard of gpuckpt `g` (held at a fault point) and waits until it is dead.
+  static bool kill_guard_of(const Child& g) {
+    const pid_t guard = guard_of(g);
+    if (guard == 0) return false;
+    ::kill(guard, SIGKILL);
+    return wait_ended(guard);
   }
 
   static inline TempDir* weights_dir_ = nullptr;
@@ -413,10 +422,8 @@ TEST_F(E2eFaults, AKilledDumpsProcessesStayLockedUntilItsGuardHasResumedThem) {
       {"dump", "--pid", pid, "-o", (out_ / "lk.ckpt").string(), "--staging", staging_.string()},
       "compress_write");
   // The guard held still, so that gpuckpt's death is all that has happened.
-  const auto guards = process::live_pids_where(
-      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
-  ASSERT_EQ(guards.size(), 1u);
-  const pid_t guard = guards.front();
+  const pid_t guard = guard_of(g);
+  ASSERT_NE(guard, 0);
   ASSERT_EQ(::kill(guard, SIGSTOP), 0);
   struct Cont {
     pid_t pid;
@@ -438,10 +445,7 @@ TEST_F(E2eFaults, AKilledDumpsProcessesStayLockedUntilItsGuardHasResumedThem) {
   ASSERT_EQ(::kill(guard, SIGCONT), 0);
   cont.pid = 0;  // its pid may name another process once it has ended
   EXPECT_TRUE(test::runs_again(s.pid())) << "the service was left frozen";
-  ASSERT_TRUE(test::wait_until([&] {
-    const char c = test::process_state(guard);
-    return c == 0 || c == 'Z';
-  }));
+  ASSERT_TRUE(wait_ended(guard));
   // Its guard done, the next dump goes (it takes over the lock file that the kill left).
   const auto third = test::run_cli({"dump", "--pid", pid, "--leave-running", "-o",
                                     (out_ / "lk3.ckpt").string(), "--staging", staging_.string()});
