@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <thread>
 
@@ -244,6 +245,24 @@ TEST(Subprocess, TimeoutKillsTheChild) {
     EXPECT_EQ(e.code(), Errc::kTimeout);
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+TEST(Subprocess, WaitForSaysStillRunningUntilTheChildEndsThenHowItEnded) {
+  Child c = spawn({"sleep", "30"});
+  EXPECT_FALSE(c.wait_for(std::chrono::milliseconds(20)).has_value());
+  EXPECT_TRUE(c.running());
+  c.kill(SIGTERM);
+  const auto st = c.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(st.has_value()) << "not woken by the child's end";
+  EXPECT_FALSE(st->exited);
+  EXPECT_EQ(st->code, SIGTERM);
+  EXPECT_FALSE(c.running());
+  // A child that ends on its own, while its parent waits on it.
+  Child d = spawn({"sh", "-c", "exit 4"});
+  const auto st2 = d.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(st2.has_value());
+  EXPECT_TRUE(st2->exited);
+  EXPECT_EQ(st2->code, 4);
 }
 
 TEST(Cli, VersionAndUsageErrors) {
