@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "gpuckpt/error.h"
+#include "process/proc_info.h"
 #include "test_support.h"
 
 namespace fs = std::filesystem;
@@ -31,12 +32,8 @@ std::string comm(pid_t pid) {
 }
 
 pid_t parent(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  char state;
-  pid_t ppid = 0;
-  std::sscanf(stat.c_str() + stat.rfind(')') + 1, " %c %d", &state, &ppid);
-  return ppid;
+  const auto info = process::read_proc(pid);
+  return info ? info->ppid : 0;
 }
 
 // True if none of `pids` is alive (gone or a zombie) before the deadline.
@@ -44,11 +41,8 @@ bool all_end(const std::vector<pid_t>& pids, std::chrono::milliseconds timeout) 
   const auto deadline = Clock::now() + timeout;
   for (;;) {
     const bool any = std::any_of(pids.begin(), pids.end(), [](pid_t p) {
-      std::ifstream in("/proc/" + std::to_string(p) + "/stat");
-      std::string stat((std::istreambuf_iterator<char>(in)), {});
-      const auto paren = stat.rfind(')');
-      return paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] != 'Z' &&
-             stat[paren + 2] != 'X';
+      const auto info = process::read_proc(p);
+      return info && info->state != 'Z' && info->state != 'X';
     });
     if (!any) return true;
     if (Clock::now() > deadline) return false;

@@ -26,6 +26,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "probe/probe.h"
+#include "process/proc_info.h"
 #include "util/poll_timeout.h"
 #include "util/unique_fd.h"
 
@@ -278,15 +279,10 @@ std::vector<pid_t> descendants(pid_t root) {
   for (const auto& e : fs::directory_iterator("/proc")) {
     const std::string name = e.path().filename();
     if (name.empty() || !std::all_of(name.begin(), name.end(), ::isdigit)) continue;
-    std::ifstream in(e.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), {});
-    const auto paren = stat.rfind(')');  // the name in (...) may hold spaces
-    if (paren == std::string::npos) continue;
-    char state = 0;
-    pid_t ppid = 0;
-    if (std::sscanf(stat.c_str() + paren + 1, " %c %d", &state, &ppid) != 2) continue;
-    if (state == 'Z' || state == 'X') continue;
-    children.emplace(ppid, std::stoi(name));
+    // A process that ends while its stat is read is one no longer there (read_proc: nullopt).
+    const auto info = process::read_proc(std::stoi(name));
+    if (!info || info->state == 'Z' || info->state == 'X') continue;
+    children.emplace(info->ppid, info->pid);
   }
   std::vector<pid_t> out;
   std::vector<pid_t> todo{root};
@@ -360,11 +356,10 @@ bool wait_until(const std::function<bool()>& cond, std::chrono::milliseconds tim
 }
 
 char process_state(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat((std::istreambuf_iterator<char>(in)), {});
-  const auto paren = stat.rfind(')');
-  if (paren == std::string::npos || stat.size() < paren + 3) return 0;
-  return stat[paren + 2];
+  // Not an ifstream: a read of a process that ends meanwhile fails (ESRCH), which its
+  // streambuf throws past the stream's flags.
+  const auto info = process::read_proc(pid);
+  return info ? info->state : 0;
 }
 
 bool runs_again(pid_t pid) {

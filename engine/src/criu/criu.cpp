@@ -296,8 +296,12 @@ std::vector<std::string> tcp_args(bool established) {
 }
 
 bool needs_shell_job(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string s((std::istreambuf_iterator<char>(in)), {});
+  std::string s;
+  try {
+    s = read_file("/proc/" + std::to_string(pid) + "/stat");
+  } catch (const Error&) {
+    return false;  // gone: the dump says so, with its own error, when it seizes the tree
+  }
   const auto close = s.rfind(')');  // comm may contain spaces and parentheses
   if (close == std::string::npos) return false;
   std::istringstream f(s.substr(close + 2));
