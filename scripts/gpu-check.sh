@@ -235,7 +235,7 @@ configure_and_build() {  # configure_and_build WITH_TESTS BUILD_TIMEOUT_S
   targets=(gpuckpt)
   ninja -C "$build" -t targets all >"$work/targets.txt" 2>/dev/null
   for t in gpuckpt-roofline-gpu gpuckpt-cuda-demo-server gpuckpt_criu_plugin \
-           device_gpu_test device_cli_test kernels_binaries_test; do
+           device_gpu_test device_cli_test kernels_binaries_test library_search_test; do
     if grep -q "^$t:" "$work/targets.txt"; then targets+=("$t"); fi
   done
   say "building ${targets[*]} (-j$jobs, at most ${limit} s)"
@@ -283,9 +283,11 @@ make_bundle_dir() {
   cp -L "$build/lib/gpuckpt/kernels.manifest" "$dest/lib/gpuckpt/" 2>/dev/null
   if [ -d "$plugin_dir" ]; then cp -rL "$plugin_dir" "$dest/lib/gpuckpt/"; fi
   local missing=()
-  for f in device_gpu_test device_cli_test kernels_binaries_test; do
+  for f in device_gpu_test device_cli_test kernels_binaries_test library_search_test; do
     if [ -x "$tests_dir/$f" ]; then cp -L "$tests_dir/$f" "$dest/tests/"; else missing+=("$f"); fi
   done
+  # The libcuda.so.1 library_search_test plants, beside the real driver there.
+  if [ -d "$tests_dir/planted" ]; then cp -rL "$tests_dir/planted" "$dest/tests/"; fi
   if [ ${#missing[@]} -gt 0 ]; then
     record FAIL bundle "test programs missing: ${missing[*]} (GoogleTest not found?)"
   fi
@@ -1048,7 +1050,7 @@ fi
 # ---- the GPU tests -------------------------------------------------------------------------
 
 if [ "$do_tests" = 1 ]; then
-  for t in device_gpu_test kernels_binaries_test device_cli_test; do
+  for t in device_gpu_test kernels_binaries_test device_cli_test library_search_test; do
     if [ ! -x "$tests_dir/$t" ]; then
       record FAIL "$t" "not built (GoogleTest missing?): the check is incomplete"
       continue

@@ -216,6 +216,13 @@ TEST_F(E2eProcess, DumpThenRestoreContinuesExactlyWhereItStopped) {
     EXPECT_TRUE(has(dn, st)) << "dump timeline lacks " << st << ": " << d.out;
   EXPECT_GT(stage(d.j["timeline"], "criu_dump")->at("bytes").get<std::uint64_t>(), 64u << 20);
   EXPECT_GT(stage(d.j["timeline"], "compress_write")->at("bytes").get<std::uint64_t>(), 64u << 20);
+  // Who held the stream back: the waits for gpuckpt, within the window they fall in.
+  const auto seconds = [](const json& tl, const char* name) {
+    const auto* s = stage(tl, name);
+    return s ? s->at("seconds").get<double>() : -1.0;
+  };
+  EXPECT_GE(seconds(d.j["timeline"], "capture_wait"), 0.0) << d.out;
+  EXPECT_LE(seconds(d.j["timeline"], "capture_wait"), seconds(d.j["timeline"], "compress_write"));
 
   // The original has ended (killed once the checkpoint was durable); reap it so its pid is free.
   auto st = s.child().wait_for(std::chrono::seconds(10));
@@ -246,6 +253,9 @@ TEST_F(E2eProcess, DumpThenRestoreContinuesExactlyWhereItStopped) {
   for (const char* stn :
        {"read_decompress", "criu_restore", "device_restore", "unlock", "first_answer"})
     EXPECT_TRUE(has(rn, stn)) << "restore timeline lacks " << stn << ": " << r.out;
+  // Every byte went into CRIU's pipes, which takes some time, and no more than the feed ran.
+  EXPECT_GT(seconds(r.j["timeline"], "feed_wait"), 0.0) << r.out;
+  EXPECT_LE(seconds(r.j["timeline"], "feed_wait"), seconds(r.j["timeline"], "read_decompress"));
 
   // Exactly the state it had, and the next answer is what the uninterrupted server gave.
   EXPECT_EQ(ask_unix_line(s.socket(), "STATE"), state);

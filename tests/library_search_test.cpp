@@ -5,6 +5,7 @@
 // code that runs as root.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <regex>
 #include <string>
 #include <vector>
@@ -73,8 +74,10 @@ TEST(LibrarySearch, GpuckptLoadsNoLibcudaPlantedInTheDirectoryItRunsIn) {
                        o);
   };
 
-  // The control: a loader told to search the working directory does load it.
-  devices({"LD_LIBRARY_PATH=."});
+  // The control: a loader told to search the working directory does load it. Prepended: the
+  // GPU check's bundle finds gpuckpt's own libraries through LD_LIBRARY_PATH.
+  const char* path = std::getenv("LD_LIBRARY_PATH");
+  devices({std::string("LD_LIBRARY_PATH=.") + (path && *path ? std::string(":") + path : "")});
   ASSERT_TRUE(fs::exists(marker)) << "the planted library does not record its loading";
   fs::remove(marker);
 

@@ -230,7 +230,12 @@ void StreamPacker::submit_chunk(FileId id) {
   f.len = 0;
   std::unique_lock lock(mu_);
   // The memory bound: the producer (and so CRIU behind its pipe) waits for the disk.
-  cv_.wait(lock, [&] { return inflight_ < max_inflight_ || error_; });
+  const auto room = [&] { return inflight_ < max_inflight_ || error_; };
+  if (!room()) {
+    const auto t0 = Timeline::Clock::now();
+    cv_.wait(lock, room);
+    waited_for_room += Timeline::Clock::now() - t0;
+  }
   if (error_) std::rethrow_exception(error_);
   ++inflight_;
   to_work_.push_back(std::move(job));
@@ -603,6 +608,25 @@ std::size_t pipe_capacity(int fd) {
   return n > 0 ? static_cast<std::size_t>(n) : 0;
 }
 
+// Adds the time its scope took to a total: writing into CRIU's pipe blocks while the pipe is
+// full, so the total is how long a restore's feed waited for CRIU to read.
+class WaitClock {
+ public:
+  explicit WaitClock(std::atomic<std::int64_t>& total_ns)
+      : total_ns_(total_ns), start_(Timeline::Clock::now()) {}
+  ~WaitClock() {
+    total_ns_ +=
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Timeline::Clock::now() - start_)
+            .count();
+  }
+  WaitClock(const WaitClock&) = delete;
+  WaitClock& operator=(const WaitClock&) = delete;
+
+ private:
+  std::atomic<std::int64_t>& total_ns_;
+  Timeline::Clock::time_point start_;
+};
+
 // Writes one file's chunks into a descriptor in order, hashing them on the way. Into a pipe
 // (CRIU's), the chunk's pages are spliced by reference (vmsplice) instead of copied: a write()
 // holds the pipe's lock while it copies, and CRIU's read() holds it while it copies into (and
@@ -610,10 +634,16 @@ std::size_t pipe_capacity(int fd) {
 // stays held until the pipe has been read past its last byte.
 class DescriptorSink : public ChunkSink {
  public:
-  DescriptorSink(int fd, const std::string& path, std::atomic<std::uint64_t>& written)
-      : fd_(fd), path_(path), written_(written), splice_(pipe_capacity(fd) > 0) {}
+  DescriptorSink(int fd, const std::string& path, std::atomic<std::uint64_t>& written,
+                 std::atomic<std::int64_t>& waited_ns)
+      : fd_(fd),
+        path_(path),
+        written_(written),
+        waited_ns_(waited_ns),
+        splice_(pipe_capacity(fd) > 0) {}
   std::uint64_t consume(Slot& s, SinkIo& io) override {
     hash.update(s.data, s.data_len);
+    const WaitClock w(waited_ns_);
     if (splice_)
       splice_out(s, io);
     else if (!write_all(fd_, s.data, s.data_len, path_, written_))
@@ -658,6 +688,7 @@ class DescriptorSink : public ChunkSink {
   int fd_;
   const std::string& path_;
   std::atomic<std::uint64_t>& written_;
+  std::atomic<std::int64_t>& waited_ns_;
   bool splice_;
   std::uint64_t spliced_ = 0;
   std::deque<Held> held_;
@@ -751,6 +782,7 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
   std::uint64_t digest = 0;
   if (n <= 2) {  // small files (most CRIU images): decoded right here
     const auto d = decode_serially(e, [&](const std::byte* data, std::uint32_t len) {
+      const WaitClock w(fed_wait_ns_);
       return write_all(fd, data, len, e.path, raw_written_);
     });
     if (!d) return false;
@@ -790,7 +822,7 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
       cfg.await_range = [this](const ReadRange& r) {
         arrival_->wait(r.source, r.offset, r.offset + r.length);
       };
-    DescriptorSink sink(fd, e.path, raw_written_);
+    DescriptorSink sink(fd, e.path, raw_written_, fed_wait_ns_);
     const WorkerFactory make_worker = [&]() -> std::unique_ptr<ChunkWorker> {
       struct Worker : ChunkWorker {
         Worker(const CheckpointSource& src, const ManifestEntry& entry) : src(src), e(entry) {}

@@ -88,6 +88,9 @@ class StreamPacker {
   // When the first chunk arrived and when the last write completed (the compress_write
   // window), valid after finish().
   Timeline::Clock::time_point first_byte, last_write;
+  // How long the producer (CRIU behind its pipes) waited for a chunk buffer in all: the time
+  // compression and the writes held the dump back.
+  Timeline::Clock::duration waited_for_room{};
 
  private:
   struct Job;
@@ -177,6 +180,12 @@ class CheckpointSource {
   // Bytes read from the blobs and bytes written out, so far (any thread).
   std::uint64_t stored_read() const { return stored_read_.load(); }
   std::uint64_t raw_written() const { return raw_written_.load(); }
+  // Time spent writing into the readers' descriptors, summed over the files: into CRIU's
+  // pipes, a write waits while the pipe is full, so this is how long CRIU's reading held the
+  // restore back.
+  Timeline::Clock::duration waited_for_reader() const {
+    return std::chrono::nanoseconds(fed_wait_ns_.load());
+  }
   // Chunk buffer bytes the large files being written hold now, and the most they held at once.
   std::uint64_t buffer_bytes_held() const;
   std::uint64_t buffer_bytes_peak() const;
@@ -218,6 +227,7 @@ class CheckpointSource {
   Manifest m_;
   std::vector<UniqueFd> blobs_;
   mutable std::atomic<std::uint64_t> stored_read_{0}, raw_written_{0};
+  mutable std::atomic<std::int64_t> fed_wait_ns_{0};
   mutable std::mutex asked_mu_;
   mutable std::vector<bool> asked_;  // per manifest entry: write_to was called for it
 };

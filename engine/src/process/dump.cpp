@@ -360,6 +360,9 @@ void publish_checkpoint(DumpState& d) {
     // compress_write overlaps criu_dump: from CRIU's first image byte to the published
     // manifest.
     tl.add("compress_write", d.packer->first_byte, Timeline::Clock::now(), d.packer->raw_bytes());
+    // Not an interval: the time CRIU's images waited for gpuckpt, summed. Near criu_memdump,
+    // compression and the writes bound the dump; far below it, CRIU's own page chain did.
+    tl.add("capture_wait", d.packer->first_byte, d.packer->first_byte + d.packer->waited_for_room);
     d.packer.reset();
   } else {
     PackOptions po = d.o.pack;

@@ -366,6 +366,10 @@ void finish_streaming(RestoreState& r) {
   // read_decompress overlaps criu_restore: CRIU reads its images while it restores.
   r.out.timeline.add("read_decompress", r.run.start, Timeline::Clock::now(),
                      r.source->raw_written());
+  // Not an interval: the time gpuckpt's feed waited for CRIU to read, summed over the files.
+  // Near read_decompress, CRIU's copy bounds the restore; far below it, the reads and the
+  // decompression do.
+  r.out.timeline.add("feed_wait", r.run.start, r.run.start + r.source->waited_for_reader());
   r.streamer.reset();
 }
 
