@@ -10,6 +10,7 @@
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
 #include "probe/probe.h"
+#include "process/proc_info.h"
 #include "remote/s3.h"
 #include "test_support.h"
 
@@ -110,7 +111,7 @@ TEST_F(E2eS3, DumpToTheStoreThenRestoreFromItContinuesTheConversation) {
   EXPECT_EQ(ask_unix_line(sock(), "GEN second").substr(0, 4), "OK 2");
   EXPECT_TRUE(spool_empty());
   ::kill(pid, SIGKILL);
-  EXPECT_TRUE(test::wait_until([&] { return test::process_state(pid) == 0; }));
+  EXPECT_TRUE(test::wait_until([&] { return !process::alive(pid); }));
 }
 
 TEST_F(E2eS3, SigkillDuringTheUploadResumesTheServiceAndPublishesNothing) {

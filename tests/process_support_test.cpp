@@ -211,9 +211,10 @@ TEST(Pidns, RunsACommandInANewPidNamespaceWhoseInitOutlivesIt) {
   const pid_t host = process::host_pid_in_ns(run.init_pid, ns_pid);
   EXPECT_NE(host, ns_pid);
   EXPECT_EQ(process::innermost_pid(host), ns_pid);
-  for (int i = 0; i < 500 && process::read_proc(host)->comm != "sleep"; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the fork has yet to exec
-  EXPECT_EQ(process::read_proc(host)->comm, "sleep");
+  EXPECT_TRUE(test::wait_until([&] {  // the fork has yet to exec
+    const auto p = process::read_proc(host);
+    return p && p->comm == "sleep";
+  }));
   EXPECT_THROW(process::host_pid_in_ns(run.init_pid, 4242), Error);
 
   // The init leaves once the namespace is empty.
@@ -897,8 +898,8 @@ TEST(EndTree, WhatTheTreeStartsDuringTheGraceIsEndedWithIt) {
   ASSERT_TRUE(test::wait_until([&] { return std::filesystem::exists(ready); }));
   const std::vector<pid_t> tree = process::process_tree(service.pid());
   ASSERT_EQ(tree.size(), 1U);
-  // The grace only has to outlast the handler's two forks.
-  EXPECT_TRUE(process::end_tree(tree, 20000, std::chrono::seconds(3)).empty());
+  // The grace only has to outlast the handler's two forks, on a machine that may be slow.
+  EXPECT_TRUE(process::end_tree(tree, 20000, std::chrono::seconds(10)).empty());
   const ExitStatus st = service.wait();
   EXPECT_FALSE(st.exited);
   EXPECT_EQ(st.code, SIGKILL);

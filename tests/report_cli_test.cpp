@@ -263,9 +263,13 @@ TEST(ReportCli, InterruptedColdStartTakesItsServiceDown) {
                      "unix:" + (dir.path() / "never.sock").string(), "--", "sh", "-c",
                      "echo $$ > " + pidfile.string() + "; exec sleep 100"},
                     so);
-  for (int i = 0; i < 500 && (!fs::exists(pidfile) || fs::file_size(pidfile) == 0); ++i)
-    std::this_thread::sleep_for(10ms);
-  ASSERT_TRUE(fs::exists(pidfile));
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        std::error_code ec;
+        return fs::file_size(pidfile, ec) > 0 && !ec;
+      },
+      60s))
+      << "the service never wrote its pid";
   const pid_t service = std::stoi(read_file(pidfile));
   // gpuckpt records the service's group as soon as its exec has succeeded.
   ASSERT_TRUE(test::wait_until([&] {

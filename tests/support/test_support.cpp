@@ -19,6 +19,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -311,15 +312,39 @@ void close_inherited_fds() {
 }
 
 int free_tcp_port() {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof sa;
-  if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0)
-    throw_errno(Errc::kInternal, "cannot find a free TCP port");
-  return ntohs(sa.sin_port);
+  const auto bind_to = [](int port) {
+    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons(static_cast<std::uint16_t>(port));
+    socklen_t len = sizeof sa;
+    if (!fd || ::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+        ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0)
+      return 0;
+    return static_cast<int>(ntohs(sa.sin_port));
+  };
+  // Below the kernel's ephemeral range: between this check and the server's own bind, no
+  // connect() or bind(0) of this test or of one running beside it is ever given this port, as
+  // a port the kernel chose (the old way) could be.
+  int low = 0;
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  range >> low;
+  constexpr int kFrom = 10000;
+  if (low > kFrom + 1000) {
+    static std::mutex mu;
+    static std::mt19937 rng(std::random_device{}());
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      int port;
+      {
+        std::lock_guard lk(mu);
+        port = std::uniform_int_distribution<int>(kFrom, low - 1)(rng);
+      }
+      if (bind_to(port) == port) return port;
+    }
+  }
+  if (const int port = bind_to(0)) return port;
+  throw_errno(Errc::kInternal, "cannot find a free TCP port");
 }
 
 UniqueFd unix_listener(const fs::path& path) {

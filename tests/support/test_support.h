@@ -140,7 +140,8 @@ namespace gpuckpt::test {
 // files open for writing), so the suites call this first: nothing of ours is inherited.
 void close_inherited_fds();
 
-// A TCP port on 127.0.0.1 that was free a moment ago (for servers that need a number).
+// A TCP port on 127.0.0.1 that was free a moment ago (for servers that need a number), below
+// the kernel's ephemeral range where it has one, so that no connection takes it meanwhile.
 int free_tcp_port();
 // A unix stream socket listening on `path` (throws Error(kInternal) if it cannot).
 UniqueFd unix_listener(const std::filesystem::path& path);
