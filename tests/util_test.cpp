@@ -265,6 +265,21 @@ TEST(Subprocess, WaitForSaysStillRunningUntilTheChildEndsThenHowItEnded) {
   EXPECT_EQ(st2->code, 4);
 }
 
+TEST(Subprocess, WaitingAgainIsAnErrorAndTakesNoOtherChildsStatus) {
+  Child a = spawn({"sh", "-c", "exit 1"});
+  ASSERT_EQ(a.wait().code, 1);
+  Child b = spawn({"sh", "-c", "exit 7"});
+  // b has ended and is left unreaped: a second wait on a must not reap it instead.
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(b.pid()) == 'Z'; }));
+  EXPECT_EQ(test::error_from([&] { a.wait_for(std::chrono::milliseconds(200)); }).code(),
+            Errc::kInternal);
+  EXPECT_EQ(test::error_from([&] { a.wait(); }).code(), Errc::kInternal);
+  const auto st = b.wait_for(std::chrono::seconds(30));
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->exited);
+  EXPECT_EQ(st->code, 7);
+}
+
 TEST(Cli, VersionAndUsageErrors) {
   auto v = test::run_cli({"--version"});
   EXPECT_EQ(v.exit_code, 0);

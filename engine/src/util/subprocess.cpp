@@ -67,7 +67,18 @@ Child::~Child() {
   }
 }
 
+namespace {
+
+// waitpid(-1) would reap whichever child ends next, and so take another Child's status: that
+// one's wait() then fails (ECHILD), or, once its pid is reused, waits on a stranger.
+void require_running(pid_t pid) {
+  if (pid <= 0) throw Error(Errc::kInternal, "wait on a child process that was already reaped");
+}
+
+}  // namespace
+
 ExitStatus Child::wait() {
+  require_running(pid_);
   int status = 0;
   while (::waitpid(pid_, &status, 0) < 0) {
     if (errno != EINTR) throw_errno(Errc::kInternal, "waitpid");
@@ -77,6 +88,7 @@ ExitStatus Child::wait() {
 }
 
 std::optional<ExitStatus> Child::wait_for(std::chrono::milliseconds timeout) {
+  require_running(pid_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   // Woken by the child's pidfd the moment it exits: criu's exit is on the path of every dump
   // and restore, and polling with a backoff added up to its last sleep (20 ms) to each. The
