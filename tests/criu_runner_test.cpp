@@ -171,7 +171,7 @@ TEST(CriuRun, DumpAndRestoreARealProcessWithThePluginLoaded) {
   Child sleeper = start_sleeper(dir.path());
   const pid_t pid = sleeper.pid();
   ASSERT_TRUE(test::wait_until([&] { return process::read_proc(pid)->comm == "sleep"; }));
-  EXPECT_FALSE(criu::needs_shell_job(pid));
+  EXPECT_FALSE(process::needs_shell_job(*process::read_proc(pid)));
 
   const fs::path images = dir.path() / "images";
   fs::create_directory(images);
@@ -325,10 +325,11 @@ TEST(CriuArgs, ShellJobDetection) {
   auto dir = test::scratch_dir("gpuckpt-criu");
   Child leader = start_sleeper(dir.path());
   ASSERT_TRUE(test::wait_until([&] { return process::read_proc(leader.pid())->comm == "sleep"; }));
-  EXPECT_FALSE(criu::needs_shell_job(leader.pid()));  // session leader without a terminal
-  SpawnOptions o;                                     // same session and process group as this test
+  EXPECT_FALSE(process::needs_shell_job(
+      *process::read_proc(leader.pid())));  // session leader without a terminal
+  SpawnOptions o;                           // same session and process group as this test
   Child member = spawn({"sleep", "600"}, o);
-  EXPECT_TRUE(criu::needs_shell_job(member.pid()));
+  EXPECT_TRUE(process::needs_shell_job(*process::read_proc(member.pid())));
 }
 
 // D6: a failed run's log is copied into a private directory, never through a link someone

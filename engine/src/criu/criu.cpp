@@ -295,20 +295,4 @@ std::vector<std::string> tcp_args(bool established) {
   return {"--tcp-close"};
 }
 
-bool needs_shell_job(pid_t pid) {
-  std::string s;
-  try {
-    s = read_file("/proc/" + std::to_string(pid) + "/stat");
-  } catch (const Error&) {
-    return false;  // gone: the dump says so, with its own error, when it seizes the tree
-  }
-  const auto close = s.rfind(')');  // comm may contain spaces and parentheses
-  if (close == std::string::npos) return false;
-  std::istringstream f(s.substr(close + 2));
-  char state;
-  long ppid, pgrp, session, tty_nr;
-  if (!(f >> state >> ppid >> pgrp >> session >> tty_nr)) return false;
-  return session != pid || pgrp != pid || tty_nr != 0;
-}
-
 }  // namespace gpuckpt::criu

@@ -111,8 +111,4 @@ std::filesystem::path preserve_log(const std::filesystem::path& log, const std::
 // their state (--tcp-established) or not at all (--tcp-close). docs/PROCESS.md ("TCP").
 std::vector<std::string> tcp_args(bool established);
 
-// Whether the pid's session/process group lead is outside a tree rooted at it, or it has a
-// controlling terminal: then CRIU needs --shell-job.
-bool needs_shell_job(pid_t pid);
-
 }  // namespace gpuckpt::criu

@@ -200,7 +200,7 @@ void fill_record(DumpState& d) {
   rec.cmdline = target.root.cmdline;
   rec.exe = target.root.exe;
   rec.hostname = host_name();
-  rec.shell_job = criu::needs_shell_job(o.pid);
+  rec.shell_job = needs_shell_job(target.root);
   rec.leave_running = o.leave_running;
   for (pid_t q : target.tree)
     for (auto& u : nvidia_gpu_uuids(q))

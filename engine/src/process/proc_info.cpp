@@ -79,6 +79,10 @@ std::optional<ProcInfo> read_proc(pid_t pid) {
   return p;
 }
 
+bool needs_shell_job(const ProcInfo& p) {
+  return p.sid != p.pid || p.pgrp != p.pid || p.tty_nr != 0;
+}
+
 namespace {
 
 // A "Key:   N kB" line of a /proc/PID file, in bytes; 0 if the process or the line is gone.

@@ -26,6 +26,10 @@ struct ProcInfo {
 // nullopt: no such process.
 std::optional<ProcInfo> read_proc(pid_t pid);
 
+// Whether the process's session or process group lead is outside a tree rooted at it, or it has
+// a controlling terminal: then CRIU needs --shell-job.
+bool needs_shell_job(const ProcInfo& p);
+
 // Peak resident memory (VmHWM) of a live process in bytes; 0 if it is gone.
 std::uint64_t peak_rss_bytes(pid_t pid);
 // Anonymous memory mapped by transparent huge pages (AnonHugePages) in bytes; 0 if it is gone.
