@@ -83,6 +83,8 @@ orig_ld_library_path=${LD_LIBRARY_PATH-}
 results=()
 failures=0
 children=()
+# The test programs this check builds, carries in a bundle and runs (in this order).
+gpu_tests=(device_gpu_test kernels_binaries_test device_cli_test library_search_test)
 restored=()  # CUDA processes that went through a checkpoint: locked before they are killed
 children_links=()
 summary_file=$work/summary.txt
@@ -234,8 +236,7 @@ configure_and_build() {  # configure_and_build WITH_TESTS BUILD_TIMEOUT_S
   fi
   targets=(gpuckpt)
   ninja -C "$build" -t targets all >"$work/targets.txt" 2>/dev/null
-  for t in gpuckpt-roofline-gpu gpuckpt-cuda-demo-server gpuckpt_criu_plugin \
-           device_gpu_test device_cli_test kernels_binaries_test library_search_test; do
+  for t in gpuckpt-roofline-gpu gpuckpt-cuda-demo-server gpuckpt_criu_plugin "${gpu_tests[@]}"; do
     if grep -q "^$t:" "$work/targets.txt"; then targets+=("$t"); fi
   done
   say "building ${targets[*]} (-j$jobs, at most ${limit} s)"
@@ -283,7 +284,7 @@ make_bundle_dir() {
   cp -L "$build/lib/gpuckpt/kernels.manifest" "$dest/lib/gpuckpt/" 2>/dev/null
   if [ -d "$plugin_dir" ]; then cp -rL "$plugin_dir" "$dest/lib/gpuckpt/"; fi
   local missing=()
-  for f in device_gpu_test device_cli_test kernels_binaries_test library_search_test; do
+  for f in "${gpu_tests[@]}"; do
     if [ -x "$tests_dir/$f" ]; then cp -L "$tests_dir/$f" "$dest/tests/"; else missing+=("$f"); fi
   done
   # The libcuda.so.1 library_search_test plants, beside the real driver there.
@@ -1050,7 +1051,7 @@ fi
 # ---- the GPU tests -------------------------------------------------------------------------
 
 if [ "$do_tests" = 1 ]; then
-  for t in device_gpu_test kernels_binaries_test device_cli_test library_search_test; do
+  for t in "${gpu_tests[@]}"; do
     if [ ! -x "$tests_dir/$t" ]; then
       record FAIL "$t" "not built (GoogleTest missing?): the check is incomplete"
       continue
