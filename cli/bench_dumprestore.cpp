@@ -49,6 +49,9 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
     ctx_huge.zstd_ratio = ctx_small.zstd_ratio =
         static_cast<double>(r.process_bytes) / static_cast<double>(r.checkpoint_bytes.at("stream"));
   ctx_huge.huge_pages = true;
+  // The bench's dumps write to a local disk with the default --compress auto.
+  ctx_huge.adaptive_compression = ctx_small.adaptive_compression =
+      compression_adapts(Compression::kAuto, false);
   Timeline dump_tl, restore_tl;
   // A streamed dump copies the pages out of CRIU's pipe as well: part of its CPU budget.
   dump_tl.add_measured("criu_dump", 0, r.process_bytes);

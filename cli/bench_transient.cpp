@@ -178,6 +178,8 @@ void run_migrate(const MigrateArgs& a, Context& ctx) {
                             {"probe", describe_probe(o.probe)},
                             {"image_bytes", r.image_bytes},
                             {"checkpoint_bytes", r.checkpoint_bytes},
+                            {"adaptive_compression", r.adaptive_compression},
+                            {"skipped_compression_bytes", r.skipped_compression_bytes},
                             {"huge_page_bytes", r.huge_page_bytes}};
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = r.first_answer;
     ctx.emit(bench_json("migrate", {r.timeline}, extra));

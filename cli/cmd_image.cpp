@@ -52,6 +52,7 @@ nlohmann::json result_json(const char* command, const TransferResult& r) {
           {"raw_bytes", r.raw_bytes},
           {"compressed_bytes", r.compressed_bytes},
           {"ratio", ratio(r.raw_bytes, r.compressed_bytes)},
+          {"skipped_compression_bytes", r.skipped_compression_bytes},
           {"chunks", r.chunks},
           {"files", r.files},
           {"threads", r.threads},
@@ -68,6 +69,11 @@ void print_summary(const char* verb, const TransferResult& r) {
               human_bytes(r.raw_bytes).c_str(), human_bytes(r.compressed_bytes).c_str(),
               ratio(r.raw_bytes, r.compressed_bytes),
               format_seconds(r.timeline.total_seconds()).c_str(), gbps(r.raw_bytes, r.timeline));
+  if (r.skipped_compression_bytes > 0)
+    std::printf(
+        "%s stored uncompressed, so that the writes kept up (--compress always: all "
+        "compressed)\n",
+        human_bytes(r.skipped_compression_bytes).c_str());
   std::printf("%llu entries, %llu chunks, %u threads, %s, %s, %s chunk buffers\n\n",
               static_cast<unsigned long long>(r.files), static_cast<unsigned long long>(r.chunks),
               r.threads, r.io_uring ? "io_uring" : "pread/pwrite (no io_uring)",
@@ -79,6 +85,7 @@ void add_pack(CLI::App& app, Context& ctx) {
   struct Args {
     std::string input, output;
     int level = 1;
+    CompressFlag compress;
     std::uint64_t chunk = 4u << 20;
     bool force = false;
     IoArgs io;
@@ -90,6 +97,7 @@ void add_pack(CLI::App& app, Context& ctx) {
       ->required();
   cmd->add_option("-o,--output", a->output, "Checkpoint directory to create")->required();
   cmd->add_option("--level", a->level, "zstd level (negative = faster, up to 19)");
+  a->compress.add(cmd, "always, so that the same input packs to the same checkpoint");
   cmd->add_option("--chunk-size", a->chunk, "Chunk size, e.g. 4M (multiple of 4K, 64K..256M)")
       ->transform(CLI::AsSizeValue(false));
   cmd->add_flag("--force", a->force, "Replace an existing checkpoint");
@@ -99,6 +107,7 @@ void add_pack(CLI::App& app, Context& ctx) {
     PackOptions o;
     o.sign_key = a->sign.path();
     o.zstd_level = a->level;
+    o.compression = a->compress.value();
     if (a->chunk > UINT32_MAX) throw Error(Errc::kUsage, "chunk size is too large");
     o.chunk_bytes = static_cast<std::uint32_t>(a->chunk);
     a->io.apply(o);

@@ -108,6 +108,7 @@ struct DumpArgs {
   StagingFlags staging;
   bool leave_running = false, force = false, tcp_established = false;
   int level = 1;
+  CompressFlag compress;
   unsigned threads = 0;
   int lock_timeout_ms = 10000;
   CriuFlags criu;
@@ -123,6 +124,7 @@ void run_dump(const DumpArgs& o, Context& ctx) {
   d.staging_root = o.staging.dir;
   d.staging_mode = o.staging.resolve();
   d.pack.zstd_level = o.level;
+  d.pack.compression = o.compress.value();
   d.pack.threads = o.threads;
   d.pack.force = o.force;
   d.pack.progress = ctx.progress();
@@ -140,6 +142,7 @@ void run_dump(const DumpArgs& o, Context& ctx) {
               {"leave_running", d.leave_running},
               {"image_bytes", r.image_bytes},
               {"checkpoint_bytes", r.checkpoint_bytes},
+              {"skipped_compression_bytes", r.skipped_compression_bytes},
               {"gpu", r.gpu},
               {"gpu_uuids", r.gpu_uuids},
               {"criu_version", r.criu_version},
@@ -158,6 +161,11 @@ void run_dump(const DumpArgs& o, Context& ctx) {
       d.output.c_str(), human_bytes(r.image_bytes).c_str(), human_bytes(r.checkpoint_bytes).c_str(),
       r.gpu ? ", with CUDA state" : "",
       d.leave_running ? "; the process continues" : "; the process has ended");
+  if (r.skipped_compression_bytes > 0)
+    print_header(
+        "%s of the images stored uncompressed, so that the writes kept up with "
+        "them (--compress always: a smaller checkpoint, a longer dump on this node)",
+        human_bytes(r.skipped_compression_bytes).c_str());
   if (d.leave_running)
     print_header("frozen for %s (%s images%s)", format_seconds(r.frozen_seconds).c_str(),
                  staging_mode_name(r.staging_mode),
@@ -192,6 +200,7 @@ void add_dump(CLI::App& app, Context& ctx) {
   c->add_flag("--force", o->force, "Replace an existing checkpoint");
   o->staging.add(c, "Where CRIU writes its images first (tmpfs)");
   c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+  o->compress.add(c, kCompressAutoForDumps);
   c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
   c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
       ->check(CLI::PositiveNumber);
@@ -324,6 +333,7 @@ struct MigrateArgs {
   StagingFlags staging;
   bool keep = false, force = false, tcp_established = false, no_huge_pages = false;
   int level = 1;
+  CompressFlag compress;
   unsigned threads = 0;
   int lock_timeout_ms = 10000;
   int stall_timeout_s = 60;
@@ -348,6 +358,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.staging_root = o.staging.dir;
   m.staging_mode = o.staging.resolve();
   m.pack.zstd_level = o.level;
+  m.pack.compression = o.compress.value();
   m.pack.threads = o.threads;
   m.pack.force = o.force;
   m.pack.progress = ctx.progress();
@@ -432,6 +443,7 @@ void add_migrate(CLI::App& app, Context& ctx) {
               "migration kept, so that it can be retried)");
   o->staging.add(c, "tmpfs staging directory for CRIU's images");
   c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
+  o->compress.add(c, kCompressAutoForDumps);
   c->add_option("--threads", o->threads,
                 std::string(kThreadsHelp) + " (ssh://: this host's; the target uses its own)")
       ->check(CLI::Range(0u, 1024u));

@@ -66,6 +66,28 @@ inline CLI::Validator pid_check() {
 // A readiness probe waits at most this long: longer is a typo, not a plan.
 inline constexpr double kMaxProbeSeconds = 86400;
 
+// --compress for the commands that write a checkpoint (pack, dump, migrate).
+struct CompressFlag {
+  std::string mode = "auto";
+
+  // `auto_means`: what the default does for this command.
+  void add(CLI::App* c, const std::string& auto_means) {
+    c->add_option("--compress", mode,
+                  "Which chunks zstd is tried on. always: every one; adaptive: a chunk is "
+                  "stored uncompressed while the compression workers are the bound and the "
+                  "writes would wait for them (a larger checkpoint, durable sooner on a node "
+                  "short of CPU); auto (default): " +
+                      auto_means)
+        ->check(CLI::IsMember({"always", "adaptive", "auto"}));
+  }
+  Compression value() const { return parse_compression(mode); }
+};
+
+// What --compress auto does for a dump or a migration.
+inline constexpr const char* kCompressAutoForDumps =
+    "adaptive, except always where the checkpoint goes over a network as it is written (s3://, "
+    "ssh://)";
+
 // --sign-key KEY for the commands that write a checkpoint (pack, dump, migrate).
 struct SignFlags {
   std::string key;

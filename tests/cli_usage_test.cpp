@@ -91,6 +91,8 @@ INSTANTIATE_TEST_SUITE_P(
         Args{"UnknownGlobalOption", {"--json", "--bogus"}},
         Args{"UnknownCommandOption", {"--json", "pack", "CKPT", "-o", "x", "--bogus"}},
         Args{"LevelOutOfRange", {"--json", "dump", "--pid", "1", "-o", "CKPT", "--level", "99"}},
+        Args{"UnknownCompression",
+             {"--json", "dump", "--pid", "1", "-o", "CKPT", "--compress", "fast"}},
         Args{"NoSubcommand", {"--json"}},
         Args{"JsonAfterTheSubcommand", {"dump", "--json", "--pid", "abc", "-o", "CKPT"}}),
     [](const auto& info) { return std::string(info.param.name); });

@@ -163,6 +163,41 @@ TEST(Floors, ADumpCountsCriusNestedStagesAsOneCopyInItsCpuWork) {
   EXPECT_TRUE(is_floor(f, 1.25, "CPU (zstd + memcpy on 2 cores)"));
 }
 
+// --compress adaptive: a dump may store a share of its chunks uncompressed, so its floor is that
+// of the best share, where the disk's extra bytes and the CPUs' saved zstd balance.
+TEST(Floors, AnAdaptiveDumpsFloorStoresTheShareThatBalancesTheDiskAndTheCpus) {
+  // 2 GB, 2:1. Every chunk compressed: CPU (2 core-seconds of zstd + 0.25 of copy) / 2 cores =
+  // 1.125 s. A share r raw: the CPUs need (2 (1 - r) + 0.25) / 2 s, the disk (1 + r) GB / 5 GB/s;
+  // they meet near r = 0.771, and on the grid of whole percents 77% is the lowest (0.355 s).
+  PathCeilings p = path();
+  p.disk_write_gbps = 5.0;
+  p.zstd_compress_gbps = 1.0;
+  p.memcpy_gbps = 8.0;
+  const Timeline t =
+      timeline({stage("criu_dump", 3, 2 * kGB), stage("compress_write", 3, 2 * kGB)});
+  EXPECT_TRUE(is_floor(transient_floor(t, p), 1.125, "CPU (zstd + memcpy on 2 cores)"));
+  EXPECT_TRUE(is_floor(transient_floor(t, p, {.adaptive_compression = true}), 0.355,
+                       "CPU (zstd + memcpy on 2 cores) (77% stored uncompressed)"));
+  // The stage alone, zstd on both cores against the disk: 1 - r against 0.2 + 0.2 r.
+  EXPECT_TRUE(
+      is_floor(stage_floor(stage("compress_write", 3, 2 * kGB), p, {.adaptive_compression = true}),
+               0.334, "disk write (67% stored uncompressed)"));
+}
+
+TEST(Floors, AnAdaptiveDumpBoundByItsDiskKeepsTheFloorOfCompressingEverything) {
+  // path(): the disk and zstd on both cores both take 2.0 s for 2 GB: storing any share raw
+  // only adds to the disk's bytes.
+  const Stage cw = stage("compress_write", 4.0, 2 * kGB);
+  EXPECT_TRUE(is_floor(stage_floor(cw, path(), {.adaptive_compression = true}), 2.0, "disk write"));
+  // Its stored bytes count at the better of the checkpoint's ratio (which fell by what the dump
+  // did not compress) and the path's sample ratio, 2.0: 1 GB at 0.5 GB/s.
+  PathCeilings fast = path();
+  fast.zstd_compress_gbps = 5;
+  EXPECT_TRUE(is_floor(stage_floor(cw, fast, {.zstd_ratio = 1.25, .adaptive_compression = true}),
+                       2.0, "disk write"));
+  EXPECT_TRUE(is_floor(stage_floor(cw, fast, {.zstd_ratio = 1.25}), 3.2, "disk write"));
+}
+
 TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
   TransientReport r;
   r.path = path();

@@ -276,6 +276,39 @@ TEST(Image, OutputIsDeterministicWhateverTheThreading) {
   EXPECT_EQ(ma["blobs"], mb["blobs"]);
 }
 
+// pack() stores chunks uncompressed only when asked (--compress adaptive): by default its output
+// is the same whatever the timing (above). One worker at zstd's slowest level falls behind the
+// reader from the second chunk on.
+TEST(Image, AdaptivePackStoresUncompressedOnlyWhatTheWorkersCannotAfford) {
+  auto dir = test::scratch_dir();
+  const fs::path src = dir.path() / "src";
+  fs::create_directories(src);
+  test::write_test_file(src / "pages-1.img", 8u << 20, 31, 0.0);  // fp16-like: shrinks
+  PackOptions po;
+  po.chunk_bytes = 1u << 20;
+  po.threads = 1;
+  po.zstd_level = 19;
+  po.inflight_chunks = 8;
+  po.compression = Compression::kAdaptive;
+  const TransferResult r = pack(src, dir.path() / "ckpt", po);
+  std::uint64_t raw = 0, zstd = 0;
+  const nlohmann::json m = read_manifest(dir.path() / "ckpt");
+  for (const auto& c : m["entries"][0]["chunks"])
+    (c["codec"] == "raw" ? raw : zstd) += c["raw"].get<std::uint64_t>();
+  EXPECT_GT(r.skipped_compression_bytes, 0u);
+  EXPECT_EQ(raw, r.skipped_compression_bytes);  // every chunk zstd was tried on shrank
+  EXPECT_GT(zstd, 0u);
+  verify(dir.path() / "ckpt");
+  unpack(dir.path() / "ckpt", dir.path() / "out");
+  expect_same_tree(src, dir.path() / "out");
+
+  po.compression = Compression::kAuto;
+  const TransferResult all = pack(src, dir.path() / "ckpt2", po);
+  EXPECT_EQ(all.skipped_compression_bytes, 0u);
+  const nlohmann::json m2 = read_manifest(dir.path() / "ckpt2");
+  for (const auto& c : m2["entries"][0]["chunks"]) EXPECT_EQ(c["codec"], "zstd");
+}
+
 TEST(Image, LargeCheckpointsRollOverIntoSeveralBlobs) {
   auto dir = test::scratch_dir();
   const fs::path src = dir.path() / "src";

@@ -318,6 +318,104 @@ TEST_F(StreamPack, AReaderClosingThePipeEarlyEndsTheFileWithoutAnError) {
   EXPECT_FALSE(whole);
 }
 
+// --compress adaptive (docs/PERFORMANCE.md, "Compressing what the CPUs can afford").
+TEST(AdaptiveCompression, SkipsOnlyWhenMoreChunksWaitThanWorkersAndTheWriterIsAboutToWait) {
+  // Workers behind (more chunks waiting than workers) and the writer with at most one left.
+  EXPECT_TRUE(image::skip_compression(3, 2, 0));
+  EXPECT_TRUE(image::skip_compression(3, 2, 1));
+  EXPECT_TRUE(image::skip_compression(2, 1, 1));
+  // A worker that waits for its input finds one or two chunks: not behind.
+  EXPECT_FALSE(image::skip_compression(1, 1, 0));
+  EXPECT_FALSE(image::skip_compression(2, 2, 0));
+  // The writer has work queued: a raw chunk would only wait there.
+  EXPECT_FALSE(image::skip_compression(10, 2, 2));
+  // No workers counts as one.
+  EXPECT_TRUE(image::skip_compression(2, 0, 0));
+}
+
+TEST(AdaptiveCompression, ModesAreNamedAndAnUnknownNameIsAUsageError) {
+  for (Compression c : {Compression::kAlways, Compression::kAdaptive, Compression::kAuto})
+    EXPECT_EQ(parse_compression(compression_name(c)), c);
+  try {
+    parse_compression("fast");
+    FAIL() << "accepted 'fast'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kUsage);
+    EXPECT_NE(std::string(e.what()).find("'always', 'adaptive' or 'auto'"), std::string::npos);
+  }
+  EXPECT_TRUE(compression_adapts(Compression::kAuto, false));
+  EXPECT_FALSE(compression_adapts(Compression::kAuto, true));
+  EXPECT_TRUE(compression_adapts(Compression::kAdaptive, true));
+  EXPECT_FALSE(compression_adapts(Compression::kAlways, false));
+}
+
+// A copy that only watches the blobs fill, as a network transfer beside the dump does.
+struct WatchingTap : image::BlobTap {
+  void blob_created(std::uint32_t, const fs::path&) override {}
+  void blob_written(std::uint32_t, std::uint64_t) override {}
+};
+
+// One worker at zstd's slowest level against a producer that hands over chunks at memcpy speed:
+// the workers are the bound from the second chunk on, and the writer waits for them.
+class SlowWorker : public StreamPack {
+ protected:
+  void SetUp() override {
+    files_ = {{"pages-1.img", random_bytes(8u << 20, 4, true)},  // 2 bits of entropy a byte
+              {"core-1.img", random_bytes(5000, 5, true)}};
+    opts_.chunk_bytes = 1u << 20;
+    opts_.threads = 1;
+    opts_.zstd_level = 19;
+    opts_.inflight_chunks = 8;
+  }
+  // Raw bytes of the chunks stored uncompressed, and of those compressed.
+  std::pair<std::uint64_t, std::uint64_t> raw_and_zstd(const fs::path& ckpt) {
+    image::CheckpointSource src(ckpt);
+    std::uint64_t raw = 0, zstd = 0;
+    for (const auto& e : src.manifest().entries)
+      for (const auto& c : e.chunks) (c.codec == image::Codec::kRaw ? raw : zstd) += c.raw;
+    return {raw, zstd};
+  }
+  void expect_exact(const fs::path& ckpt) {
+    EXPECT_NO_THROW(verify(ckpt));
+    const fs::path out = dir_.path() / "out";
+    unpack(ckpt, out);
+    for (const auto& [name, data] : files_) EXPECT_TRUE(read_file(out / name) == data) << name;
+  }
+};
+
+TEST_F(SlowWorker, AdaptiveStoresWhatTheWorkerCannotAffordUncompressedAndReadsBackExactly) {
+  opts_.compression = Compression::kAdaptive;
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  const TransferResult w = write(ckpt);
+  // Every byte of this content shrinks under zstd, so a raw chunk is one that was skipped.
+  const auto [raw, zstd] = raw_and_zstd(ckpt);
+  EXPECT_GT(w.skipped_compression_bytes, 0u);
+  EXPECT_EQ(raw, w.skipped_compression_bytes);
+  EXPECT_EQ(raw + zstd, w.raw_bytes);
+  EXPECT_GT(zstd, 0u) << "the first chunk finds the worker idle and is compressed";
+  expect_exact(ckpt);
+}
+
+TEST_F(SlowWorker, AlwaysCompressesEveryChunkWhateverTheWorkerKeepsUpWith) {
+  opts_.compression = Compression::kAlways;
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  const TransferResult w = write(ckpt);
+  EXPECT_EQ(w.skipped_compression_bytes, 0u);
+  EXPECT_EQ(raw_and_zstd(ckpt).first, 0u);
+  EXPECT_LT(w.compressed_bytes, w.raw_bytes / 3);
+  expect_exact(ckpt);
+}
+
+TEST_F(SlowWorker, AutoCompressesEveryChunkOfACheckpointCopiedOverANetworkAsItIsWritten) {
+  opts_.compression = Compression::kAuto;
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  WatchingTap tap;
+  const TransferResult w = write(ckpt, {&tap, true});
+  EXPECT_EQ(w.skipped_compression_bytes, 0u);
+  EXPECT_EQ(raw_and_zstd(ckpt).first, 0u);
+  expect_exact(ckpt);
+}
+
 TEST_F(StreamPack, AbandonedCheckpointLeavesNothing) {
   const fs::path ckpt = dir_.path() / "c.ckpt";
   {

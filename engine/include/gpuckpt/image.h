@@ -21,8 +21,30 @@ inline constexpr std::uint32_t kImageFormatMajor = 1;
 // 1.1: manifest.seal (whole-manifest checksum, optional ed25519 signature).
 inline constexpr std::uint32_t kImageFormatMinor = 1;
 
+// Which chunks zstd is tried on (docs/PERFORMANCE.md, "Compressing what the CPUs can afford").
+enum class Compression : std::uint8_t {
+  // Every chunk; one that would not get smaller is stored raw.
+  kAlways,
+  // A chunk is stored raw without trying zstd while the compression workers are the bound and
+  // the writes are about to wait for them: the checkpoint grows by what the CPUs could not
+  // afford, and is durable sooner.
+  kAdaptive,
+  // For a dump or a migration: kAdaptive when the checkpoint goes to storage only, kAlways when
+  // a copy goes over a network as it is written (s3://, ssh://), where the bytes are the bound.
+  // For pack(): kAlways, so that the same input packs to the same checkpoint whatever the
+  // threads' timing (kAdaptive gives that up).
+  kAuto,
+};
+const char* compression_name(Compression c);  // "always", "adaptive", "auto"
+// Error(kUsage) for any other name.
+Compression parse_compression(const std::string& name);
+// Whether a dump's `c` stores chunks uncompressed when the workers fall behind: kAuto resolved,
+// for a checkpoint of which a copy goes over a network as it is written (`network_copy`) or not.
+bool compression_adapts(Compression c, bool network_copy);
+
 struct PackOptions {
-  int zstd_level = 1;                    // fast levels: the pipeline is throughput-bound
+  int zstd_level = 1;  // fast levels: the pipeline is throughput-bound
+  Compression compression = Compression::kAuto;
   unsigned threads = 0;                  // compression workers; 0 = one per usable CPU, <= 32
   std::uint32_t chunk_bytes = 4u << 20;  // multiple of 4 KiB, 64 KiB .. 256 MiB
   unsigned queue_depth = 16;             // io_uring submission queue depth (1 .. 4096)
@@ -110,6 +132,8 @@ struct ImageInfo {
 struct TransferResult {
   std::uint64_t raw_bytes = 0;
   std::uint64_t compressed_bytes = 0;
+  // Raw bytes of the chunks stored without trying zstd (Compression::kAdaptive).
+  std::uint64_t skipped_compression_bytes = 0;
   std::uint64_t chunks = 0;
   std::uint64_t files = 0;         // entries of every type
   unsigned threads = 0;            // workers used

@@ -103,6 +103,8 @@ struct DumpResult {
   Timeline timeline;
   std::uint64_t image_bytes = 0;       // CRIU image bytes before compression
   std::uint64_t checkpoint_bytes = 0;  // bytes on storage
+  // Image bytes stored without trying zstd so that the writes kept up (Compression::kAdaptive).
+  std::uint64_t skipped_compression_bytes = 0;
   bool gpu = false;                    // the process had CUDA state
   std::vector<std::string> gpu_uuids;  // GPUs the process had open
   std::string criu_version;
@@ -230,6 +232,9 @@ struct MigrateResult {
   std::string first_answer;
   std::uint64_t image_bytes = 0, checkpoint_bytes = 0;  // CRIU's images; on storage
   std::uint64_t huge_page_bytes = 0;                    // as RestoreResult's, of the copy
+  // The dump could store chunks uncompressed (compression_adapts), and what it so stored.
+  bool adaptive_compression = false;
+  std::uint64_t skipped_compression_bytes = 0;
 };
 
 // Same-host migration (docs/PROCESS.md): the old process is dumped and kept frozen, the

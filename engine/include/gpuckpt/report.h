@@ -26,6 +26,11 @@ namespace gpuckpt {
 struct FloorContext {
   double zstd_ratio = 0;
   bool huge_pages = false;
+  // The dump could store chunks uncompressed (Compression::kAdaptive): its floor is then that of
+  // the best share of compress_write's bytes left raw, and counts the stored bytes at the
+  // better of zstd_ratio and the path's sample ratio, since the checkpoint's own ratio fell by
+  // what the dump chose not to compress.
+  bool adaptive_compression = false;
 };
 
 struct Floor {
@@ -38,7 +43,8 @@ struct Floor {
 };
 
 // A stage's floor, from its name and bytes: compress_write (durable disk write of the stored
-// bytes, or zstd on every core), criu_dump/memdump/memwrite (memcpy), read_decompress (disk
+// bytes, or zstd on every core; with FloorContext::adaptive_compression, at the best share of
+// raw chunks), criu_dump/memdump/memwrite (memcpy), read_decompress (disk
 // read, or zstd decompression on every core), criu_restore_tasks (memory fill, or the fill and
 // CRIU's copy sharing the cores), transfer, receive, upload, download (network),
 // device_checkpoint/device_restore (PCIe). nullopt for stages that move no bytes or whose

@@ -37,6 +37,10 @@ class Channel {
     std::lock_guard lock(mu_);
     return take_locked();
   }
+  std::size_t size() {
+    std::lock_guard lock(mu_);
+    return q_.size();
+  }
   // No more values will be pushed; consumers drain what is queued, then see nullopt.
   void close() {
     {

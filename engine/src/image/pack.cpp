@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -44,9 +45,14 @@ struct PackChunk {
 
 class PackWorker : public ChunkWorker {
  public:
-  PackWorker(int level, bool digest) : comp_(level), digest_(digest) {}
+  // `skipped` (shared by the workers, or nullptr: always compress) adds up the raw bytes of the
+  // chunks stored without trying zstd.
+  PackWorker(int level, bool digest, std::atomic<std::uint64_t>* skipped)
+      : comp_(level), digest_(digest), skipped_(skipped) {}
   void process(Slot& s) override {
-    const std::size_t n = comp_.compress(s.chunk(), s.in_len, s.out, s.capacity);
+    const bool skip = skipped_ && s.workers_behind;
+    if (skip) skipped_->fetch_add(s.in_len, std::memory_order_relaxed);
+    const std::size_t n = skip ? 0 : comp_.compress(s.chunk(), s.in_len, s.out, s.capacity);
     if (n > 0) {
       s.data = s.out;
       s.data_len = static_cast<std::uint32_t>(n);
@@ -65,6 +71,7 @@ class PackWorker : public ChunkWorker {
  private:
   Compressor comp_;
   bool digest_;
+  std::atomic<std::uint64_t>* skipped_;
 };
 
 // Appends chunks to blob-NNNNNN.bin files in sequence order, each at a 4 KiB-aligned offset
@@ -309,12 +316,14 @@ PipelineConfig make_config(const PackOptions& opts, unsigned threads, unsigned s
 }
 
 // Compresses the planned chunks into `sink`'s blobs, with digests when the sink records them.
+// `skipped`: as PackWorker's.
 PipelineStats compress_into(const PackPlan& plan, const PipelineConfig& cfg, int level,
-                            BlobWriter& sink) {
+                            BlobWriter& sink, std::atomic<std::uint64_t>* skipped) {
   const bool digest = sink.digests();
   return run_pipeline(
       cfg, plan.sources, plan.ranges,
-      [level, digest] { return std::make_unique<PackWorker>(level, digest); }, sink);
+      [level, digest, skipped] { return std::make_unique<PackWorker>(level, digest, skipped); },
+      sink);
 }
 
 // Readers refuse larger manifests, so one is never written.
@@ -363,8 +372,11 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
   // A signature covers the data only through digests it can rely on: BLAKE2b per chunk.
   const bool digest = key.has_value();
   BlobWriter sink(tmp.path(), plan.chunks, m, opts.direct_io, opts.max_blob_bytes, digest);
+  // Only when asked for: by default the output does not depend on the threads' timing.
+  std::atomic<std::uint64_t> skipped{0};
   const PipelineStats ps = compress_into(
-      plan, make_config(opts, threads, slots, buf_bytes, plan.raw_total), opts.zstd_level, sink);
+      plan, make_config(opts, threads, slots, buf_bytes, plan.raw_total), opts.zstd_level, sink,
+      opts.compression == Compression::kAdaptive ? &skipped : nullptr);
   add_pipeline_stages(tl, ps, "compress_write", "compress", plan.raw_total, sink.stored(), true);
   tl.add("sync", sink.sync_start, sink.sync_end);
   fault_point("pack_commit");  // every blob written, nothing published
@@ -374,6 +386,7 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
   }
   res.raw_bytes = plan.raw_total;
   res.compressed_bytes = sink.stored();
+  res.skipped_compression_bytes = skipped.load();
   res.chunks = plan.chunks.size();
   res.files = m.entries.size();
   res.direct_io = sink.direct_used();

@@ -39,6 +39,10 @@ int open_maybe_direct(const std::filesystem::path& path, int flags, mode_t mode,
   return ::open(path.c_str(), flags | O_CLOEXEC, mode);
 }
 
+bool skip_compression(std::size_t waiting_for_workers, unsigned workers, std::size_t unwritten) {
+  return waiting_for_workers > std::max(1u, workers) && unwritten <= 1;
+}
+
 class PipelineRun {
  public:
   PipelineRun(const PipelineConfig& cfg, const std::vector<ReadSource>& sources,
@@ -73,8 +77,8 @@ class PipelineRun {
       try {
         threads.emplace_back([this] { guarded([this] { reader_main(); }); });
         // A worker without a slot would only wait.
-        const unsigned workers = std::clamp(cfg_.workers, 1u, std::max(1u, cfg_.slots));
-        for (unsigned i = 0; i < workers; ++i)
+        workers_ = std::clamp(cfg_.workers, 1u, std::max(1u, cfg_.slots));
+        for (unsigned i = 0; i < workers_; ++i)
           threads.emplace_back([this] { guarded([this] { worker_main(); }); });
         threads.emplace_back([this] { guarded([this] { sink_main(); }); });
       } catch (...) {
@@ -228,11 +232,14 @@ class PipelineRun {
     while (auto id = work_.pop()) {
       if (failed_) break;
       const auto t0 = Clock::now();
-      w->process(slots_[*id]);
+      Slot& s = slots_[*id];
+      s.workers_behind = skip_compression(work_.size() + 1, workers_, unsunk_.load());
+      w->process(s);
       const auto t1 = Clock::now();
       if (first == Clock::time_point{}) first = t0;
       last = t1;
       busy += t1 - t0;
+      ++unsunk_;  // before the sink can release it
       done_.push(*id);
     }
     std::lock_guard lock(mu_);
@@ -245,7 +252,10 @@ class PipelineRun {
 
   // --- sink -------------------------------------------------------------------------------
 
-  void release(Slot& s) { free_.push(s.id); }
+  void release(Slot& s) {
+    --unsunk_;
+    free_.push(s.id);
+  }
 
   void io_done(const IoResult& r) {
     if (r.req.slot < 0) return;
@@ -326,7 +336,9 @@ class PipelineRun {
   EventFd reader_efd_, sink_efd_;
   Channel<unsigned> free_;  // sink -> reader
   Channel<unsigned> work_;  // reader -> workers
-  Channel<unsigned> done_;  // workers -> sink
+  unsigned workers_ = 1;
+  std::atomic<unsigned> unsunk_{0};  // slots the workers finished that the sink has not released
+  Channel<unsigned> done_;           // workers -> sink
 
   std::mutex mu_;
   std::exception_ptr error_;

@@ -42,6 +42,9 @@ struct Slot {
   std::uint64_t hash = 0;
   // BLAKE2b-256 of `data`, when the job asks for it (signed checkpoints).
   std::array<unsigned char, 32> digest{};
+  // Set by the pipeline before ChunkWorker::process: the workers are the bound and the sink is
+  // about to wait for them (skip_compression).
+  bool workers_behind = false;
   unsigned pending = 0;    // sink I/O outstanding (sink thread only)
   bool consuming = false;  // inside ChunkSink::consume (sink thread only)
 
@@ -49,6 +52,15 @@ struct Slot {
   int out_index() const { return static_cast<int>(2 * id + 1); }
   std::byte* chunk() const { return in + in_off; }
 };
+
+// Compression::kAdaptive's rule, asked as a worker takes a chunk (here and in StreamPacker):
+// store it raw without trying zstd when more chunks wait for the workers, this one included,
+// than there are workers (the CPUs are the bound: a worker that waits for its input only ever
+// finds one or two), while the writer has at most one chunk left to write (the storage is about
+// to wait).
+// Both conditions together: while the storage is the bound, compressing costs no time, and
+// while it is not about to wait, a raw chunk would only queue there.
+bool skip_compression(std::size_t waiting_for_workers, unsigned workers, std::size_t unwritten);
 
 // A file the reader reads ranges of.
 struct ReadSource {

@@ -123,6 +123,7 @@ StreamPacker::StreamPacker(const fs::path& output, const PackOptions& opts, cons
   tmp_ = TempDir::beside(output, opts_.on_temp_path);
 
   threads_ = threads;
+  adaptive_ = compression_adapts(opts_.compression, copy_.tap != nullptr);
   try {
     for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { worker_loop(); });
     writer_ = std::thread([this] { writer_loop(); });
@@ -278,17 +279,22 @@ void StreamPacker::worker_loop() {
     Compressor comp(opts_.zstd_level);
     for (;;) {
       std::unique_ptr<Job> job;
+      bool skip = false;
       {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return error_ || !to_work_.empty() || closing_; });
         if (error_ || to_work_.empty()) return;
+        skip = adaptive_ && skip_compression(to_work_.size(), threads_, unwritten_);
         job = std::move(to_work_.front());
         to_work_.pop_front();
+        if (skip) skipped_ += job->raw_len;
       }
       const auto t0 = Timeline::Clock::now();
       job->out = job->raw_len > kSmallBuffer ? pool_->get() : AlignedBuffer(job->raw_len);
-      const std::size_t n = comp.compress(job->raw.data(), job->raw_len, job->out.data(),
-                                          std::min<std::size_t>(job->out.size(), job->raw_len));
+      const std::size_t n =
+          skip ? 0
+               : comp.compress(job->raw.data(), job->raw_len, job->out.data(),
+                               std::min<std::size_t>(job->out.size(), job->raw_len));
       if (n > 0) {
         job->data = job->out.data();
         job->data_len = static_cast<std::uint32_t>(n);
@@ -304,6 +310,7 @@ void StreamPacker::worker_loop() {
       {
         std::lock_guard lock(mu_);
         busy_ += busy;
+        ++unwritten_;
         to_write_.push_back(std::move(job));
       }
       cv_.notify_all();
@@ -361,6 +368,7 @@ void StreamPacker::writer_loop() {
           written_.push_back({job->file, job->index, job->rec});
           stored_ += job->rec.stored;
           --inflight_;
+          --unwritten_;
         }
         cv_.notify_all();
         job.reset();
@@ -512,6 +520,7 @@ TransferResult StreamPacker::finish(const nlohmann::json& extra) {
   finished_ = true;
   res.raw_bytes = raw_bytes();
   res.compressed_bytes = stored_;
+  res.skipped_compression_bytes = skipped_;
   res.chunks = nchunks;
   res.files = m_.entries.size();
   res.threads = threads_;

@@ -136,7 +136,10 @@ class StreamPacker {
   std::uint64_t stored_ = 0;
   double busy_ = 0;
   unsigned inflight_ = 0, max_inflight_ = 0;
-  bool closing_ = false;  // no more jobs will come
+  bool adaptive_ = false;      // Compression::kAdaptive, resolved
+  unsigned unwritten_ = 0;     // chunks the workers finished whose writes have not completed
+  std::uint64_t skipped_ = 0;  // raw bytes stored without trying zstd
+  bool closing_ = false;       // no more jobs will come
   bool workers_done_ = false;
   std::exception_ptr error_;
   std::vector<std::thread> workers_;

@@ -356,7 +356,8 @@ void publish_checkpoint(DumpState& d) {
   ProcessRecord& rec = d.out.record;
   rec.timeline = tl;
   if (d.packer) {
-    d.packer->finish(to_extra(rec));
+    d.out.result.skipped_compression_bytes =
+        d.packer->finish(to_extra(rec)).skipped_compression_bytes;
     // compress_write overlaps criu_dump: from CRIU's first image byte to the published
     // manifest.
     tl.add("compress_write", d.packer->first_byte, Timeline::Clock::now(), d.packer->raw_bytes());
@@ -366,6 +367,9 @@ void publish_checkpoint(DumpState& d) {
     d.packer.reset();
   } else {
     PackOptions po = d.o.pack;
+    po.compression = compression_adapts(po.compression, d.copy.tap != nullptr)
+                         ? Compression::kAdaptive
+                         : Compression::kAlways;
     po.extra = to_extra(rec);
     po.on_temp_path = [&guard = d.guard](const fs::path& p) {
       guard.remove_on_recovery(p);
@@ -374,6 +378,7 @@ void publish_checkpoint(DumpState& d) {
     auto scope = tl.scope("compress_write");
     const TransferResult tr = pack(d.images, d.o.output, po);
     scope.set_bytes(tr.raw_bytes);
+    d.out.result.skipped_compression_bytes = tr.skipped_compression_bytes;
   }
 }
 

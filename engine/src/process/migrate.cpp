@@ -142,6 +142,8 @@ MigrateResult migrate(const MigrateOptions& o) {
   res.timeline = dumped.result.timeline;
   res.image_bytes = dumped.result.image_bytes;
   res.checkpoint_bytes = dumped.result.checkpoint_bytes;
+  res.adaptive_compression = compression_adapts(o.pack.compression, false);
+  res.skipped_compression_bytes = dumped.result.skipped_compression_bytes;
   const bool release = res.handoff == MigrateHandoff::kRelease;
   // The ports and pids pass to the copy. Frozen, the original's socket paths are moved aside
   // for the copy (restore_into), and put back by a rollback.

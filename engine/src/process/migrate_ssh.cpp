@@ -324,6 +324,8 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   res.timeline.append(dumped->result.timeline);
   res.image_bytes = dumped->result.image_bytes;
   res.checkpoint_bytes = dumped->result.checkpoint_bytes;
+  res.adaptive_compression = compression_adapts(o.pack.compression, true);
+  res.skipped_compression_bytes = dumped->result.skipped_compression_bytes;
 
   json answer;
   try {

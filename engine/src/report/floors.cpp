@@ -100,18 +100,59 @@ void add_cpu_budget(Slowest& w, const CpuWork& work, const PathCeilings& p) {
                                           (cores == 1 ? " core)" : " cores)"));
 }
 
+// compress_write's own bounds when a share `r` of its `raw` bytes is stored uncompressed: the
+// disk writes more as zstd has less to do.
+void add_compress_write(Slowest& w, double raw, double ratio, double r, const PathCeilings& p) {
+  const double stored = raw / ratio;
+  w.add(stored + r * (raw - stored), p.disk_write_gbps, "disk write");
+  w.add(raw * (1 - r), p.zstd_compress_gbps * std::max(1u, p.cores), "zstd");
+}
+
+// The lowest floor_at(r) over the shares r of compress_write's bytes stored uncompressed, when
+// the dump may choose (every term is linear in r, so a 1% grid finds the balance); its bound
+// names the share.
+template <class F>
+std::optional<Floor> best_share(bool adaptive, F floor_at) {
+  std::optional<Floor> best = floor_at(0.0);
+  if (!adaptive) return best;
+  int best_pct = 0;
+  for (int pct = 1; pct <= 100; ++pct) {
+    const std::optional<Floor> f = floor_at(pct / 100.0);
+    if (f && (!best || f->seconds < best->seconds)) {
+      best = f;
+      best_pct = pct;
+    }
+  }
+  if (best && best_pct > 0)
+    best->bound += " (" + std::to_string(best_pct) + "% stored uncompressed)";
+  return best;
+}
+
+// How much the image bytes shrink on storage, and the ratio a dump's floor counts its stored
+// bytes at (FloorContext::adaptive_compression).
+double stored_ratio(const PathCeilings& p, const FloorContext& c) {
+  return c.zstd_ratio > 0 ? c.zstd_ratio : std::max(1.0, p.zstd_ratio);
+}
+double dump_ratio(const PathCeilings& p, const FloorContext& c) {
+  return c.adaptive_compression ? std::max(stored_ratio(p, c), p.zstd_ratio) : stored_ratio(p, c);
+}
+
 }  // namespace
 
 std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const FloorContext& c) {
   if (s.bytes == 0) return std::nullopt;
   const std::string n = base_name(s.name);
   const double raw = static_cast<double>(s.bytes);
-  const double ratio = c.zstd_ratio > 0 ? c.zstd_ratio : std::max(1.0, p.zstd_ratio);
+  const double ratio = stored_ratio(p, c);
   const double cores = std::max(1u, p.cores);
   Slowest w;
   if (n == "compress_write") {
-    w.add(raw / ratio, p.disk_write_gbps, "disk write");
-    w.add(raw, p.zstd_compress_gbps * cores, "zstd");
+    // zstd is its only CPU work: no budget to add.
+    return best_share(c.adaptive_compression, [&](double r) {
+      Slowest m;
+      add_compress_write(m, raw, dump_ratio(p, c), r, p);
+      return m.f;
+    });
   } else if (is_criu_dump(n)) {
     w.add(raw, p.memcpy_gbps, "memcpy");
   } else if (n == "read_decompress") {
@@ -144,11 +185,19 @@ std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
   // dump stages are one copy, counted once.
   CpuWork dump_cpu, restore_cpu;
   double criu_copy = 0;
+  // An adaptive dump's compress_write bytes and their zstd, weighed after the loop at the best
+  // share stored uncompressed.
+  double mixed_raw = 0, mixed_zstd = 0;
   for (const auto& s : t.stages()) {
     const std::string n = base_name(s.name);
     const Side side = side_of(n);
     if (side == Side::kNone) continue;
     const CpuWork w = cpu_work(n, static_cast<double>(s.bytes), p, c);
+    if (c.adaptive_compression && n == "compress_write") {
+      mixed_raw += static_cast<double>(s.bytes);
+      mixed_zstd += w.zstd;
+      continue;
+    }
     if (is_criu_dump(n))
       criu_copy = std::max(criu_copy, w.memcpy);
     else if (side == Side::kDump)
@@ -162,11 +211,20 @@ std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
   }
   dump_cpu.memcpy += criu_copy;
   for (auto [group, work] : {std::pair{&dump, dump_cpu}, std::pair{&restore, restore_cpu}}) {
-    if (!*group) continue;
+    if (!*group || (group == &dump && mixed_raw > 0)) continue;
     Slowest w{*group};
     add_cpu_budget(w, work, p);
     *group = w.f;
   }
+  if (mixed_raw > 0)
+    dump = best_share(true, [&](double r) {
+      Slowest w{dump};
+      add_compress_write(w, mixed_raw, dump_ratio(p, c), r, p);
+      CpuWork work = dump_cpu;
+      work.zstd += mixed_zstd * (1 - r);
+      add_cpu_budget(w, work, p);
+      return w.f;
+    });
   std::optional<Floor> local = dump && restore ? Floor{dump->seconds + restore->seconds,
                                                        dump->bound + " + " + restore->bound}
                                : dump          ? dump

@@ -193,7 +193,9 @@ PathCeilings path_from_json(const Json& j, const std::string& source) {
 }
 
 Json context_to_json(const FloorContext& c) {
-  return {{"zstd_ratio", c.zstd_ratio}, {"huge_pages", c.huge_pages}};
+  return {{"zstd_ratio", c.zstd_ratio},
+          {"huge_pages", c.huge_pages},
+          {"adaptive_compression", c.adaptive_compression}};
 }
 
 FloorContext context_from_json(const Json& j, const std::string& source) {
@@ -201,6 +203,7 @@ FloorContext context_from_json(const Json& j, const std::string& source) {
   if (!j.is_object()) return c;
   c.zstd_ratio = number(j, "zstd_ratio", source, false, 0);
   c.huge_pages = j.value("huge_pages", false);
+  c.adaptive_compression = j.value("adaptive_compression", false);
   return c;
 }
 
@@ -342,6 +345,7 @@ std::string load_bench_json(const std::string& text, TransientReport& r,
   const double stored = number(j, "checkpoint_bytes", source, false, 0);
   if (image > 0 && stored > 0) ctx.zstd_ratio = image / stored;
   ctx.huge_pages = number(j, "huge_page_bytes", source, false, 0) > 0;
+  ctx.adaptive_compression = j.value("adaptive_compression", false);
   if (kind == "coldstart") {
     r.cold_start_context = ctx;
     r.cold_start = std::move(t);
