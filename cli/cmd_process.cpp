@@ -379,6 +379,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
                      {"old_pid", res.old_pid},
                      {"handoff", handoff_name(res.handoff)},
                      {"target", res.target},
+                     {"skipped_compression_bytes", res.skipped_compression_bytes},
                      {"timeline", to_json(res.timeline)}};
     if (!res.target_result.is_null()) j["target_result"] = res.target_result;
     if (o.keep) j["checkpoint"] = res.checkpoint;
@@ -391,6 +392,9 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
                o.keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
   if (m.probe.kind != ReadinessProbe::Kind::kNone)
     print_header("first answer: %s", res.first_answer.c_str());
+  if (res.skipped_compression_bytes > 0)
+    print_header("%s of the images stored uncompressed, so that the writes kept up with them",
+                 human_bytes(res.skipped_compression_bytes).c_str());
   print_stages(res.timeline);
 }
 

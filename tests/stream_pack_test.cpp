@@ -319,18 +319,22 @@ TEST_F(StreamPack, AReaderClosingThePipeEarlyEndsTheFileWithoutAnError) {
 }
 
 // --compress adaptive (docs/PERFORMANCE.md, "Compressing what the CPUs can afford").
-TEST(AdaptiveCompression, SkipsOnlyWhenMoreChunksWaitThanWorkersAndTheWriterIsAboutToWait) {
-  // Workers behind (more chunks waiting than workers) and the writer with at most one left.
-  EXPECT_TRUE(image::skip_compression(3, 2, 0));
-  EXPECT_TRUE(image::skip_compression(3, 2, 1));
-  EXPECT_TRUE(image::skip_compression(2, 1, 1));
+TEST(AdaptiveCompression, SkipsOnlyWhenTheWorkersAreBehindAndTheWriterIsAboutToWait) {
+  // (chunks waiting, this one included; workers; other workers busy; chunks left to write)
+  // Behind: every other worker busy and more chunks waiting than workers; the writer with at
+  // most one chunk left.
+  EXPECT_TRUE(image::skip_compression(3, 2, 1, 0));
+  EXPECT_TRUE(image::skip_compression(3, 2, 1, 1));
+  EXPECT_TRUE(image::skip_compression(2, 1, 0, 1));
   // A worker that waits for its input finds one or two chunks: not behind.
-  EXPECT_FALSE(image::skip_compression(1, 1, 0));
-  EXPECT_FALSE(image::skip_compression(2, 2, 0));
+  EXPECT_FALSE(image::skip_compression(1, 1, 0, 0));
+  EXPECT_FALSE(image::skip_compression(2, 2, 1, 0));
+  // A burst of chunks that finds another worker idle: it takes one next.
+  EXPECT_FALSE(image::skip_compression(8, 4, 2, 0));
   // The writer has work queued: a raw chunk would only wait there.
-  EXPECT_FALSE(image::skip_compression(10, 2, 2));
+  EXPECT_FALSE(image::skip_compression(10, 2, 1, 2));
   // No workers counts as one.
-  EXPECT_TRUE(image::skip_compression(2, 0, 0));
+  EXPECT_TRUE(image::skip_compression(2, 0, 0, 0));
 }
 
 TEST(AdaptiveCompression, ModesAreNamedAndAnUnknownNameIsAUsageError) {
@@ -392,7 +396,7 @@ TEST_F(SlowWorker, AdaptiveStoresWhatTheWorkerCannotAffordUncompressedAndReadsBa
   EXPECT_GT(w.skipped_compression_bytes, 0u);
   EXPECT_EQ(raw, w.skipped_compression_bytes);
   EXPECT_EQ(raw + zstd, w.raw_bytes);
-  EXPECT_GT(zstd, 0u) << "the first chunk finds the worker idle and is compressed";
+  EXPECT_GT(zstd, 0u) << "the last chunk finds no other waiting and is compressed";
   expect_exact(ckpt);
 }
 

@@ -39,8 +39,10 @@ int open_maybe_direct(const std::filesystem::path& path, int flags, mode_t mode,
   return ::open(path.c_str(), flags | O_CLOEXEC, mode);
 }
 
-bool skip_compression(std::size_t waiting_for_workers, unsigned workers, std::size_t unwritten) {
-  return waiting_for_workers > std::max(1u, workers) && unwritten <= 1;
+bool skip_compression(std::size_t waiting_for_workers, unsigned workers, unsigned busy_others,
+                      std::size_t unwritten) {
+  workers = std::max(1u, workers);
+  return busy_others + 1 >= workers && waiting_for_workers > workers && unwritten <= 1;
 }
 
 class PipelineRun {
@@ -233,8 +235,10 @@ class PipelineRun {
       if (failed_) break;
       const auto t0 = Clock::now();
       Slot& s = slots_[*id];
-      s.workers_behind = skip_compression(work_.size() + 1, workers_, unsunk_.load());
+      const unsigned busy_others = busy_.fetch_add(1);
+      s.workers_behind = skip_compression(work_.size() + 1, workers_, busy_others, unsunk_.load());
       w->process(s);
+      --busy_;
       const auto t1 = Clock::now();
       if (first == Clock::time_point{}) first = t0;
       last = t1;
@@ -338,6 +342,7 @@ class PipelineRun {
   Channel<unsigned> work_;  // reader -> workers
   unsigned workers_ = 1;
   std::atomic<unsigned> unsunk_{0};  // slots the workers finished that the sink has not released
+  std::atomic<unsigned> busy_{0};    // workers inside ChunkWorker::process
   Channel<unsigned> done_;           // workers -> sink
 
   std::mutex mu_;

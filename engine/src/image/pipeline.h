@@ -54,13 +54,15 @@ struct Slot {
 };
 
 // Compression::kAdaptive's rule, asked as a worker takes a chunk (here and in StreamPacker):
-// store it raw without trying zstd when more chunks wait for the workers, this one included,
-// than there are workers (the CPUs are the bound: a worker that waits for its input only ever
-// finds one or two), while the writer has at most one chunk left to write (the storage is about
-// to wait).
+// store it raw without trying zstd when every other worker is busy (`busy_others`) and still
+// more chunks wait, this one included, than there are workers (the CPUs are the bound: workers
+// that wait for their input find the queue nearly empty, and a burst of chunks finds some of
+// them idle), while the writer has at most one chunk left to write (the storage is about to
+// wait).
 // Both conditions together: while the storage is the bound, compressing costs no time, and
 // while it is not about to wait, a raw chunk would only queue there.
-bool skip_compression(std::size_t waiting_for_workers, unsigned workers, std::size_t unwritten);
+bool skip_compression(std::size_t waiting_for_workers, unsigned workers, unsigned busy_others,
+                      std::size_t unwritten);
 
 // A file the reader reads ranges of.
 struct ReadSource {

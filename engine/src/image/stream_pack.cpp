@@ -284,17 +284,19 @@ void StreamPacker::worker_loop() {
         std::unique_lock lock(mu_);
         cv_.wait(lock, [&] { return error_ || !to_work_.empty() || closing_; });
         if (error_ || to_work_.empty()) return;
-        skip = adaptive_ && skip_compression(to_work_.size(), threads_, unwritten_);
+        skip = adaptive_ && skip_compression(to_work_.size(), threads_, working_, unwritten_);
         job = std::move(to_work_.front());
         to_work_.pop_front();
+        ++working_;
         if (skip) skipped_ += job->raw_len;
       }
       const auto t0 = Timeline::Clock::now();
-      job->out = job->raw_len > kSmallBuffer ? pool_->get() : AlignedBuffer(job->raw_len);
-      const std::size_t n =
-          skip ? 0
-               : comp.compress(job->raw.data(), job->raw_len, job->out.data(),
-                               std::min<std::size_t>(job->out.size(), job->raw_len));
+      std::size_t n = 0;
+      if (!skip) {
+        job->out = job->raw_len > kSmallBuffer ? pool_->get() : AlignedBuffer(job->raw_len);
+        n = comp.compress(job->raw.data(), job->raw_len, job->out.data(),
+                          std::min<std::size_t>(job->out.size(), job->raw_len));
+      }
       if (n > 0) {
         job->data = job->out.data();
         job->data_len = static_cast<std::uint32_t>(n);
@@ -310,6 +312,7 @@ void StreamPacker::worker_loop() {
       {
         std::lock_guard lock(mu_);
         busy_ += busy;
+        --working_;
         ++unwritten_;
         to_write_.push_back(std::move(job));
       }

@@ -144,7 +144,7 @@ class StreamPacker {
   std::exception_ptr error_;
   std::vector<std::thread> workers_;
   std::thread writer_;
-  unsigned working_ = 0;
+  unsigned working_ = 0;  // workers between taking a job and handing it to the writer
 };
 
 // What a CheckpointSource may use for its large files.

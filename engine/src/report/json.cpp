@@ -48,6 +48,13 @@ double number(const Json& j, const char* key, const std::string& source, bool re
   return j[key].get<double>();
 }
 
+// A boolean that may be missing (`fallback`); anything else is refused by name.
+bool boolean(const Json& j, const char* key, const std::string& source, bool fallback) {
+  if (!j.contains(key) || j[key].is_null()) return fallback;
+  if (!j[key].is_boolean()) bad(source, std::string("'") + key + "' is not true or false");
+  return j[key].get<bool>();
+}
+
 std::string string(const Json& j, const char* key) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
 }
@@ -203,7 +210,7 @@ FloorContext context_from_json(const Json& j, const std::string& source) {
   if (!j.is_object()) return c;
   c.zstd_ratio = number(j, "zstd_ratio", source, false, 0);
   c.huge_pages = j.value("huge_pages", false);
-  c.adaptive_compression = j.value("adaptive_compression", false);
+  c.adaptive_compression = boolean(j, "adaptive_compression", source, false);
   return c;
 }
 
@@ -343,9 +350,12 @@ std::string load_bench_json(const std::string& text, TransientReport& r,
   FloorContext ctx;
   const double image = number(j, "image_bytes", source, false, 0);
   const double stored = number(j, "checkpoint_bytes", source, false, 0);
-  if (image > 0 && stored > 0) ctx.zstd_ratio = image / stored;
+  // Of the chunks zstd was tried on: those stored raw to keep up would count twice as raw in the
+  // floor of an adaptive dump, which weighs every share of raw chunks itself.
+  const double skipped = number(j, "skipped_compression_bytes", source, false, 0);
+  if (image > skipped && stored > skipped) ctx.zstd_ratio = (image - skipped) / (stored - skipped);
   ctx.huge_pages = number(j, "huge_page_bytes", source, false, 0) > 0;
-  ctx.adaptive_compression = j.value("adaptive_compression", false);
+  ctx.adaptive_compression = boolean(j, "adaptive_compression", source, false);
   if (kind == "coldstart") {
     r.cold_start_context = ctx;
     r.cold_start = std::move(t);
