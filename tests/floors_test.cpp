@@ -147,15 +147,21 @@ TEST(Floors, ARestoresOverlappingStagesShareTheCoresSoTheirCpuWorkAdds) {
   EXPECT_TRUE(is_floor(f, 2.0, "memory fill (huge pages)"));
 }
 
+// A disk fast enough that a dump's CPUs bound it: 5 GB/s, zstd at 1 GB/s a core, 2 cores.
+PathCeilings cpu_bound_dump(double memcpy_gbps) {
+  PathCeilings p = path();
+  p.disk_write_gbps = 5.0;
+  p.zstd_compress_gbps = 1.0;
+  p.memcpy_gbps = memcpy_gbps;
+  return p;
+}
+
 TEST(Floors, ADumpCountsCriusNestedStagesAsOneCopyInItsCpuWork) {
   // zstd 2 GB at 1 GB/s per core (2 core-seconds) and one copy out of CRIU's pipe at 4 GB/s
   // (0.5): 2.5 / 2 cores = 1.25 s, above every single ceiling (zstd on both cores 1.0 s, disk
   // 0.2 s, memcpy 0.5 s). Counting criu_dump, criu_memdump and criu_memwrite as three copies
   // would make it 1.75 s.
-  PathCeilings p = path();
-  p.disk_write_gbps = 5.0;
-  p.zstd_compress_gbps = 1.0;
-  p.memcpy_gbps = 4.0;
+  const PathCeilings p = cpu_bound_dump(4.0);
   const Timeline t =
       timeline({stage("criu_dump", 3, 2 * kGB), stage("criu_memdump", 3, 2 * kGB),
                 stage("criu_memwrite", 2, 2 * kGB), stage("compress_write", 3, 2 * kGB)});
@@ -169,10 +175,7 @@ TEST(Floors, AnAdaptiveDumpsFloorStoresTheShareThatBalancesTheDiskAndTheCpus) {
   // 2 GB, 2:1. Every chunk compressed: CPU (2 core-seconds of zstd + 0.25 of copy) / 2 cores =
   // 1.125 s. A share r raw: the CPUs need (2 (1 - r) + 0.25) / 2 s, the disk (1 + r) GB / 5 GB/s;
   // they meet near r = 0.771, and on the grid of whole percents 77% is the lowest (0.355 s).
-  PathCeilings p = path();
-  p.disk_write_gbps = 5.0;
-  p.zstd_compress_gbps = 1.0;
-  p.memcpy_gbps = 8.0;
+  const PathCeilings p = cpu_bound_dump(8.0);
   const Timeline t =
       timeline({stage("criu_dump", 3, 2 * kGB), stage("compress_write", 3, 2 * kGB)});
   EXPECT_TRUE(is_floor(transient_floor(t, p), 1.125, "CPU (zstd + memcpy on 2 cores)"));
