@@ -151,6 +151,7 @@ void run_dump(const DumpArgs& o, Context& ctx) {
               {"staging_mode", staging_mode_name(r.staging_mode)},
               {"staging_note", r.staging_note},
               {"frozen_seconds", r.frozen_seconds},
+              {"process_end_seconds", r.process_end_seconds},
               {"timeline", to_json(r.timeline)}});
     return;
   }
@@ -160,7 +161,10 @@ void run_dump(const DumpArgs& o, Context& ctx) {
                         : "",
       d.output.c_str(), human_bytes(r.image_bytes).c_str(), human_bytes(r.checkpoint_bytes).c_str(),
       r.gpu ? ", with CUDA state" : "",
-      d.leave_running ? "; the process continues" : "; the process has ended");
+      d.leave_running ? "; the process continues"
+                      : ("; the process has ended (" + format_seconds(r.process_end_seconds) +
+                         " after the checkpoint was durable)")
+                            .c_str());
   if (r.skipped_compression_bytes > 0)
     print_header(
         "%s of the images stored uncompressed, so that the writes kept up with "

@@ -1083,7 +1083,8 @@ print(f"cores {p['cores']}, write {p['disk_write_gbps']:.2f} GB/s, read {p['disk
 for m in j["methods"]:
     r = lambda k: m.get(k) if m.get(k) is not None else float("nan")
     print(f"  {m['name']:<12} dump {r('dump_median_seconds'):6.2f} s ({r('dump_time_vs_criu'):.2f}x criu, "
-          f"{r('dump_percent_of_floor'):.0f}% of floor) runs {m.get('dump_seconds')}, restore "
+          f"{r('dump_percent_of_floor'):.0f}% of floor; exited {r('dump_exit_median_seconds'):.2f} s) "
+          f"runs {m.get('dump_seconds')}, restore "
           f"{r('restore_median_seconds'):6.2f} s ({r('restore_time_vs_criu'):.2f}x criu, "
           f"{r('restore_percent_of_floor'):.0f}% of floor) runs {m.get('restore_seconds')}, extra "
           f"{r('dump_extra_median_bytes') / 2**20:.0f} / {r('restore_extra_median_bytes') / 2**20:.0f} MiB")

@@ -258,6 +258,35 @@ TEST(ReportJson, BadDocumentsNameTheirSource) {
   EXPECT_FALSE(r.cold_start);  // nothing half-loaded
 }
 
+// A flag given as anything but true or false is refused with its name, in every place a
+// document holds one: not read as false, and not a JSON library's type_error.
+TEST(ReportJson, FlagsThatAreNotTrueOrFalseAreRefusedByName) {
+  const nlohmann::json good = nlohmann::json::parse(render_json(sample()));
+  ASSERT_TRUE(good.at("restore").contains("context")) << good.dump();
+  const auto refusal = [](const nlohmann::json& doc) {
+    try {
+      parse_report_json(doc.dump(), "r.json");
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kInvalidInput);
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  for (const char* flag : {"huge_pages", "adaptive_compression"}) {
+    nlohmann::json doc = good;
+    doc["restore"]["context"][flag] = "yes";
+    const std::string why = refusal(doc);
+    EXPECT_NE(why.find(std::string("'") + flag + "' is not true or false"), std::string::npos)
+        << why;
+    EXPECT_NE(why.find("r.json"), std::string::npos) << why;
+  }
+  nlohmann::json doc = good;
+  doc["workload"]["memory_bound"] = 1;
+  EXPECT_NE(refusal(doc).find("'memory_bound' is not true or false"), std::string::npos);
+  doc["workload"]["memory_bound"] = true;  // and the real thing still reads
+  EXPECT_TRUE(parse_report_json(doc.dump()).workload->memory_bound);
+}
+
 TEST(ReportJson, RooflineDocumentRoundTrips) {
   const TransientReport s = sample();
   KernelMeasurement k;

@@ -319,20 +319,26 @@ TEST_F(StreamPack, AReaderClosingThePipeEarlyEndsTheFileWithoutAnError) {
 }
 
 // --compress adaptive (docs/PERFORMANCE.md, "Compressing what the CPUs can afford").
-TEST(AdaptiveCompression, SkipsOnlyWhenTheWorkersAreBehindAndTheWriterIsAboutToWait) {
+TEST(AdaptiveCompression, SkipsOnlyWhenTheWorkersAreBehindAndTheWriterWouldRunDry) {
   // (chunks waiting, this one included; workers; other workers busy; chunks left to write)
   // Behind: every other worker busy and more chunks waiting than workers; the writer with at
-  // most one chunk left.
+  // most one chunk per worker, plus one, left, and never more than three.
   EXPECT_TRUE(image::skip_compression(3, 2, 1, 0));
-  EXPECT_TRUE(image::skip_compression(3, 2, 1, 1));
-  EXPECT_TRUE(image::skip_compression(2, 1, 0, 1));
+  EXPECT_TRUE(image::skip_compression(3, 2, 1, 3));
+  EXPECT_TRUE(image::skip_compression(2, 1, 0, 2));
+  EXPECT_TRUE(image::skip_compression(18, 16, 15, 3));
   // A worker that waits for its input finds one or two chunks: not behind.
   EXPECT_FALSE(image::skip_compression(1, 1, 0, 0));
   EXPECT_FALSE(image::skip_compression(2, 2, 1, 0));
   // A burst of chunks that finds another worker idle: it takes one next.
   EXPECT_FALSE(image::skip_compression(8, 4, 2, 0));
   // The writer has work queued: a raw chunk would only wait there.
-  EXPECT_FALSE(image::skip_compression(10, 2, 1, 2));
+  EXPECT_FALSE(image::skip_compression(10, 2, 1, 4));
+  EXPECT_FALSE(image::skip_compression(2, 1, 0, 3));
+  // 16 workers with 40 chunks in flight: 17 waiting and 15 at work leave 8 for the writer, which
+  // a limit of one per worker would always allow.
+  EXPECT_FALSE(image::skip_compression(17, 16, 15, 4));
+  EXPECT_FALSE(image::skip_compression(17, 16, 15, 8));
   // No workers counts as one.
   EXPECT_TRUE(image::skip_compression(2, 0, 0, 0));
 }

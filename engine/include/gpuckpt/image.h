@@ -26,7 +26,7 @@ enum class Compression : std::uint8_t {
   // Every chunk; one that would not get smaller is stored raw.
   kAlways,
   // A chunk is stored raw without trying zstd while the compression workers are the bound and
-  // the writes are about to wait for them: the checkpoint grows by what the CPUs could not
+  // the writes would run dry waiting for them: the checkpoint grows by what the CPUs could not
   // afford, and is durable sooner.
   kAdaptive,
   // For a dump or a migration: kAdaptive when the checkpoint goes to storage only, kAlways when

@@ -114,6 +114,9 @@ struct DumpResult {
   std::string staging_note;  // why this staging mode was used, when it was not asked for
   // How long the tree was stopped (CRIU's frozen time): for a snapshot, what its service lost.
   double frozen_seconds = 0;
+  // From the checkpoint being durable (where the timeline ends) until the dumped tree had ended
+  // and freed its memory; 0 for a snapshot.
+  double process_end_seconds = 0;
 };
 
 DumpResult dump(const DumpOptions& opts);
@@ -288,9 +291,12 @@ struct DumpRestoreBenchOptions {
 
 struct DumpRestoreBenchMethod {
   std::string name;  // "stream", "stream-4k" (restored without huge pages), "staged", "criu"
-  std::vector<double> dump_seconds, restore_seconds;
+  // A dump is timed from its start to its durable checkpoint (gpuckpt: published; plain
+  // criu: its syncfs returned), and to its exit: gpuckpt ends the dumped process only once the
+  // checkpoint is durable, plain criu before its images are.
+  std::vector<double> dump_seconds, dump_exit_seconds, restore_seconds;
   std::vector<std::uint64_t> dump_extra_bytes, restore_extra_bytes;
-  double dump_median = 0, restore_median = 0;
+  double dump_median = 0, dump_exit_median = 0, restore_median = 0;
   std::uint64_t dump_extra_median = 0, restore_extra_median = 0;
 };
 

@@ -42,7 +42,8 @@ int open_maybe_direct(const std::filesystem::path& path, int flags, mode_t mode,
 bool skip_compression(std::size_t waiting_for_workers, unsigned workers, unsigned busy_others,
                       std::size_t unwritten) {
   workers = std::max(1u, workers);
-  return busy_others + 1 >= workers && waiting_for_workers > workers && unwritten <= 1;
+  return busy_others + 1 >= workers && waiting_for_workers > workers &&
+         unwritten <= std::min(workers + 1, kMostUnwrittenForRaw);
 }
 
 class PipelineRun {

@@ -42,8 +42,8 @@ struct Slot {
   std::uint64_t hash = 0;
   // BLAKE2b-256 of `data`, when the job asks for it (signed checkpoints).
   std::array<unsigned char, 32> digest{};
-  // Set by the pipeline before ChunkWorker::process: the workers are the bound and the sink is
-  // about to wait for them (skip_compression).
+  // Set by the pipeline before ChunkWorker::process: the workers are the bound and the sink would
+  // run dry waiting for them (skip_compression).
   bool workers_behind = false;
   unsigned pending = 0;    // sink I/O outstanding (sink thread only)
   bool consuming = false;  // inside ChunkSink::consume (sink thread only)
@@ -57,10 +57,17 @@ struct Slot {
 // store it raw without trying zstd when every other worker is busy (`busy_others`) and still
 // more chunks wait, this one included, than there are workers (the CPUs are the bound: workers
 // that wait for their input find the queue nearly empty, and a burst of chunks finds some of
-// them idle), while the writer has at most one chunk left to write (the storage is about to
-// wait).
+// them idle), while the writer has at most one chunk per worker, plus one, left to write, and
+// never more than kMostUnwrittenForRaw (the storage would run dry before the busy workers hand
+// over their next chunks: each is a compression away, and a chunk compresses several times
+// slower than the disk stores it).
 // Both conditions together: while the storage is the bound, compressing costs no time, and
-// while it is not about to wait, a raw chunk would only queue there.
+// while it has enough queued, a raw chunk would only wait there. Measured on 2 workers
+// (docs/PERFORMANCE.md, "How much the writer may hold"): at most 1, 2 and 3 chunks left, dumps
+// of 2.77, 2.56 and 2.36 s (medians of 4). The cap keeps the second condition a condition on
+// many workers, whose chunks in flight (at most 2 per worker + 8) would otherwise always meet
+// it; no host with many workers short of CPU was at hand to measure a larger one.
+inline constexpr unsigned kMostUnwrittenForRaw = 3;
 bool skip_compression(std::size_t waiting_for_workers, unsigned workers, unsigned busy_others,
                       std::size_t unwritten);
 

@@ -459,10 +459,13 @@ DumpResult dump(const DumpOptions& opts) {
     }
   }
   fault_point("published");  // the checkpoint is whole; the guard not yet told
+  const auto durable = Timeline::Clock::now();
   guard.durable(!opts.leave_running);
   fault_point("durable");
   if (!opts.leave_running) {
     const auto left = process::end_tree(out.record.tree);
+    out.result.process_end_seconds =
+        std::chrono::duration<double>(Timeline::Clock::now() - durable).count();
     if (!left.empty()) {
       // The guard would try again; the checkpoint is complete either way.
       guard.abort();

@@ -135,7 +135,7 @@ RooflinePlacement placement_from_json(const Json& j, const std::string& source) 
   p.intensity = number(j, "intensity", source);
   if (!(p.intensity > 0)) bad(source, "placement 'intensity' must be positive");
   p.attainable_gflops = number(j, "attainable_gflops", source);
-  p.memory_bound = j.value("memory_bound", false);
+  p.memory_bound = boolean(j, "memory_bound", source, false);
   if (j.contains("achieved_gflops") && !j["achieved_gflops"].is_null())
     p.achieved_gflops = number(j, "achieved_gflops", source);
   return p;
@@ -209,7 +209,7 @@ FloorContext context_from_json(const Json& j, const std::string& source) {
   FloorContext c;
   if (!j.is_object()) return c;
   c.zstd_ratio = number(j, "zstd_ratio", source, false, 0);
-  c.huge_pages = j.value("huge_pages", false);
+  c.huge_pages = boolean(j, "huge_pages", source, false);
   c.adaptive_compression = boolean(j, "adaptive_compression", source, false);
   return c;
 }
