@@ -291,9 +291,9 @@ struct DumpRestoreBenchOptions {
 
 struct DumpRestoreBenchMethod {
   std::string name;  // "stream", "stream-4k" (restored without huge pages), "staged", "criu"
-  // A dump is timed from its start to its durable checkpoint (gpuckpt: published; plain
-  // criu: its syncfs returned), and to its exit: gpuckpt ends the dumped process only once the
-  // checkpoint is durable, plain criu before its images are.
+  // A dump is timed from its start to its durable checkpoint (gpuckpt: its exit less its
+  // process_end_seconds; plain criu: its syncfs returned), and to its exit: gpuckpt ends the
+  // dumped process only once the checkpoint is durable, plain criu before its images are.
   std::vector<double> dump_seconds, dump_exit_seconds, restore_seconds;
   std::vector<std::uint64_t> dump_extra_bytes, restore_extra_bytes;
   double dump_median = 0, dump_exit_median = 0, restore_median = 0;

@@ -41,11 +41,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Sampled {
-  double seconds = 0;  // until the command exited
-  // Until the checkpoint was durable: gpuckpt ends the dumped process only after that, and says
-  // how long the end took (`process_end_seconds`), which comes off `seconds`. The same as
-  // `seconds` for plain criu, whose images are durable once the benchmark's syncfs returns.
-  double durable_seconds = 0;
+  double seconds = 0;       // until the command exited
   std::uint64_t extra = 0;  // sum of peak RSS of the command's tree + peak staging bytes
   ExitStatus status;
 };
@@ -157,7 +153,6 @@ Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& stagin
     }
   }
   s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  s.durable_seconds = s.seconds;
   s.status = *st;
   for (const auto& [p, v] : peak) s.extra += v;
   s.extra += staged - staged_before;
@@ -275,6 +270,9 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
       // method's files) is written now, not during this dump: each meets the same quiet disk.
       sync_dir(o.dir);
       Sampled d, r;
+      // gpuckpt's --json result says how long ending the dumped process took.
+      const fs::path result = o.dir / ("bench-" + m.name + ".json");
+      fs::remove(result);
       if (m.name == "criu") {
         fs::create_directories(ckpt);
         d = run_sampled({inst.binary.string(), "dump", "-t", std::to_string(srv.pid()), "-D",
@@ -283,25 +281,23 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
         const auto t = Clock::now();
         sync_dir(ckpt);
         d.seconds += std::chrono::duration<double>(Clock::now() - t).count();
-        d.durable_seconds = d.seconds;
       } else {
-        const fs::path json = o.dir / ("bench-" + m.name + ".json");
-        fs::remove(json);
         d = run_sampled({gpuckpt.string(), "--json", "dump", "--pid", std::to_string(srv.pid()),
                          "-o", ckpt.string(), "--staging", o.staging_root.string(),
                          "--staging-mode", mode, "--no-criu-check"},
-                        o.staging_root, 0, out, timeout, *flight, json);
-        if (!d.status.ok())
-          throw Error(Errc::kCriu, m.name + " dump failed (" + d.status.describe() + "): " +
-                                       read_file(out) + (fs::exists(json) ? read_file(json) : ""));
-        // To within gpuckpt's own exit after the end, a few ms: counted as the dump's.
-        const double end = dump_process_end_seconds(json);
-        d.durable_seconds = d.seconds - std::min(end, d.seconds);
-        fs::remove(json);
+                        o.staging_root, 0, out, timeout, *flight, result);
       }
       if (!d.status.ok())
-        throw Error(Errc::kCriu,
-                    m.name + " dump failed (" + d.status.describe() + "): " + read_file(out));
+        throw Error(Errc::kCriu, m.name + " dump failed (" + d.status.describe() +
+                                     "): " + read_file(out) +
+                                     (fs::exists(result) ? read_file(result) : ""));
+      // Until the checkpoint was durable. Plain criu's images are once its syncfs returned;
+      // gpuckpt ends the dumped process only after that, and the end comes off (its own exit, a
+      // few ms, stays in).
+      const double durable =
+          m.name == "criu" ? d.seconds
+                           : d.seconds - std::min(dump_process_end_seconds(result), d.seconds);
+      fs::remove(result);
       srv.child().wait_for(std::chrono::seconds(60));  // it ends after its dump
       const pid_t pid = srv.pid();
       res.checkpoint_bytes[m.name] = tree_bytes(ckpt);
@@ -346,16 +342,16 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
       ask_unix_line(srv.socket(), "QUIT");
       process::wait_ended(pid, std::chrono::seconds(30));
       flight->set_server(0);
-      m.dump_seconds.push_back(d.durable_seconds);
+      m.dump_seconds.push_back(durable);
       m.dump_exit_seconds.push_back(d.seconds);
       m.restore_seconds.push_back(r.seconds);
       m.dump_extra_bytes.push_back(d.extra);
       m.restore_extra_bytes.push_back(r.extra);
       if (o.log)
-        o.log(m.name + " run " + std::to_string(run + 1) + ": dump " +
-              std::to_string(d.durable_seconds) + " s to durable, " + std::to_string(d.seconds) +
-              " s to exit, " + std::to_string(d.extra >> 20) + " MiB extra; restore " +
-              std::to_string(r.seconds) + " s, " + std::to_string(r.extra >> 20) + " MiB extra");
+        o.log(m.name + " run " + std::to_string(run + 1) + ": dump " + std::to_string(durable) +
+              " s to durable, " + std::to_string(d.seconds) + " s to exit, " +
+              std::to_string(d.extra >> 20) + " MiB extra; restore " + std::to_string(r.seconds) +
+              " s, " + std::to_string(r.extra >> 20) + " MiB extra");
       fs::remove_all(ckpt);
     }
   }
