@@ -376,6 +376,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.pack.sign_key = o.sign.path();
   m.trust = o.trust.options();
   const MigrateResult res = migrate(m);
+  const CommitScope reporting;  // done: an interrupt now waits for the report
   ctx.progress_done();
   if (ctx.json) {
     nlohmann::json j{{"ok", true},

@@ -22,7 +22,9 @@ struct CriuFlags {
                   "criu binary (default: $GPUCKPT_CRIU, else the install prefix)");
     c->add_option(
          "--criu-opt", extra,
-         "Extra argument passed verbatim to criu (repeatable), e.g. --criu-opt=--tcp-established")
+         "Extra argument passed to criu (repeatable), e.g. --criu-opt=--file-locks; only "
+         "options that cannot change which processes are dumped, where their images go or how "
+         "they end are accepted (docs/PROCESS.md)")
         ->allow_extra_args(false);
     c->add_option("--criu-timeout", timeout_s, "Kill criu if a run takes longer (seconds)")
         ->check(CLI::PositiveNumber);

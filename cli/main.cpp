@@ -40,6 +40,24 @@ bool json_requested(int argc, char** argv) {
   return json;
 }
 
+// The first word that is neither an option (nor --log-level's value) nor a command: CLI11 says
+// only "A subcommand is required" of `gpuckpt dumpp`.
+std::string unknown_command(CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") return {};
+    if (arg == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (arg.starts_with("-")) continue;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+      if (sub->check_name(std::string(arg))) return {};
+    return std::string(arg);
+  }
+  return {};
+}
+
 // Every --pid takes a positive integer pid, with a message that says so, whichever command
 // group registered it with CLI::PositiveNumber.
 void check_pids(CLI::App& app) {
@@ -106,11 +124,19 @@ int main(int argc, char** argv) {
     cli::stop_here_if_interrupted();  // the interrupt's JSON is the one printed
     // --help/--version exit 0; every usage error exits 2 (CLI11's own codes are >100).
     if (e.get_exit_code() == 0) return app.exit(e);
+    std::string what = e.what();
+    if (const std::string word = unknown_command(app, argc, argv); !word.empty()) {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      what = "unknown command '" + word + "' (commands: " + names + ")";
+    }
     if (ctx.json || json_requested(argc, argv)) {
-      ctx.emit(
-          {{"ok", false},
-           {"error", {{"code", std::string(errc_name(Errc::kUsage))}, {"message", e.what()}}}});
-      std::cerr << "gpuckpt: usage error: " << e.what() << "\n";
+      ctx.emit({{"ok", false},
+                {"error", {{"code", std::string(errc_name(Errc::kUsage))}, {"message", what}}}});
+      std::cerr << "gpuckpt: usage error: " << what << "\n";
+    } else if (what != e.what()) {
+      std::cerr << "gpuckpt: usage error: " << what << "\nRun with --help for more information.\n";
     } else {
       app.exit(e);
     }
@@ -131,5 +157,8 @@ int main(int argc, char** argv) {
     return static_cast<int>(Errc::kInternal);
   }
   cli::stop_here_if_interrupted();
+  if (const int sig = deferred_interrupt(); sig != 0)
+    spdlog::warn("{} came after the operation had committed; it completed as reported",
+                 sigabbrev_np(sig));
   return ctx.exit_code;
 }

@@ -32,7 +32,15 @@ void install_interrupt_handler(const Context& ctx, bool json) {
   if (::pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) return;
   std::thread([set, &ctx, json] {
     int sig = 0;
-    if (::sigwait(&set, &sig) != 0) return;
+    for (;;) {
+      if (::sigwait(&set, &sig) != 0) return;
+      // Past a commit there is nothing to undo: the operation finishes and reports itself.
+      if (!defer_interrupt(sig)) break;
+      std::cerr << "gpuckpt: " << sigabbrev_np(sig)
+                << " received after the operation committed: it completes, and its result is "
+                   "reported\n"
+                << std::flush;
+    }
     g_interrupted.store(true);
     const auto undone = interrupt_operations(std::chrono::seconds(120));
     std::string what;

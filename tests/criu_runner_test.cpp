@@ -321,6 +321,43 @@ TEST(CriuArgs, DumpAndRestoreOptions) {
     EXPECT_TRUE(has(rv, s)) << s;
 }
 
+// Only options that cannot change which tasks are dumped, where images go or how tasks end
+// pass; a refusal names gpuckpt's own flag where it has one.
+TEST(CriuArgs, OnlyTheAllowListPassesThroughToCriu) {
+  using criu::Op;
+  auto refusal = [](Op op, std::vector<std::string> args) {
+    try {
+      criu::check_extra_args(op, args);
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), Errc::kUsage);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(refusal(Op::kDump, {}), "");
+  EXPECT_EQ(refusal(Op::kDump, {"--file-locks", "--ext-unix-sk", "--ghost-limit=64M"}), "");
+  EXPECT_EQ(refusal(Op::kDump, {"--ghost-limit", "64M", "--manage-cgroups=ignore"}), "");
+  EXPECT_EQ(refusal(Op::kRestore, {"--weak-sysctls", "--inherit-fd", "fd[3]:pipe:[1]"}), "");
+  EXPECT_NE(refusal(Op::kDump, {"-t", "1"}).find("use --pid"), std::string::npos);
+  EXPECT_NE(refusal(Op::kDump, {"--leave-running"}).find("gpuckpt's --leave-running"),
+            std::string::npos);
+  EXPECT_NE(refusal(Op::kDump, {"--tcp-established"}).find("gpuckpt's --tcp-established"),
+            std::string::npos);
+  for (const char* bad : {"--leave-stopped", "-D", "--images-dir=/x", "--stream", "--pidfile=/x",
+                          "-o", "--log-file=/x", "-v0", "--shell-job", "--prev-images-dir=/x",
+                          "--restore-detached", "--root=/x", "--libdir=/x", "--timeout=1"})
+    EXPECT_NE(refusal(Op::kDump, {bad}), "") << bad;
+  // The wrong command, a value where none goes, a value missing.
+  EXPECT_NE(refusal(Op::kRestore, {"--skip-in-flight"}).find("not an option of criu restore"),
+            std::string::npos);
+  EXPECT_NE(refusal(Op::kDump, {"--weak-sysctls"}), "");
+  EXPECT_NE(refusal(Op::kDump, {"--file-locks=1"}).find("takes no value"), std::string::npos);
+  EXPECT_NE(refusal(Op::kDump, {"--ghost-limit"}).find("needs a value"), std::string::npos);
+  // A value is consumed, not read as an option; an option after it is checked.
+  EXPECT_EQ(refusal(Op::kDump, {"--enable-fs", "--leave-running"}), "");
+  EXPECT_NE(refusal(Op::kDump, {"--enable-fs", "nfs", "--leave-running"}), "");
+}
+
 TEST(CriuArgs, ShellJobDetection) {
   auto dir = test::scratch_dir("gpuckpt-criu");
   Child leader = start_sleeper(dir.path());

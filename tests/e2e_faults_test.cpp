@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -26,6 +27,7 @@
 #include "probe/probe.h"
 #include "process/proc_info.h"
 #include "test_support.h"
+#include "util/fs.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -239,12 +241,22 @@ TEST_F(E2eFaults, AStopAfterAMigrationHandedOverLeavesTheCopyServing) {
     Child s = server("h");
     ask_unix_line(sock("h"), "GEN h");
     const std::string state = ask_unix_line(sock("h"), "STATE");
-    Child g =
-        paused_cli({"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "target").string(),
-                    "--staging", staging_.string(), "--probe", "unix:" + sock("h").string()},
-                   "end_original");
+    // Past the handover an interrupt undoes nothing: gpuckpt finishes (here, once let go from
+    // its fault point) and reports its copy; a SIGKILL leaves the rest to the guard.
+    Child g = test::paused_cli(
+        {"migrate", "--pid", std::to_string(s.pid()), "--to", (out_ / "target").string(),
+         "--staging", staging_.string(), "--probe", "unix:" + sock("h").string()},
+        "end_original", dir_.path(),
+        sig == SIGINT ? test::Resume::kWhenUnmarked : test::Resume::kNever);
     g.kill(sig);
-    g.wait();
+    if (sig == SIGINT) {
+      ASSERT_TRUE(test::wait_until([&] {
+        return read_file(dir_.path() / "cli.err").find("committed") != std::string::npos;
+      }));
+      test::resume_paused(dir_.path(), "end_original");
+    }
+    const ExitStatus st = g.wait();
+    if (sig == SIGINT) EXPECT_TRUE(st.ok()) << st.describe();
     EXPECT_TRUE(s.wait_for(60s).has_value()) << "the original was not ended";
     std::vector<pid_t> copy;
     EXPECT_TRUE(test::wait_until([&] {
@@ -795,6 +807,7 @@ TEST_F(E2eFaults, StagingLeftByAKilledGpuckptAndGuardIsSweptByTheNextRun) {
   // What a SIGKILL of both would leave: a staging directory that nobody holds.
   const fs::path stale = staging_ / "gpuckpt-dump-STALE1";
   fs::create_directories(stale / "images");
+  std::ofstream(stale / kTempMarker).put('\n');  // as every temporary of gpuckpt's is marked
   test::write_test_file(stale / "images" / "pages-1.img", 1 << 20, 1);
   // One that a live process (this test) holds stays.
   const TempDir held(staging_, "gpuckpt-dump");
@@ -1208,5 +1221,415 @@ TEST_F(E2eFaults, TwentyDumpRestoreCyclesLeakNothing) {
   EXPECT_EQ(count(proc / "fd"), fds) << "the service gained file descriptors";
   EXPECT_EQ(lines(proc / "maps"), maps) << "the service gained mappings";
   ::kill(pid, SIGKILL);
+  process::wait_ended(pid, 10s);
+}
+
+// ---- Issue 40: the hostile pass's cases, each failing before its fix ----
+
+// A criu option that picks the tree, where the images go, or how the tasks end contradicted the
+// record: `-t B` checkpointed B under A's name and killed A; --leave-running let the service
+// serve on after the freeze and then killed it. Only the allow-list passes, before any freeze.
+TEST_F(E2eFaults, CriuOptionsThatContradictGpuckptAreRefusedBeforeAnythingIsFrozen) {
+  Child s = server("co");
+  Child other = server("cb");
+  const std::string pid = std::to_string(s.pid());
+  const fs::path ckpt = out_ / "co.ckpt";
+  for (const std::vector<std::string>& opts : std::vector<std::vector<std::string>>{
+           {"--criu-opt=-t", "--criu-opt=" + std::to_string(other.pid())},
+           {"--criu-opt=--tree=" + std::to_string(other.pid())},
+           {"--criu-opt=--leave-running"},
+           {"--criu-opt=--leave-stopped"},
+           {"--criu-opt=-D", "--criu-opt=/tmp"},
+           {"--criu-opt=--images-dir=/tmp"},
+           {"--criu-opt=--stream"},
+           {"--criu-opt=--pidfile=/tmp/p"},
+           {"--criu-opt=--tcp-established"},
+           {"--criu-opt=--prev-images-dir=/tmp"},
+           {"--criu-opt=--file-locks=yes"},
+           {"--criu-opt=--ghost-limit"}}) {
+    SCOPED_TRACE(opts.front());
+    std::vector<std::string> args{"--json", "dump", "--pid", pid, "-o", ckpt.string()};
+    args.insert(args.end(), opts.begin(), opts.end());
+    const auto r = test::run_cli(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    const json j = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    EXPECT_NE(j["error"].value("message", "").find("--criu-opt"), std::string::npos) << r.out;
+    EXPECT_FALSE(fs::exists(ckpt));
+    EXPECT_EQ(ask_unix_line(sock("co"), "PING"), "PONG");
+    EXPECT_EQ(ask_unix_line(sock("cb"), "PING"), "PONG");
+  }
+  const auto restore = test::run_cli({"restore", ckpt.string(), "--criu-opt=--skip-in-flight"});
+  EXPECT_EQ(restore.exit_code, 2) << "a dump-only option is refused on restore: " << restore.err;
+  // An allowed one goes through, its value as the next --criu-opt.
+  const auto ok =
+      test::run_cli({"dump", "--pid", pid, "-o", ckpt.string(), "--staging", staging_.string(),
+                     "--criu-opt=--ghost-limit", "--criu-opt=64M", "--criu-opt=--file-locks"});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(s.wait_for(30s).has_value());
+  EXPECT_EQ(ask_unix_line(sock("cb"), "PING"), "PONG");
+  other.kill(SIGKILL);
+  other.wait();
+}
+
+// A restore beside a live original that takes its endpoints, from a checkpoint damaged late in
+// its pages: criu had unlinked the original's socket path before it met the bad chunk, and the
+// failed restore left the original serving a name nobody could reach.
+TEST_F(E2eFaults, AFailedRestoreThatTookEndpointsGivesThemBackToTheOriginal) {
+  Child s = server("te");
+  ask_unix_line(sock("te"), "GEN t");
+  const std::string state = ask_unix_line(sock("te"), "STATE");
+  const fs::path ckpt = out_ / "te.ckpt";
+  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(s.pid()), "--leave-running", "-o",
+                           ckpt.string(), "--staging", staging_.string(), "--compress", "always"})
+                .exit_code,
+            0);
+  // The pages' last chunk damaged, the blob's size unchanged: found only as criu reads it.
+  const json m = json::parse(read_file(ckpt / "manifest.json"));
+  json last;
+  for (const auto& e : m["entries"])
+    if (e.value("path", "").starts_with("pages-") && !e["chunks"].empty())
+      last = e["chunks"].back();
+  ASSERT_TRUE(last.is_object()) << "no pages in the checkpoint";
+  {
+    char blob[32];
+    std::snprintf(blob, sizeof blob, "blob-%06d.bin", last["blob"].get<int>());
+    std::fstream f(ckpt / blob, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(last["offset"].get<std::streamoff>() + last["stored"].get<std::streamoff>() / 2);
+    const char junk[64] = "damaged damaged damaged damaged damaged damaged damaged damag";
+    f.write(junk, sizeof junk);
+  }
+  const auto r = test::run_cli({"restore", ckpt.string(), "--new-pidns", "--take-endpoints",
+                                "--staging", staging_.string(), "--staging-mode", "stream",
+                                "--probe", "unix:" + sock("te").string()});
+  EXPECT_NE(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("given back"), std::string::npos) << r.err;
+  // The original answers on its own path, with its state, and is the only one that serves.
+  EXPECT_EQ(ask_unix_line(sock("te"), "STATE"), state);
+  EXPECT_TRUE(test::wait_until(
+      [&] { return serving(sock("te").string()) == std::vector<pid_t>{s.pid()}; }));
+  EXPECT_TRUE(entries(dir_.path(), ".te.sock.gpuckpt-rollback").empty());
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// A migration on this host removes its checkpoint once the copy serves. Killed in the middle of
+// that, it left a manifest and a seal without their blob: a checkpoint that looked whole. An
+// interrupt there said "interrupted: nothing was in flight" (exit 130) although the copy served.
+TEST_F(E2eFaults, AMigrationStoppedWhileRemovingItsCheckpointLeavesNoneThatLooksWhole) {
+  for (const int sig : {SIGKILL, SIGINT}) {
+    SCOPED_TRACE(strsignal(sig));
+    const std::string name = sig == SIGKILL ? "rk" : "ri";
+    Child s = server(name);
+    const std::string state = ask_unix_line(sock(name), "STATE");
+    const fs::path to = out_ / name;
+    Child g = test::paused_cli(
+        {"--json", "migrate", "--pid", std::to_string(s.pid()), "--to", to.string(), "--staging",
+         staging_.string(), "--probe", "unix:" + sock(name).string()},
+        "unpublished", dir_.path(),
+        sig == SIGINT ? test::Resume::kWhenUnmarked : test::Resume::kNever);
+    g.kill(sig);
+    if (sig == SIGINT) {
+      // Past the handover the interrupt waits for the migration, which reports its copy.
+      ASSERT_TRUE(test::wait_until([&] {
+        return read_file(dir_.path() / "cli.err").find("committed") != std::string::npos;
+      }));
+      test::resume_paused(dir_.path(), "unpublished");
+    }
+    const ExitStatus st = g.wait();
+    if (sig == SIGINT) {
+      EXPECT_TRUE(st.ok()) << st.describe() << read_file(dir_.path() / "cli.err");
+      const json j = json::parse(read_file(dir_.path() / "cli.out"), nullptr, false);
+      ASSERT_TRUE(j.is_object()) << read_file(dir_.path() / "cli.out");
+      EXPECT_EQ(j.value("ok", false), true) << j.dump();
+      EXPECT_GT(j.value("pid", 0), 0) << j.dump();
+    }
+    EXPECT_TRUE(s.wait_for(30s).has_value()) << "the original still runs";
+    EXPECT_EQ(ask_unix_line(sock(name), "STATE"), state) << "the copy does not serve";
+    // Nothing under its published name: whatever is left is a hidden temporary.
+    for (const auto& e : fs::directory_iterator(to))
+      EXPECT_EQ(e.path().filename().string().front(), '.') << e.path();
+    EXPECT_EQ(
+        test::run_cli(
+            {"verify", (to / ("gpuckpt-demo-se-" + std::to_string(s.pid()) + ".ckpt")).string()})
+            .exit_code,
+        3);
+    EXPECT_EQ(ask_unix_line(sock(name), "QUIT"), "BYE");
+    for (pid_t p : serving(sock(name).string())) process::wait_ended(p, 10s);
+  }
+}
+
+// gpuckpt, its guard and criu killed together while criu dumps (a cgroup's SIGKILL): the tree
+// runs again (the kernel resumed criu's tasks), and `gpuckpt recover` said "nothing was undone"
+// while it left the dump's staging (tmpfs, up to the process's size) and its unpublished output.
+TEST_F(E2eFaults, RecoverAfterAKillOfGpuckptGuardAndCriuLeavesNoStaging) {
+  const fs::path run = dir_.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  Child s = server("cg");
+  const std::string state = ask_unix_line(sock("cg"), "STATE");
+  Child g = paused_cli({"dump", "--pid", std::to_string(s.pid()), "-o", (out_ / "cg.ckpt").string(),
+                        "--staging", staging_.string()},
+                       "criu_dump");
+  const auto criu = process::live_pids_where(
+      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "criu"; });
+  ASSERT_TRUE(kill_guard_of(g));
+  for (pid_t c : criu) ::kill(c, SIGKILL);
+  g.kill(SIGKILL);
+  g.wait();
+  ASSERT_FALSE(entries(staging_).empty()) << "nothing staged to leave behind";
+  const auto r = test::run_cli({"--json", "recover"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(entries(staging_).empty()) << "staging left: " << entries(staging_).front();
+  EXPECT_TRUE(entries(out_).empty()) << "output left: " << entries(out_).front();
+  EXPECT_TRUE(test::runs_again(s.pid()));
+  EXPECT_EQ(ask_unix_line(sock("cg"), "STATE"), state);
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// The sweep took any directory named like a temporary: a published checkpoint at
+// `.NAME.tmp-<16 hex>`, and verified checkpoints called gpuckpt-dump-node17 or
+// gpuckpt-restore-before in the staging directory. Only a marked, unpublished temporary goes.
+TEST_F(E2eFaults, CheckpointsNamedLikeTemporariesAreNeverSwept) {
+  Child s = server("sw");
+  const std::string pid = std::to_string(s.pid());
+  const fs::path hidden = out_ / ".hidden.tmp-0123456789abcdef";
+  ASSERT_EQ(test::run_cli({"dump", "--pid", pid, "--leave-running", "-o", hidden.string(),
+                           "--staging", staging_.string()})
+                .exit_code,
+            0);
+  const fs::path src = dir_.path() / "src";
+  fs::create_directories(src);
+  test::write_test_file(src / "f", 1 << 20, 7);
+  std::vector<fs::path> named;
+  for (const char* n :
+       {"gpuckpt-dump-node17", "gpuckpt-restore-before", "gpuckpt-dump-spool-Qq1Ww2"}) {
+    named.push_back(staging_ / n);
+    ASSERT_EQ(test::run_cli({"pack", src.string(), "-o", named.back().string()}).exit_code, 0);
+  }
+  // A killed run's temporary, marked as gpuckpt marks them, still goes.
+  const fs::path stale = staging_ / "gpuckpt-dump-Zz9Yy8";
+  fs::create_directories(stale);
+  std::ofstream(stale / kTempMarker).put('\n');
+  const auto d = test::run_cli(
+      {"dump", "--pid", pid, "-o", (out_ / "hidden").string(), "--staging", staging_.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(test::run_cli({"verify", hidden.string()}).exit_code, 0) << "a published one went";
+  EXPECT_FALSE(fs::exists(hidden / kTempMarker)) << "published with its temporary's marker";
+  for (const auto& n : named) EXPECT_EQ(test::run_cli({"verify", n.string()}).exit_code, 0) << n;
+  EXPECT_FALSE(fs::exists(stale));
+  s.wait_for(10s);
+}
+
+// The OOM killer takes the largest process, criu restore, once it has forked the tree: gpuckpt
+// said "criu restore failed", and the half-restored tree stayed, named as the service, holding
+// its socket, blocked for good, with pid N taken so that the next restore failed too.
+TEST_F(E2eFaults, AKilledCriuRestoreLeavesNoHalfRestoredTreeBehind) {
+  Child s = server("hr");
+  ask_unix_line(sock("hr"), "GEN h");
+  const std::string state = ask_unix_line(sock("hr"), "STATE");
+  const pid_t pid = s.pid();
+  const fs::path ckpt = out_ / "hr.ckpt";
+  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string(), "--staging",
+                           staging_.string()})
+                .exit_code,
+            0);
+  s.wait_for(10s);
+  Child g = test::paused_cli({"restore", ckpt.string(), "--staging", staging_.string(),
+                              "--staging-mode", "stream", "--probe", "unix:" + sock("hr").string()},
+                             "restore_pages", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto criu = process::live_pids_where(
+      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "criu"; });
+  ASSERT_EQ(criu.size(), 1u);
+  ASSERT_TRUE(test::wait_until([&] { return process::read_proc(pid).has_value(); }))
+      << "criu never forked the tree";
+  ::kill(criu.front(), SIGKILL);
+  test::resume_paused(dir_.path(), "restore_pages");
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.exited && st.code == 9) << st.describe();
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_NE(err.find("half-restored"), std::string::npos) << err;
+  EXPECT_TRUE(test::wait_until([&] {
+    const auto p = process::read_proc(pid);
+    return !p || p->state == 'Z';
+  })) << "the half-restored tree stays";
+  EXPECT_TRUE(entries(staging_).empty());
+  // Nothing in the way of the next restore.
+  const auto r = test::run_cli({"restore", ckpt.string(), "--staging", staging_.string(), "--probe",
+                                "unix:" + sock("hr").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ask_unix_line(sock("hr"), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(sock("hr"), "QUIT"), "BYE");
+  process::wait_ended(pid, 10s);
+}
+
+// Interrupted once its checkpoint was published (the guard not told yet), a dump resumed the
+// service and said only that: the whole checkpoint stayed at -o, and a retry met "exists".
+TEST_F(E2eFaults, ADumpInterruptedAfterPublishingSaysItsCheckpointStays) {
+  Child s = server("pb");
+  const fs::path ckpt = out_ / "pb.ckpt";
+  Child g = paused_cli({"--json", "dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(),
+                        "--staging", staging_.string()},
+                       "published");
+  g.kill(SIGINT);
+  g.wait();
+  const json j = json::parse(read_file(dir_.path() / "cli.out"), nullptr, false);
+  ASSERT_TRUE(j.is_object()) << read_file(dir_.path() / "cli.out");
+  const std::string msg = j["error"].value("message", "");
+  EXPECT_NE(msg.find("resumed"), std::string::npos) << msg;
+  EXPECT_NE(msg.find(ckpt.string() + " was complete and stays"), std::string::npos) << msg;
+  EXPECT_EQ(test::run_cli({"verify", ckpt.string()}).exit_code, 0);
+  EXPECT_TRUE(test::runs_again(s.pid()));
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// Misleading messages of the hostile pass, each now the refusal that says what is wrong.
+TEST_F(E2eFaults, RefusalsSayWhatIsWrongAndFreezeNothing) {
+  Child s = server("ms");
+  const std::string pid = std::to_string(s.pid());
+  const fs::path ckpt = out_ / "ms.ckpt";
+  // A traced process is refused in the preflight (exit 10), not by criu (exit 9).
+  {
+    const pid_t target = s.pid();
+    const pid_t tracer = ::fork();
+    ASSERT_GE(tracer, 0);
+    if (tracer == 0) {
+      if (::ptrace(PTRACE_SEIZE, target, nullptr, nullptr) != 0) ::_exit(1);
+      for (;;) ::pause();
+    }
+    ASSERT_TRUE(test::wait_until([&] {
+      return read_file("/proc/" + pid + "/status").find("TracerPid:\t" + std::to_string(tracer)) !=
+             std::string::npos;
+    }));
+    const auto r = test::run_cli({"dump", "--pid", pid, "-o", ckpt.string()});
+    EXPECT_EQ(r.exit_code, 10) << r.err;
+    EXPECT_NE(r.err.find("is traced by process " + std::to_string(tracer)), std::string::npos)
+        << r.err;
+    ::kill(tracer, SIGKILL);
+    ::waitpid(tracer, nullptr, 0);
+  }
+  // A signing key readable by others is refused before the freeze, so nothing is "resumed".
+  {
+    const fs::path key = dir_.path() / "node.key";
+    ASSERT_EQ(test::run_cli({"keygen", "-o", key.string()}).exit_code, 0);
+    fs::permissions(key, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                             fs::perms::others_read);
+    const auto r =
+        test::run_cli({"dump", "--pid", pid, "-o", ckpt.string(), "--sign-key", key.string()});
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("nothing was frozen"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("resumed"), std::string::npos) << r.err;
+  }
+  // A zombie is named as one, not as a missing process.
+  {
+    Child z = spawn({"true"});
+    const pid_t zp = z.pid();
+    ASSERT_TRUE(test::wait_until([&] { return test::process_state(zp) == 'Z'; }));
+    const auto r = test::run_cli({"dump", "--pid", std::to_string(zp), "-o", ckpt.string()});
+    EXPECT_EQ(r.exit_code, 10) << r.err;
+    EXPECT_NE(r.err.find("zombie"), std::string::npos) << r.err;
+    z.wait();
+  }
+  // An unknown command is named; --take-endpoints alone is refused.
+  {
+    const auto r = test::run_cli({"dumpp", "--pid", pid});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("unknown command 'dumpp'"), std::string::npos) << r.err;
+    const auto t = test::run_cli({"restore", ckpt.string(), "--take-endpoints"});
+    EXPECT_EQ(t.exit_code, 2);
+    EXPECT_NE(t.err.find("needs --new-pidns"), std::string::npos) << t.err;
+  }
+  EXPECT_FALSE(fs::exists(ckpt));
+  EXPECT_EQ(ask_unix_line(sock("ms"), "PING"), "PONG");
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// Two restores of one checkpoint at once: the loser failed inside criu ("Can't fork", exit 9).
+// It is refused before criu runs, as for a pid in use (exit 10). And a copy that another
+// gpuckpt dumped before it answered was said to be both gone and "left running".
+TEST_F(E2eFaults, OneRestoreAtATimeGivesACheckpointItsPidsAndEachSaysWhatBecameOfIt) {
+  Child s = server("tr");
+  const pid_t pid = s.pid();
+  const fs::path ckpt = out_ / "tr.ckpt";
+  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string()}).exit_code,
+            0);
+  s.wait_for(10s);
+  Child first =
+      test::paused_cli({"restore", ckpt.string(), "--probe", "unix:" + sock("tr").string()},
+                       "first_answer", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto second = test::run_cli({"restore", ckpt.string()});
+  EXPECT_EQ(second.exit_code, 10) << second.err;
+  EXPECT_NE(second.err.find("is being restored by another gpuckpt"), std::string::npos)
+      << second.err;
+  // The first copy is dumped away by another gpuckpt before the first restore looks at it.
+  const auto away =
+      test::run_cli({"dump", "--pid", std::to_string(pid), "-o", (out_ / "away.ckpt").string()});
+  ASSERT_EQ(away.exit_code, 0) << away.err;
+  test::resume_paused(dir_.path(), "first_answer");
+  const ExitStatus st = first.wait();
+  EXPECT_TRUE(st.exited && st.code == 10) << st.describe();
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_NE(err.find("exited before answering"), std::string::npos) << err;
+  EXPECT_EQ(err.find("left running"), std::string::npos) << err;
+  EXPECT_FALSE(process::read_proc(pid).has_value() && test::process_state(pid) != 'Z');
+  EXPECT_EQ(test::run_cli({"verify", (out_ / "away.ckpt").string()}).exit_code, 0);
+}
+
+// A service whose stdout is a file opened without O_APPEND (`> log`) was dumped and ended
+// without a word, and the checkpoint then failed to restore once the log had grown ("bad
+// size"): the dump says so.
+TEST_F(E2eFaults, ADumpWarnsOfAnOutputFileThatCriuWillRequireUnchanged) {
+  const fs::path log = dir_.path() / "truncated.log";
+  SpawnOptions o;
+  o.new_session = true;
+  Child s = spawn(
+      {"/bin/sh", "-c", "exec \"$0\" --socket \"$1\" --weights \"$2\" --init-seconds 0 > \"$3\"",
+       (test::bin_dir() / "gpuckpt-demo-server").string(), sock("ap").string(), weights_.string(),
+       log.string()},
+      o);
+  ASSERT_TRUE(test::wait_until([&] { return ask_unix_line(sock("ap"), "PING") == "PONG"; }));
+  const auto d = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "--leave-running", "-o",
+                                (out_ / "ap.ckpt").string()});
+  EXPECT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.err.find("writes its fd 1 to " + log.string() + " without O_APPEND"),
+            std::string::npos)
+      << d.err;
+  s.kill(SIGKILL);
+  s.wait();
+}
+
+// The same kill during a release migration left the service down: the half-restored copy held
+// the pids and a ghost file, so the rollback's restore of the original failed ("pid N is in
+// use"), and so did the hand restore it suggested. The rollback clears them first.
+TEST_F(E2eFaults, AKilledCriuRestoreInAReleaseMigrationStillRollsBackToTheOriginal) {
+  Child s = server("rm");
+  ask_unix_line(sock("rm"), "GEN r");
+  const std::string state = ask_unix_line(sock("rm"), "STATE");
+  const pid_t pid = s.pid();
+  // Reaped as the migration ends it: a zombie would keep its pid from the copy.
+  std::optional<ExitStatus> ended;
+  std::thread reaper([&] { ended = s.wait_for(60s); });
+  Child g =
+      test::paused_cli({"migrate", "--pid", std::to_string(pid), "--to", (out_ / "rm").string(),
+                        "--handoff", "release", "--staging", staging_.string(), "--staging-mode",
+                        "stream", "--probe", "unix:" + sock("rm").string()},
+                       "restore_pages", dir_.path(), test::Resume::kWhenUnmarked);
+  reaper.join();
+  EXPECT_TRUE(ended.has_value()) << "a release hands over only an ended original";
+  const auto criu = process::live_pids_where(
+      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "criu"; });
+  ASSERT_EQ(criu.size(), 1u);
+  ASSERT_TRUE(test::wait_until([&] { return process::read_proc(pid).has_value(); }));
+  ::kill(criu.front(), SIGKILL);
+  test::resume_paused(dir_.path(), "restore_pages");
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.exited && st.code == 9) << st.describe();
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_NE(err.find("half-restored"), std::string::npos) << err;
+  EXPECT_NE(err.find("the original was restored from"), std::string::npos) << err;
+  EXPECT_EQ(ask_unix_line(sock("rm"), "STATE"), state) << "the service is down";
+  EXPECT_EQ(ask_unix_line(sock("rm"), "QUIT"), "BYE");
   process::wait_ended(pid, 10s);
 }

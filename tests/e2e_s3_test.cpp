@@ -193,3 +193,89 @@ TEST_F(E2eS3, AnExistingCheckpointOrAnUnreachableStoreIsRefusedBeforeAnythingIsF
   EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
   EXPECT_TRUE(spool_empty());
 }
+
+// Two dumps to one prefix at once both said they had written it, and both processes ended: the
+// store kept one checkpoint, the other service's state was gone. The first claims the prefix
+// before anything is frozen; the second is refused while it holds it, and its service runs on.
+// A claim left by a gpuckpt killed on this host is taken over by the next dump.
+TEST_F(E2eS3, TwoDumpsToOnePrefixAtOnceNeverBothReportSuccess) {
+  Child a = demo();
+  ask_unix_line(sock(), "GEN a");
+  const std::string state_a = ask_unix_line(sock(), "STATE");
+  const fs::path sock_b = dir_.path() / "b.sock";
+  SpawnOptions o;
+  o.new_session = true;
+  o.stdout_file = dir_.path() / "b.out";
+  Child b = spawn({(test::bin_dir() / "gpuckpt-demo-server").string(), "--socket", sock_b.string(),
+                   "--weights", weights_.string(), "--init-seconds", "0"},
+                  o);
+  ASSERT_TRUE(test::wait_until([&] { return ask_unix_line(sock_b, "PING") == "PONG"; }));
+  Child first = test::paused_cli({"dump", "--pid", std::to_string(a.pid()), "-o",
+                                  "s3://ckpts/shared", "--spool", spool_.string()},
+                                 "upload_manifest", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto second = test::run_cli({"--json", "dump", "--pid", std::to_string(b.pid()), "-o",
+                                     "s3://ckpts/shared", "--spool", spool_.string()});
+  EXPECT_EQ(second.exit_code, 12) << second.err;
+  EXPECT_NE(second.err.find("is being written by gpuckpt pid " + std::to_string(first.pid())),
+            std::string::npos)
+      << second.err;
+  EXPECT_FALSE(stopped(b.pid()));
+  EXPECT_EQ(ask_unix_line(sock_b, "PING"), "PONG");
+  test::resume_paused(dir_.path(), "upload_manifest");
+  const ExitStatus st = first.wait();
+  EXPECT_TRUE(st.ok()) << st.describe() << read_file(dir_.path() / "cli.err");
+  EXPECT_TRUE(a.wait_for(30s).has_value());
+  // The store holds the first dump's checkpoint, and no claim any more.
+  EXPECT_TRUE(client().list("ckpts", "shared/.gpuckpt-writers/").empty());
+  const auto r = test::run_cli({"restore", "s3://ckpts/shared", "--spool", spool_.string(),
+                                "--probe", "unix:" + sock().string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ask_unix_line(sock(), "STATE"), state_a);
+
+  // A claim whose gpuckpt was killed (SIGKILL at the same point) does not block the next dump.
+  Child killed = test::paused_cli({"dump", "--pid", std::to_string(b.pid()), "-o",
+                                   "s3://ckpts/other", "--spool", spool_.string()},
+                                  "upload_manifest", dir_.path());
+  killed.kill(SIGKILL);
+  killed.wait();
+  EXPECT_TRUE(test::wait_until([&] { return !stopped(b.pid()); }));
+  EXPECT_EQ(client().list("ckpts", "other/.gpuckpt-writers/").size(), 1u);
+  const auto again = test::run_cli({"dump", "--pid", std::to_string(b.pid()), "-o",
+                                    "s3://ckpts/other", "--spool", spool_.string()});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_TRUE(client().list("ckpts", "other/.gpuckpt-writers/").empty());
+  b.wait_for(30s);
+  for (pid_t p : process::live_pids_where([&](const process::ProcInfo& p) {
+         for (const auto& arg : p.cmdline)
+           if (arg.find(sock().string()) != std::string::npos) return true;
+         return false;
+       })) {
+    ::kill(p, SIGKILL);
+    process::wait_ended(p, 10s);
+  }
+}
+
+// A damaged checkpoint in the store was reported under the restore's private spool path, which
+// is gone by the time the operator reads it: the error names the s3:// URL.
+TEST_F(E2eS3, ADamagedCheckpointInTheStoreIsNamedByItsUrl) {
+  Child s = demo();
+  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", "s3://ckpts/damaged",
+                           "--spool", spool_.string()})
+                .exit_code,
+            0);
+  s.wait_for(30s);
+  const auto c = client();
+  std::string blob = c.get("ckpts", "damaged/blob-000000.bin", 1ull << 30);
+  ASSERT_GT(blob.size(), 8192u);
+  for (std::size_t i = blob.size() / 2; i < blob.size() / 2 + 64; ++i) blob[i] ^= 0x5a;
+  c.put("ckpts", "damaged/blob-000000.bin", blob);
+  const auto r = test::run_cli({"--json", "restore", "s3://ckpts/damaged", "--spool",
+                                spool_.string(), "--probe", "unix:" + sock().string()});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  const auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  const std::string msg = j["error"].value("message", "");
+  EXPECT_NE(msg.find("s3://ckpts/damaged"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find(spool_.string()), std::string::npos) << msg;
+  EXPECT_TRUE(spool_empty());
+}

@@ -108,6 +108,7 @@ class StreamDump : public ::testing::Test {
     if (::geteuid() != 0) GTEST_SKIP() << "CRIU needs root";
     if (::access((fs::path(GPUCKPT_CRIU_PREFIX) / "bin" / "criu").c_str(), X_OK) != 0)
       GTEST_SKIP() << "CRIU is not installed (scripts/install-criu.sh)";
+    staging_.unmark();  // the test's own: its listing sees only what gpuckpt left there
   }
   TempDir dir_ = test::scratch_dir("gpuckpt-stream");
   // A private staging root on the tmpfs, so that only this test's files are counted.

@@ -135,6 +135,21 @@ TEST(ProcInfo, NoNvidiaDevicesOpenMeansNoGpus) {
   EXPECT_TRUE(process::nvidia_gpu_uuids(::getpid()).empty());
 }
 
+// cuda-checkpoint moves VRAM into the process's host memory while the tree is locked: a dump
+// whose GPU memory exceeds what the host has available is refused before the freeze.
+TEST(ProcessSupport, GpuMemoryBeyondTheHostsAvailableMemoryIsRefusedBeforeFreezing) {
+  EXPECT_NO_THROW(process::require_host_room_for_vram(0, 1ull << 30));
+  EXPECT_NO_THROW(process::require_host_room_for_vram(1ull << 30, 1ull << 30));
+  EXPECT_NO_THROW(process::require_host_room_for_vram(8ull << 30, 0));  // unknown: no refusal
+  const Error e =
+      test::error_from([] { process::require_host_room_for_vram(80ull << 30, 16ull << 30); });
+  EXPECT_EQ(e.code(), Errc::kDevice);
+  EXPECT_NE(std::string(e.what()).find("81920 MiB of GPU memory"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("16384 MiB available: nothing was frozen"),
+            std::string::npos)
+      << e.what();
+}
+
 // A process frozen by someone else's cgroup freezer: CRIU's own freeze waited for its timeout,
 // failed, and gpuckpt then said the process "was resumed" while it stayed frozen.
 TEST(ProcInfo, AProcessInAFrozenCgroupIsUndumpable) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "gpuckpt/error.h"
@@ -85,6 +86,14 @@ TEST(Fs, OnlyADirectoryThatNobodyHoldsIsRemovedAsAbandoned) {
   test::write_test_file(dead / "images" / "pages-1.img", 1 << 20, 1);
   const fs::path half_gone = parent.path() / "gpuckpt-x-dead02.gone";  // an interrupt's rest
   fs::create_directories(half_gone);
+  for (const auto& d : {dead, half_gone}) std::ofstream(d / kTempMarker).put('\n');
+  // Named like ours but not marked as a temporary, or a published checkpoint: never ours to take.
+  const fs::path unmarked = parent.path() / "gpuckpt-x-node17";
+  fs::create_directories(unmarked);
+  const fs::path published = parent.path() / "gpuckpt-x-ckpt01";
+  fs::create_directories(published);
+  for (const char* f : {kTempMarker, "manifest.json", "manifest.seal"})
+    std::ofstream(published / f).put('\n');
   // Held by another process after this one's TempDir is gone (a guard that still needs it).
   const fs::path held = parent.path() / "gpuckpt-x-held01";
   fs::create_directories(held);
@@ -112,6 +121,8 @@ TEST(Fs, OnlyADirectoryThatNobodyHoldsIsRemovedAsAbandoned) {
   EXPECT_TRUE(fs::is_directory(elsewhere));
   EXPECT_TRUE(fs::is_directory(users));
   EXPECT_TRUE(fs::is_directory(other));
+  EXPECT_TRUE(fs::is_directory(unmarked)) << "an unmarked directory was removed";
+  EXPECT_TRUE(fs::is_directory(published)) << "a published checkpoint was removed";
 }
 
 TEST(Fs, ASiblingLeftByAKilledRunIsRemovedBeforeTheNextOutputIsBuilt) {
@@ -119,6 +130,7 @@ TEST(Fs, ASiblingLeftByAKilledRunIsRemovedBeforeTheNextOutputIsBuilt) {
   const fs::path out = parent.path() / "ckpt";
   const fs::path left = parent.path() / ".ckpt.tmp-0123456789abcdef";
   fs::create_directories(left);
+  std::ofstream(left / kTempMarker).put('\n');
   const fs::path old = parent.path() / ".ckpt.old-0123456789abcdef";  // maybe the only copy
   fs::create_directories(old);
   fs::path announced;

@@ -339,6 +339,22 @@ std::vector<RecoveredOperation> recover_abandoned_operations();
 // carry on.
 std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout);
 
+// While one of these lives, an operation has passed its commit (a migration's handover: the
+// copy serves, the original is ended): nothing is left to roll back, and an interrupt must not
+// report "undone". The program's signal handler asks defer_interrupt() first; a deferred signal
+// is raised again when the next operation starts a guard (a benchmark's next run), and
+// deferred_interrupt() names it for the program's ending (0: none).
+class CommitScope {
+ public:
+  CommitScope();
+  ~CommitScope();
+  CommitScope(const CommitScope&) = delete;
+  CommitScope& operator=(const CommitScope&) = delete;
+};
+// True (and `sig` remembered) while a CommitScope lives; false otherwise.
+bool defer_interrupt(int sig);
+int deferred_interrupt();
+
 // Extra work for interrupt_operations() while this object lives (e.g. a benchmark's service to
 // kill); it runs after the guards' rollbacks, in the signal-handling thread, and returns what it
 // did for the operator ("" if nothing). It runs a copy of `fn`, possibly after this object is

@@ -25,6 +25,10 @@ int run_shell(const std::string& command);
 std::string shell_quote(std::string_view s);
 // This machine's host name (gethostname), "" if it has none.
 std::string host_name();
+// MemAvailable from /proc/meminfo in bytes (0 if unknown).
+std::uint64_t mem_available_bytes();
+// This boot's id (/proc/sys/kernel/random/boot_id), "" if unknown: pids are this boot's only.
+std::string boot_id();
 // The CPUs this process may run on (its affinity mask, which a cpuset container narrows): their
 // ids in order, and how many (at least 1). Not std::thread::hardware_concurrency(): that counts
 // every CPU of the host.

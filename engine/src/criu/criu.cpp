@@ -12,6 +12,7 @@
 #include <deque>
 #include <fstream>
 #include <sstream>
+#include <string_view>
 
 #include "gpuckpt/error.h"
 #include "util/fs.h"
@@ -284,9 +285,108 @@ Run dump(const Installation& inst, const DumpArgs& a) {
 
 Run restore(const Installation& inst, const RestoreArgs& a) {
   // The log goes beside the pidfile, outside the images (which CRIU only reads).
-  const fs::path log = a.pidfile.parent_path() / "restore.log";
+  const fs::path log = a.pidfile.parent_path() / kRestoreLogName;
   return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout, a.on_start,
                 a.before_start);
+}
+
+namespace {
+
+enum class Value { kNone, kRequired, kOptional };  // kOptional: only as --opt=VALUE, as CRIU
+enum Ops : unsigned { kDumpOnly = 1, kRestoreOnly = 2, kBoth = 3 };
+
+struct PassThrough {
+  std::string_view name;
+  Value value;
+  unsigned ops;
+};
+
+// What CRIU may be told beyond what gpuckpt sets: options that let a dump or restore of the
+// same tree succeed (external resources, locks, cgroups, LSM, ghost files), never ones that
+// pick the tree, where images go, or how the tasks end.
+constexpr PassThrough kAllowed[] = {
+    {"--file-locks", Value::kNone, kBoth},
+    {"--ext-unix-sk", Value::kOptional, kBoth},
+    {"--link-remap", Value::kNone, kBoth},
+    {"--ghost-limit", Value::kRequired, kBoth},
+    {"--evasive-devices", Value::kNone, kBoth},
+    {"--manage-cgroups", Value::kOptional, kBoth},
+    {"--cgroup-root", Value::kRequired, kBoth},
+    {"--external", Value::kRequired, kBoth},
+    {"--ext-mount-map", Value::kRequired, kBoth},
+    {"--enable-external-sharing", Value::kNone, kBoth},
+    {"--enable-external-masters", Value::kNone, kBoth},
+    {"--skip-mnt", Value::kRequired, kBoth},
+    {"--enable-fs", Value::kRequired, kBoth},
+    {"--skip-in-flight", Value::kNone, kDumpOnly},
+    {"--force-irmap", Value::kNone, kDumpOnly},
+    {"--irmap-scan-path", Value::kRequired, kDumpOnly},
+    {"--weak-sysctls", Value::kNone, kRestoreOnly},
+    {"--lsm-profile", Value::kRequired, kRestoreOnly},
+    {"--lsm-mount-context", Value::kRequired, kRestoreOnly},
+    {"--inherit-fd", Value::kRequired, kRestoreOnly},
+    {"--file-validation", Value::kRequired, kRestoreOnly},
+};
+
+// Options that users reach for and gpuckpt has a flag of its own for.
+struct Instead {
+  std::string_view name, use;
+};
+constexpr Instead kInstead[] = {
+    {"-t", "--pid"},
+    {"--tree", "--pid"},
+    {"--leave-running", "gpuckpt's --leave-running"},
+    {"-R", "gpuckpt's --leave-running"},
+    {"--tcp-established", "gpuckpt's --tcp-established"},
+    {"--tcp-close", "gpuckpt's default (no --tcp-established)"},
+    {"--timeout", "--criu-timeout (and --lock-timeout)"},
+    {"--stream", "--staging-mode stream"},
+    {"-D", "-o (dump) or the checkpoint argument (restore)"},
+    {"--images-dir", "-o (dump) or the checkpoint argument (restore)"},
+};
+
+std::string allowed_list(Op op) {
+  std::string s;
+  const unsigned bit = op == Op::kDump ? kDumpOnly : kRestoreOnly;
+  for (const auto& a : kAllowed)
+    if (a.ops & bit) s += (s.empty() ? "" : ", ") + std::string(a.name);
+  return s;
+}
+
+}  // namespace
+
+void check_extra_args(Op op, const std::vector<std::string>& args) {
+  const char* cmd = op == Op::kDump ? "criu dump" : "criu restore";
+  const unsigned bit = op == Op::kDump ? kDumpOnly : kRestoreOnly;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    const auto eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const auto allowed = std::find_if(std::begin(kAllowed), std::end(kAllowed),
+                                      [&](const PassThrough& a) { return a.name == name; });
+    if (allowed == std::end(kAllowed) || !(allowed->ops & bit)) {
+      std::string why = "--criu-opt " + arg + " is refused: ";
+      const auto instead = std::find_if(std::begin(kInstead), std::end(kInstead),
+                                        [&](const Instead& x) { return x.name == name; });
+      if (instead != std::end(kInstead))
+        why += "gpuckpt sets it itself (use " + std::string(instead->use) + ")";
+      else if (allowed != std::end(kAllowed))
+        why += "it is not an option of " + std::string(cmd);
+      else
+        why += "gpuckpt passes to " + std::string(cmd) +
+               " only options that cannot change which processes are dumped, where their "
+               "images go, or how they end";
+      throw Error(Errc::kUsage, why + ". Allowed: " + allowed_list(op) + "; nothing was frozen");
+    }
+    if (allowed->value == Value::kNone && eq != std::string::npos)
+      throw Error(Errc::kUsage, "--criu-opt " + arg + ": " + name + " takes no value");
+    if (allowed->value == Value::kRequired && eq == std::string::npos) {
+      // The value is the next argument (--criu-opt=--ghost-limit --criu-opt=64M).
+      if (i + 1 >= args.size())
+        throw Error(Errc::kUsage, "--criu-opt " + arg + " needs a value (" + name + "=VALUE)");
+      ++i;
+    }
+  }
 }
 
 std::vector<std::string> tcp_args(bool established) {

@@ -88,6 +88,9 @@ struct Run {
   double seconds() const { return std::chrono::duration<double>(end - start).count(); }
 };
 
+// restore()'s log, beside the pidfile.
+inline constexpr const char* kRestoreLogName = "restore.log";
+
 // Run criu; on a non-zero exit or a timeout, throws Error(kCriu / kTimeout) whose message has
 // the log's last error lines. The log is written to images_dir/{dump,restore}.log; on failure
 // it is first copied to $TMPDIR (the images dir is usually a temporary staging directory) and
@@ -106,6 +109,16 @@ std::string log_excerpt(const std::filesystem::path& log, std::size_t max_lines 
 // name opened with O_EXCL|O_NOFOLLOW, so that nobody can plant a link there; returns the copy's
 // path (or the original path if copying failed).
 std::filesystem::path preserve_log(const std::filesystem::path& log, const std::string& tag);
+
+// Which criu command a --criu-opt is for.
+enum class Op { kDump, kRestore };
+
+// Refuses (Error kUsage, naming the option and what to use instead) any extra criu argument
+// that is not on gpuckpt's allow-list for `op`: an option that gpuckpt sets itself (-t, -D,
+// --leave-running, --stream, --pidfile, the log, TCP handling...), or that changes which tasks
+// are dumped or how they end, would contradict the record and the guard. Called before
+// anything is frozen or restored. A value is given as --opt=VALUE or as the next argument.
+void check_extra_args(Op op, const std::vector<std::string>& args);
 
 // criu options for established TCP connections, the same on dump and restore: dumped with
 // their state (--tcp-established) or not at all (--tcp-close). docs/PROCESS.md ("TCP").

@@ -7,6 +7,8 @@
 #include <cerrno>
 
 #include "gpuckpt/error.h"
+#include "image/manifest.h"
+#include "util/fault.h"
 
 namespace fs = std::filesystem;
 
@@ -36,6 +38,9 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
   std::error_code ec;
   const bool exists = fs::exists(fs::symlink_status(final_path, ec));
   if (exists && !replace) exists_error(final_path);
+  // Published, it is no temporary: no sweep may take it, whatever its name.
+  tmp.unmark();
+  fsync_dir(tmp.path());
   if (!exists) {
     if (rename2(tmp.path(), final_path, RENAME_NOREPLACE) == 0) {
       tmp.release();
@@ -79,6 +84,25 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
   tmp.release();
   fsync_dir(parent);
   fs::remove_all(old, ec);
+}
+
+void unpublish(const fs::path& published) {
+  const fs::path aside = temp_sibling(published, "tmp");
+  if (rename2(published, aside, RENAME_NOREPLACE) != 0)
+    throw_errno(Errc::kIo, "move ", published, " aside to remove it");
+  const fs::path parent = published.parent_path().empty() ? fs::path(".") : published.parent_path();
+  fsync_dir(parent);
+  std::error_code ec;
+  // Without its seal it is no published checkpoint: a sweep may take what a kill leaves.
+  fs::remove(aside / kSealName, ec);
+  try {
+    TempDir::mark(aside);
+  } catch (const Error&) {
+    // Only the sweep needs it: the removal below goes on.
+  }
+  fault_point("unpublished");  // no longer a checkpoint; not yet removed
+  fs::remove_all(aside, ec);
+  if (ec) throw Error(Errc::kIo, "cannot remove " + aside.string() + ": " + ec.message());
 }
 
 }  // namespace gpuckpt::image

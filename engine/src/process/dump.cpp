@@ -1,8 +1,10 @@
 // gpuckpt::dump(): preflight of the whole tree, criu dump (the plugin locks and checkpoints CUDA
 // inside it), pack of CRIU's images into the checkpoint, then the end of every process of the
 // tree. A guard process (process/guard.h) undoes the dump if gpuckpt fails or dies before that.
+#include <fcntl.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <optional>
@@ -21,6 +23,7 @@
 #include "process/remote_spool.h"
 #include "process/stages.h"
 #include "process/support.h"
+#include "trust/keys.h"
 #include "util/fault.h"
 #include "util/fs.h"
 
@@ -63,6 +66,15 @@ void preflight_output(const DumpOptions& o) {
   if (!fs::is_directory(o.staging_root, ec))
     throw Error(Errc::kInvalidInput,
                 "staging directory " + o.staging_root.string() + " does not exist");
+  // The writer loads it again where it signs; a key it would refuse is refused here, before
+  // anything is frozen, not once the tree is stopped.
+  if (!o.pack.sign_key.empty()) {
+    try {
+      (void)trust::SigningKey::load(o.pack.sign_key);
+    } catch (const Error& e) {
+      throw e.with_context("", "; nothing was frozen");
+    }
+  }
 }
 
 // Everything that can be known before anything is frozen: each refusal here costs the service
@@ -76,13 +88,41 @@ struct Target {
   std::uint64_t largest_ghost = 0;          // largest deleted file held (CRIU's ghost files)
 };
 
+// CRIU records the size of a regular file open for writing without O_APPEND and refuses the
+// restore if it differs then ("bad size"): a service's stdout or stderr redirected with `>`
+// into a log that anything writes to after the dump cannot be restored.
+void warn_unappended_output(pid_t q) {
+  for (const int fd : {1, 2}) {
+    const std::string base = "/proc/" + std::to_string(q);
+    struct stat st {};
+    if (::stat((base + "/fd/" + std::to_string(fd)).c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+      continue;
+    std::string info;
+    try {
+      info = read_file(base + "/fdinfo/" + std::to_string(fd));
+    } catch (const Error&) {
+      continue;
+    }
+    const auto at = info.find("flags:");
+    if (at == std::string::npos) continue;
+    const unsigned long flags = std::strtoul(info.c_str() + at + 6, nullptr, 8);
+    if ((flags & O_ACCMODE) == O_RDONLY || (flags & O_APPEND)) continue;
+    std::error_code ec;
+    const fs::path file = fs::read_symlink(base + "/fd/" + std::to_string(fd), ec);
+    spdlog::warn(
+        "process {} writes its fd {} to {} without O_APPEND: CRIU restores it only while that "
+        "file keeps the size it has now, so anything written to it after the dump makes the "
+        "restore fail (\"bad size\"); start the service with `>>` (or its own log file)",
+        q, fd, file.string());
+  }
+}
+
 Target preflight_target(pid_t pid) {
   if (pid <= 0) throw Error(Errc::kUsage, "no pid given");
   if (pid == ::getpid()) throw Error(Errc::kUsage, "gpuckpt cannot dump itself");
   Target t;
   const auto info = read_proc(pid);
-  if (!info || info->state == 'Z')
-    throw Error(Errc::kProcess, "no process with pid " + std::to_string(pid));
+  require_live(pid, info);
   t.root = *info;
   t.tree = process_tree(pid);
   for (pid_t q : t.tree) {
@@ -104,6 +144,7 @@ Target preflight_target(pid_t pid) {
                       "with that namespace's init. Nothing was frozen. Restore without "
                       "--new-pidns, or migrate with --handoff release, to keep a process "
                       "re-checkpointable");
+    warn_unappended_output(q);
     t.memory_bytes += dumpable_memory_bytes(q);
     t.tcp_listener |= has_tcp_listener(q);
     t.largest_ghost = std::max(t.largest_ghost, largest_deleted_file_bytes(q));
@@ -159,7 +200,9 @@ void choose_staging(DumpState& d) {
   const DumpOptions& o = d.o;
   // CRIU would find out after freezing the tree for as long as it took to fill the tmpfs.
   // The checkpoint moves the tree's VRAM into its host memory first: stage that too.
-  d.need = d.target.memory_bytes + gpu_memory_of(d.target.tree);
+  const std::uint64_t vram = gpu_memory_of(d.target.tree);
+  require_host_room_for_vram(vram, mem_available_bytes());
+  d.need = d.target.memory_bytes + vram;
   const std::uint64_t free_bytes = fs::space(o.staging_root).available;
   d.stream = o.staging_mode == StagingMode::kStream;
   if (o.staging_mode == StagingMode::kAuto) {
@@ -385,6 +428,7 @@ void publish_checkpoint(DumpState& d) {
 }  // namespace
 
 DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCopy copy) {
+  criu::check_extra_args(criu::Op::kDump, o.criu.extra_args);
   // Locked before the tree is looked at: another gpuckpt's dump in flight may have it stopped
   // already, and "being dumped by another gpuckpt" is the refusal that says why.
   guard.hold_locks(lock_processes(o.pid > 0 ? process_tree(o.pid) : std::vector<pid_t>{}));
@@ -458,9 +502,19 @@ DumpResult dump(const DumpOptions& opts) {
       rethrow_with_context("", "\nno checkpoint was published; " + undone);
     }
   }
+  // An interrupt from here until the guard is told says that the checkpoint stays: it is
+  // whole, and a retry to the same output would otherwise meet it unawares.
+  std::optional<OnInterrupt> say_kept;
+  if (!opts.leave_running)
+    say_kept.emplace([where = opts.output.string()] {
+      return "the checkpoint " + where +
+             " was complete and stays (gpuckpt verify checks it): use it, remove it, or dump "
+             "again with --force";
+    });
   fault_point("published");  // the checkpoint is whole; the guard not yet told
   const auto durable = Timeline::Clock::now();
   guard.durable(!opts.leave_running);
+  say_kept.reset();
   fault_point("durable");
   if (!opts.leave_running) {
     const auto left = process::end_tree(out.record.tree);

@@ -11,14 +11,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
@@ -37,6 +40,15 @@
 
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+namespace gpuckpt {
+namespace {
+// CommitScope's: how many live, and the signal deferred meanwhile.
+std::mutex g_commit_mu;
+int g_commits = 0;
+int g_deferred_signal = 0;
+}  // namespace
+}  // namespace gpuckpt
 
 namespace gpuckpt::process {
 
@@ -66,6 +78,8 @@ struct GuardPlan {
     fs::path pidfile;
     std::uint64_t after = 0;
     bool kill = true;
+    std::vector<pid_t> pids;  // the checkpoint's, which criu's tasks take
+    fs::path log;             // criu's log, naming the ghost files it created
   };
   std::vector<NamedCopy> copy_pidfiles;
   std::vector<std::pair<fs::path, fs::path>> renames;
@@ -160,6 +174,17 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
     std::lock_guard lk(g_guards_mu);
     if (g_interrupting)
       throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
+  }
+  {
+    // A signal deferred by an earlier operation's commit (CommitScope) applies before this one
+    // starts: to the signal handler again, which now finds nothing committed.
+    std::unique_lock ck(g_commit_mu);
+    if (g_commits == 0 && g_deferred_signal != 0) {
+      const int sig = std::exchange(g_deferred_signal, 0);
+      ck.unlock();
+      ::kill(::getpid(), sig);
+      throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
+    }
   }
   // Before anything of ours exists: what a run killed with its guard left (a stopped original,
   // an entry moved aside, its spool) is its to undo first, and ours not to touch.
@@ -331,13 +356,16 @@ void Guard::copy_on_recovery(pid_t pid, pid_t pidns_init, Copy what) {
         {"init_started", start_ticks(pidns_init).value_or(0)},
         {"kill", what == Copy::kKill}});
 }
-void Guard::copy_named_in(const fs::path& pidfile, Copy what) {
+void Guard::copy_named_in(const fs::path& pidfile, Copy what, const std::vector<pid_t>& pids,
+                          const fs::path& log) {
   // Taken here, before criu starts, not when the guard reads the line (maybe only after
   // gpuckpt died): the copy started after this tick, a process reusing its pid did not.
   send({{"op", "copy_pidfile"},
         {"path", pidfile.string()},
         {"after", boot_ticks_now()},
-        {"kill", what == Copy::kKill}});
+        {"kill", what == Copy::kKill},
+        {"pids", pids},
+        {"log", log.string()}});
 }
 void Guard::keep_copy() {
   commit({{"op", "keep_copy"}});
@@ -527,6 +555,28 @@ std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout)
   return out;
 }
 
+CommitScope::CommitScope() {
+  std::lock_guard lk(g_commit_mu);
+  ++g_commits;
+}
+
+CommitScope::~CommitScope() {
+  std::lock_guard lk(g_commit_mu);
+  --g_commits;
+}
+
+bool defer_interrupt(int sig) {
+  std::lock_guard lk(g_commit_mu);
+  if (g_commits == 0) return false;
+  g_deferred_signal = sig;
+  return true;
+}
+
+int deferred_interrupt() {
+  std::lock_guard lk(g_commit_mu);
+  return g_deferred_signal;
+}
+
 OnInterrupt::OnInterrupt(std::function<std::string()> fn) : fn_(std::move(fn)) {
   std::lock_guard lk(process::g_guards_mu);
   process::g_on_interrupt.insert(&fn_);
@@ -575,12 +625,29 @@ std::string joined(const RecoveryLog& log) {
   return out;
 }
 
-// Step 5, and the summary: every path of the plan goes, whichever way the targets went.
-Recovery finish(const Plan& p, RecoveryLog log) {
+// Every path of the plan goes (never a published checkpoint: remove() names temporaries).
+void remove_staged(const Plan& p, RecoveryLog& log) {
+  std::vector<std::string> removed;
   for (const auto& path : p.remove) {
     std::error_code ec;
+    if (!fs::exists(fs::symlink_status(path, ec))) continue;
+    const std::uint64_t bytes = allocated_bytes(path);
     fs::remove_all(path, ec);
+    if (ec)
+      fail(log, Errc::kIo, "cannot remove " + path.string() + ": " + ec.message());
+    else
+      removed.push_back(path.string() + " (" + std::to_string(bytes >> 20) + " MiB)");
   }
+  if (p.replay && !removed.empty()) {
+    std::string list;
+    for (const auto& r : removed) list += (list.empty() ? "" : ", ") + r;
+    say(log, "removed what it had staged: " + list);
+  }
+}
+
+// Step 5, and the summary: every path of the plan goes, whichever way the targets went.
+Recovery finish(const Plan& p, RecoveryLog log) {
+  remove_staged(p, log);
   const std::string out = joined(log);
   return {out.empty() ? kNothingToUndo : out, std::move(log.failed)};
 }
@@ -654,6 +721,60 @@ void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, RecoveryLog& 
   }
 }
 
+// The ghost files criu created, from its log's "Opening ghost file 0xID for PATH" lines (PATH
+// relative to the root of a restore into "/").
+std::vector<fs::path> ghost_files_in_log(const fs::path& log) {
+  std::vector<fs::path> out;
+  std::ifstream in(log);
+  static constexpr std::string_view kSays = "Opening ghost file 0x";
+  for (std::string line; std::getline(in, line);) {
+    const auto at = line.find(kSays);
+    if (at == std::string::npos) continue;
+    const auto id_end = line.find(" for ", at);
+    if (id_end == std::string::npos) continue;
+    const std::string id = line.substr(at + kSays.size(), id_end - at - kSays.size());
+    if (id.empty() || !std::all_of(id.begin(), id.end(), ::isxdigit)) continue;
+    fs::path path = line.substr(id_end + 5);
+    if (path.is_relative()) path = "/" / path;
+    out.push_back(path.string() + ".cr." + id + ".ghost");
+  }
+  return out;
+}
+
+// criu ended without naming its copy: what it had restored of the tree so far (tasks at the
+// checkpoint's pids that started since it began) holds the service's name, its sockets and its
+// pids, blocked for good. It is ended, and the ghost files criu made for it go too.
+void end_half_restored(const Plan::NamedCopy& n, RecoveryLog& log) {
+  std::vector<pid_t> half;
+  for (pid_t q : n.pids) {
+    const auto started = q > 0 ? start_ticks(q) : std::nullopt;
+    if (started && *started >= n.after) half.push_back(q);
+  }
+  if (!half.empty()) {
+    if (const auto left = end_tree(half, 10000); !left.empty())
+      fail(log, Errc::kProcess,
+           "criu restore ended before it had restored the tree, and its half-restored processes " +
+               pid_list(left) + " do not end");
+    else
+      say(log,
+          "criu restore ended before it had restored the tree, so its half-restored "
+          "processes " +
+              pid_list(half) + " were killed");
+  }
+  if (n.log.empty()) return;
+  std::vector<std::string> removed;
+  for (const auto& g : ghost_files_in_log(n.log)) {
+    struct stat st {};
+    if (::lstat(g.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+    if (::unlink(g.c_str()) == 0) removed.push_back(g.string());
+  }
+  if (!removed.empty()) {
+    std::string list;
+    for (const auto& r : removed) list += (list.empty() ? "" : ", ") + r;
+    say(log, "removed the ghost files criu had made: " + list);
+  }
+}
+
 Recovery recover(const Plan& p) {
   RecoveryLog log;
   // A pid counts only while it is the process gpuckpt named (same start tick): one reused
@@ -687,7 +808,14 @@ Recovery recover(const Plan& p) {
     try {
       q = read_pidfile(n.pidfile);
     } catch (const Error&) {
-      continue;  // criu restored nothing
+      // No pidfile (criu restored nothing whole, or the staging that held it is gone): a tree
+      // gpuckpt named as restored is a copy as any other; anything else at the checkpoint's pids
+      // that criu started is half-restored.
+      const bool named = std::any_of(p.copies.begin(), p.copies.end(), [&](const Plan::Copy& c) {
+        return c.pid > 0 && std::find(n.pids.begin(), n.pids.end(), c.pid) != n.pids.end();
+      });
+      if (!named) end_half_restored(n, log);
+      continue;
     }
     const auto started = start_ticks(q);
     if (started && *started >= n.after) copies.push_back({q, 0, *started, 0, n.kill});
@@ -719,15 +847,17 @@ Recovery recover(const Plan& p) {
     if (const std::string why = changed_since_the_kill(p, unique, is, protected_one);
         !why.empty()) {
       // Someone acted since (an operator resumed the original, or a copy has been serving
-      // alone): undoing now would end a running service. Nothing is removed either; the
-      // sweeps of later runs take the staging nobody holds.
+      // alone): undoing now would end a running service.
       // Except the CUDA state the dump locked: a tree that runs again because criu died with
       // gpuckpt (the kernel resumes a tracer's tasks) would otherwise serve frozen on the GPU.
       // Giving it back acts only on a state the driver still reports locked or checkpointed.
+      // And what it staged (tmpfs images, a spool, an unpublished output): the journal names it
+      // as the operation's own, nobody else holds it, and no later run would find it.
       const std::size_t said = log.said.size();
       if (!p.durable || !p.end_targets) give_back_cuda(p, live_targets(), log);
       say(log, why + (log.said.size() > said ? ", so nothing else was undone"
                                              : ", so nothing was undone"));
+      remove_staged(p, log);
       return {joined(log), std::move(log.failed)};
     }
   }
@@ -735,7 +865,13 @@ Recovery recover(const Plan& p) {
     const bool root = is(c.pid, c.pid_started), init = is(c.pidns_init, c.init_started);
     if (!root && !init) continue;  // gone already
     if (!c.kill && c.pid > 0) {
-      if (root) say(log, "the restored process " + std::to_string(c.pid) + " is left running");
+      // Stopped, it is not ours to call running: another gpuckpt may be dumping it.
+      const auto info = root ? read_proc(c.pid) : std::nullopt;
+      if (info && (info->state == 'T' || info->state == 't'))
+        say(log, "the restored process " + std::to_string(c.pid) +
+                     " is left as it is, stopped (another operation, such as a dump, holds it)");
+      else if (info && info->state != 'Z')
+        say(log, "the restored process " + std::to_string(c.pid) + " is left running");
       continue;
     }
     // To kill: an unconfirmed copy, or a namespace whose restore was cut short before gpuckpt
@@ -760,9 +896,15 @@ Recovery recover(const Plan& p) {
   }
   // 3. paths a rollback must put back.
   for (const auto& [from, to] : p.renames) {
-    if (::rename(from.c_str(), to.c_str()) != 0 && errno != ENOENT) {
+    if (::rename(from.c_str(), to.c_str()) == 0) {
+      say(log, "the socket path " + to.string() + " was given back to the process serving it");
+    } else if (errno != ENOENT) {
       const int err = errno;
-      fail(log, Errc::kIo, detail::with_strerror("cannot put " + to.string() + " back", err));
+      fail(log, Errc::kIo,
+           detail::with_strerror("cannot give the socket path " + to.string() +
+                                     " back to the process serving it (its entry is at " +
+                                     from.string() + ")",
+                                 err));
     }
   }
   // 4. the targets, each only while it is the process that was protected.
@@ -854,7 +996,8 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
                         m.at("init_started").get<std::uint64_t>(), m.at("kill").get<bool>()});
   } else if (op == "copy_pidfile") {
     p.copy_pidfiles.push_back({m.at("path").get<std::string>(), m.at("after").get<std::uint64_t>(),
-                               m.at("kill").get<bool>()});
+                               m.at("kill").get<bool>(), m.value("pids", std::vector<pid_t>{}),
+                               m.value("log", std::string())});
   } else if (op == "keep_copy") {
     p.copies.clear();
     p.copy_pidfiles.clear();

@@ -89,7 +89,13 @@ class Guard {
   // A copy that criu is about to restore in this pid namespace, whose root's pid it will write
   // to `pidfile`: recovery finds it there if criu got that far, though gpuckpt may die before
   // it reads the pid and calls copy_on_recovery.
-  void copy_named_in(const std::filesystem::path& pidfile, Copy what);
+  // `pids`: the checkpoint's, which criu gives the tasks it creates; `log`: criu's log. Should
+  // criu end without writing its pidfile (killed, failed), the tasks it left at those pids,
+  // started since, are a half-restored tree that nobody would end: recovery kills them, and
+  // removes the ghost files (PATH.cr.ID.ghost) the log says criu created, which a later restore
+  // of the same checkpoint would find in its way.
+  void copy_named_in(const std::filesystem::path& pidfile, Copy what,
+                     const std::vector<pid_t>& pids = {}, const std::filesystem::path& log = {});
   // The copy is the service now (a restore's commit): it is left on recovery, and the paths
   // renamed aside for a rollback are removed (as hand_over). Done even with the guard dead.
   void keep_copy();

@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 
+#include "gpuckpt/support.h"
 #include "image/transfer_common.h"
 #include "util/fs.h"
 #include "util/write_fully.h"
@@ -26,16 +27,8 @@ namespace {
 constexpr int kJournalFormat = 1;
 constexpr std::string_view kTag = "journal";  // temp_sibling's tag: .OPERATION-PID.journal-HEX
 
-// What a journal's pids and start ticks are relative to: this boot, this pid namespace.
-std::string boot_id() {
-  std::string id;
-  try {
-    id = read_file("/proc/sys/kernel/random/boot_id");
-  } catch (const std::exception&) {
-  }
-  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
-  return id;
-}
+// What a journal's pids and start ticks are relative to: this boot (boot_id), this pid
+// namespace.
 std::string pid_namespace() {
   std::error_code ec;
   return fs::read_symlink("/proc/self/ns/pid", ec).string();

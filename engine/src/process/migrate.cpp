@@ -14,6 +14,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
+#include "image/publish.h"
 #include "probe/probe.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
@@ -123,8 +124,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   if (o.to_dir.empty()) throw Error(Errc::kUsage, "no target directory given");
   require_socket_probe(o.probe);
   const auto info = read_proc(o.pid);
-  if (!info || info->state == 'Z')
-    throw Error(Errc::kProcess, "no process with pid " + std::to_string(o.pid));
+  require_live(o.pid, info);
   if (remote::is_ssh_url(o.to_dir.string())) return migrate_over_ssh(o);
   MigrateResult res;
   res.old_pid = o.pid;
@@ -181,6 +181,8 @@ MigrateResult migrate(const MigrateOptions& o) {
   // the original may end. Told to the guard before the original ends, in one step: gpuckpt
   // stopped at any point after this leaves the copy serving and the original ended, never
   // neither (a copy killed after its original) nor both.
+  // Committed: an interrupt from here on lets the migration finish and report the copy.
+  const CommitScope committed;
   guard.hand_over(/*end_original=*/!release);
   if (!release) {
     fault_point("end_original");
@@ -190,8 +192,12 @@ MigrateResult migrate(const MigrateOptions& o) {
   }
   guard.disarm();
   if (!o.keep_checkpoint) {
-    fs::remove_all(res.checkpoint, ec);
-    if (ec) spdlog::warn("cannot remove {}: {}", res.checkpoint.string(), ec.message());
+    try {
+      fault_point("remove_checkpoint");
+      image::unpublish(res.checkpoint);
+    } catch (const Error& e) {
+      spdlog::warn("{}", e.what());
+    }
   }
   return res;
 }

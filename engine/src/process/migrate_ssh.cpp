@@ -384,6 +384,8 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   }
   // The copy serves on the target: the original may end, and the guard is told so first, so that
   // gpuckpt stopped from here on ends it too (or, released already, does not restore it).
+  // Committed: an interrupt from here on lets the migration finish and report the copy.
+  const CommitScope committed;
   guard.hand_over(/*end_original=*/!release);
   if (!release) {
     auto scope = res.timeline.scope("end_original");

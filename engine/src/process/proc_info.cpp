@@ -5,6 +5,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -281,6 +282,15 @@ std::string frozen_cgroup(pid_t pid) {
   return {};
 }
 
+void require_live(pid_t pid, const std::optional<ProcInfo>& info) {
+  if (!info) throw Error(Errc::kProcess, "no process with pid " + std::to_string(pid));
+  if (info->state == 'Z')
+    throw Error(Errc::kProcess, "process " + std::to_string(pid) + " (" + info->comm +
+                                    ") has exited: it is a zombie that its parent (pid " +
+                                    std::to_string(info->ppid) +
+                                    ") has not reaped, so there is nothing to checkpoint");
+}
+
 std::string undumpable_reason(const ProcInfo& p) {
   const std::string id = "process " + std::to_string(p.pid) + " (" + p.comm + ")";
   // Kernel threads have no executable and the PF_KTHREAD flag (field 9 of stat).
@@ -298,6 +308,18 @@ std::string undumpable_reason(const ProcInfo& p) {
   }
   if (p.state == 'T' || p.state == 't')
     return id + " is stopped or traced; resume it (or detach its debugger) before dumping";
+  // A tracer that lets it run (strace -p): CRIU must be its only tracer, and would fail to seize.
+  {
+    const std::string status = slurp("/proc/" + std::to_string(p.pid) + "/status");
+    const auto at = status.find("\nTracerPid:");
+    const long tracer = at == std::string::npos ? 0 : std::atol(status.c_str() + at + 11);
+    if (tracer > 0) {
+      const auto t = read_proc(static_cast<pid_t>(tracer));
+      return id + " is traced by process " + std::to_string(tracer) +
+             (t ? " (" + t->comm + ")" : std::string()) +
+             ": CRIU must trace it itself; detach the tracer before dumping. Nothing was frozen";
+    }
+  }
   // Frozen by someone else's cgroup freezer, CRIU's freeze would wait for its timeout and fail.
   if (const std::string cg = frozen_cgroup(p.pid); !cg.empty())
     return id + " is in the frozen cgroup " + cg + "; thaw it before dumping";

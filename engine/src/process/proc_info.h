@@ -92,4 +92,8 @@ struct UnixListener {
 };
 std::vector<UnixListener> unix_listeners(pid_t pid);
 
+// Error(kProcess) unless `info` (read_proc(pid)) is a live process: "no process with pid N", or
+// for a zombie, that it has exited and waits for its parent to reap it.
+void require_live(pid_t pid, const std::optional<ProcInfo>& info);
+
 }  // namespace gpuckpt::process

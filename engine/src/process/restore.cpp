@@ -133,6 +133,7 @@ struct RestoreState {
   const image::BlobArrival* arrival;
   ImageInfo info;
   ProcessRecord rec;
+  std::vector<HeldLockFile> pid_locks;  // the checkpointed pids, while they are restored
   criu::Installation inst;
   bool stream = false;
   TempDir staging;
@@ -160,11 +161,15 @@ void read_record(RestoreState& r) {
   r.rec = *rec;
 }
 
-// Returns true if it had to wait for a zombie to be reaped.
-bool check_pids_free(const RestoreState& r) {
+// Returns true if it had to wait for a zombie to be reaped. The pids are locked first, until
+// the restore is over: another restore of them is refused now, not by criu ("Can't fork").
+bool check_pids_free(RestoreState& r) {
   bool waited = false;
-  if (!r.o.new_pid_ns)
-    for (pid_t q : r.rec.tree) waited |= check_pid_free(r.rec, q);
+  if (r.o.new_pid_ns) return waited;
+  // A guard's own rollback (no guard of its own) restores while the interrupted operation may
+  // still hold these: it goes on without them.
+  if (r.guard) r.pid_locks = lock_restored_pids(r.rec.tree);
+  for (pid_t q : r.rec.tree) waited |= check_pid_free(r.rec, q);
   return waited;
 }
 
@@ -336,7 +341,9 @@ void run_criu_restore(RestoreState& r) {
     } else {
       // criu gives the copy the checkpoint's pids, and gpuckpt reads them only after criu
       // exits: a guard recovering before that finds the copy by criu's pidfile.
-      if (r.guard) r.guard->copy_named_in(r.args.pidfile, fate(r));
+      if (r.guard)
+        r.guard->copy_named_in(r.args.pidfile, fate(r), r.rec.tree,
+                               r.args.pidfile.parent_path() / criu::kRestoreLogName);
       r.run = criu::restore(r.inst, r.args);
       r.out.pid = r.out.ns_pid = read_pidfile(r.args.pidfile);
     }
@@ -444,6 +451,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   Timeline& tl = out.timeline;
   std::optional<Timeline::Scope> preflight;
   preflight.emplace(tl, "preflight");
+  criu::check_extra_args(criu::Op::kRestore, o.criu.extra_args);
   RestoreState r{o, out, guard, provisional, arrival};
   read_record(r);
   if (check_pids_free(r)) {
@@ -480,8 +488,15 @@ RestoreResult restore(const RestoreOptions& opts) {
   RestoreResult r;
   // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
   process::Guard guard("restore");
-  // With a confirmation the copy is provisional: the guard kills it unless it is confirmed.
-  const bool provisional = static_cast<bool>(opts.confirm);
+  if (opts.take_endpoints && !opts.new_pid_ns)
+    throw Error(Errc::kUsage,
+                "--take-endpoints hands a live process's socket paths to a copy restored beside "
+                "it, so it needs --new-pidns");
+  // With a confirmation the copy is provisional: the guard kills it unless it is confirmed. A
+  // copy that takes a live process's endpoints is too, until it is restored: any failure
+  // before then gives the endpoints back to the process that served them.
+  const bool provisional =
+      static_cast<bool>(opts.confirm) || (opts.new_pid_ns && opts.take_endpoints);
   try {
     // An s3:// checkpoint, or a stream on stdin, goes into a spool first, and is restored
     // from there.
@@ -501,10 +516,22 @@ RestoreResult restore(const RestoreOptions& opts) {
         } catch (...) {
           try {
             stop_and_wait();
-          } catch (const Error& e) {
-            spdlog::warn("{}", e.what());
+          } catch (const Error& se) {
+            spdlog::warn("{}", se.what());
           }
-          throw;
+          if (opts.checkpoint == "-") throw;
+          try {
+            throw;
+          } catch (const Error& e) {
+            // The spool is private and gone with the restore: the operator knows the checkpoint
+            // by its URL.
+            std::string what = e.what();
+            const std::string spool = local.checkpoint.string(), url = opts.checkpoint.string();
+            for (auto at = what.find(spool); at != std::string::npos;
+                 at = what.find(spool, at + url.size()))
+              what.replace(at, spool.size(), url);
+            throw Error(e.code(), what);
+          }
         }
       };
       const auto t0 = Timeline::Clock::now();
@@ -547,9 +574,9 @@ RestoreResult restore(const RestoreOptions& opts) {
       r.timeline = std::move(tl);
     }
     if (provisional) {
-      bool keep = false;
+      bool keep = !opts.confirm;
       try {
-        keep = opts.confirm(r);
+        if (opts.confirm) keep = opts.confirm(r);
       } catch (const std::exception& e) {
         spdlog::warn("no confirmation: {}", e.what());
       }

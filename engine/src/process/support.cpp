@@ -170,6 +170,29 @@ void remove_abandoned_locks() noexcept try {
   // Best effort: what is left is swept by a later run, or taken over by the next lock.
 }
 
+std::vector<HeldLockFile> lock_restored_pids(const std::vector<pid_t>& pids) {
+  std::string why;
+  const std::optional<fs::path> run = run_directory(why);
+  std::vector<HeldLockFile> locks;
+  if (!run) return locks;
+  struct stat ns = {};
+  if (::stat("/proc/self/ns/pid", &ns) != 0) throw_errno(Errc::kIo, "stat /proc/self/ns/pid");
+  for (pid_t q : pids) {
+    const fs::path path =
+        *run / (".restore-" + std::to_string(ns.st_ino) + "-" + std::to_string(q));
+    auto lock = try_lock_file(path);
+    if (!lock)
+      throw Error(Errc::kProcess,
+                  "pid " + std::to_string(q) + " is being restored by another gpuckpt (" +
+                      path.string() +
+                      " is locked): CRIU restores a process with its checkpointed pid, so one "
+                      "restore at a time; wait for it, or restore into a new pid namespace "
+                      "(--new-pidns)");
+    locks.push_back(std::move(*lock));
+  }
+  return locks;
+}
+
 std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree) {
   std::string why;
   const std::optional<fs::path> run = run_directory(why);
@@ -204,6 +227,16 @@ std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree) {
     locks.emplace_back(std::move(fd));
   }
   return locks;
+}
+
+void require_host_room_for_vram(std::uint64_t vram_bytes, std::uint64_t available_bytes) {
+  if (available_bytes == 0 || vram_bytes <= available_bytes) return;
+  throw Error(Errc::kDevice,
+              "the tree holds " + std::to_string(vram_bytes >> 20) +
+                  " MiB of GPU memory, which the CUDA checkpoint moves into host memory, but "
+                  "this host has only " +
+                  std::to_string(available_bytes >> 20) +
+                  " MiB available: nothing was frozen. Free host memory first");
 }
 
 TempDir make_staging(const fs::path& root, const std::string& prefix) {

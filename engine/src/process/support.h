@@ -40,6 +40,11 @@ class DirProgress {
 // A staging directory PREFIX-XXXXXX under `root` for one operation. It first removes the
 // staging directories that no live gpuckpt holds (TempDir's lock): what a SIGKILL of both
 // gpuckpt and its guard, or a host that went down, left behind.
+// The CUDA checkpoint copies a process's GPU memory into its host memory, while the tree is
+// locked: with less host memory available than that, it would fail in the freeze or bring the
+// OOM killer. Error(kDevice) naming both amounts; `available` 0 (unknown) passes.
+void require_host_room_for_vram(std::uint64_t vram_bytes, std::uint64_t available_bytes);
+
 TempDir make_staging(const std::filesystem::path& root, const std::string& prefix);
 
 // SIGKILLs every process of a tree (not our children) and waits for each to end; returns those
@@ -102,6 +107,13 @@ class HeldLockFile {
 // without $XDG_RUNTIME_DIR) is /proc/PID flocked instead. Error(kProcess) if another gpuckpt holds
 // one: nothing is frozen yet. Processes that ended meanwhile are skipped.
 std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree);
+// A restore in place gives the processes their checkpointed pids: two restores of one
+// checkpoint at once raced inside criu, and the loser failed with criu's "Can't fork". Each pid
+// is locked for the restore (.restore-PIDNS-PID in the run directory), so the loser is refused
+// before criu runs, with Error(kProcess) as for a pid in use. Without a run directory nothing
+// is locked (the pid check that follows still tells most races).
+std::vector<HeldLockFile> lock_restored_pids(const std::vector<pid_t>& pids);
+
 // Removes the lock files of lock_processes left by a gpuckpt that was SIGKILLed, once their
 // process has ended (one of a live process is taken over by its next lock): every guarded
 // operation and `gpuckpt recover` does this after undoing the journals. Never throws.

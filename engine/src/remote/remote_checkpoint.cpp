@@ -1,23 +1,30 @@
 #include "remote/remote_checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "image/manifest.h"
+#include "image/transfer_common.h"
 #include "util/fault.h"
 #include "util/unique_fd.h"
 #include "util/write_fully.h"
@@ -29,6 +36,16 @@ using gpuckpt::image::kSealName;
 namespace gpuckpt::remote {
 
 namespace {
+
+// Where writers claim a prefix (Upload::claim_prefix): no checkpoint file is named so.
+constexpr const char* kClaimDir = ".gpuckpt-writers/";
+
+std::string random_hex() {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char s[17];
+  std::snprintf(s, sizeof s, "%016llx", static_cast<unsigned long long>(rng()));
+  return s;
+}
 
 constexpr std::uint64_t kMinPart = 5ull << 20;  // S3's minimum for every part but the last
 constexpr unsigned kMaxParts = 10000;
@@ -144,10 +161,93 @@ TransferStats upload_checkpoint(const S3Client& s3, const fs::path& local, const
 
 Upload::Upload(const S3Client& s3, const S3Url& url, bool replace, const TransferOptions& o)
     : s3_(s3), url_(url), o_(o), part_(std::max(o.part_bytes, kMinPart)) {
-  check_remote_output(s3, url, replace);
+  claim_prefix();
+  try {
+    check_remote_output(s3, url, replace);
+  } catch (...) {
+    release_claim();
+    throw;
+  }
   replace_ = replace;
   st_.connections = resolve_connections(o.connections);
   for (unsigned i = 0; i < st_.connections; ++i) threads_.emplace_back([this] { work(); });
+}
+
+void Upload::claim_prefix() {
+  const std::string dir = url_.key(kClaimDir);
+  const nlohmann::json me{{"host", host_name()},
+                          {"boot_id", boot_id()},
+                          {"pid", ::getpid()},
+                          {"started", image::utc_now_iso8601()}};
+  const std::string key = dir + random_hex();
+  try {
+    s3_.put(url_.bucket, key, me.dump());
+  } catch (const Error& e) {
+    if (e.code() == Errc::kInvalidInput && !s3_.bucket_exists(url_.bucket))
+      throw Error(Errc::kInvalidInput, url_.str() + ": the bucket " + url_.bucket +
+                                           " does not exist (create it first; nothing was frozen)");
+    throw;
+  }
+  claim_key_ = key;
+  std::vector<std::string> keys;
+  try {
+    keys = s3_.list(url_.bucket, dir);
+  } catch (const Error& e) {
+    if (e.code() != Errc::kInvalidInput) {
+      release_claim();
+      throw;
+    }
+    // Credentials without s3:ListBucket: the conditional manifest write and its read-back are
+    // all that tell another writer then.
+    spdlog::warn(
+        "cannot list {} to see whether another gpuckpt writes there ({}); only the "
+        "manifest's conditional write guards it",
+        url_.str(), e.what());
+    return;
+  }
+  for (const auto& other : keys) {
+    if (other == key) continue;
+    nlohmann::json them;
+    try {
+      them = nlohmann::json::parse(s3_.get(url_.bucket, other, 64 << 10));
+    } catch (const std::exception&) {
+      // Gone since the listing (its writer finished), or not ours to read: counted as held.
+      if (!s3_.head(url_.bucket, other)) continue;
+    }
+    // A claim from this host's boot whose process is gone was left by a gpuckpt that was killed.
+    const pid_t pid = them.is_object() ? them.value("pid", 0) : 0;
+    if (them.is_object() && them.value("host", "") == host_name() &&
+        them.value("boot_id", "") == boot_id() && pid > 0 && ::kill(pid, 0) != 0 &&
+        errno == ESRCH) {
+      spdlog::warn(
+          "removing s3://{}/{}, a claim left by gpuckpt pid {} of this host, which is "
+          "gone",
+          url_.bucket, other, pid);
+      s3_.remove(url_.bucket, other);
+      continue;
+    }
+    release_claim();
+    const std::string who = them.is_object()
+                                ? "gpuckpt pid " + std::to_string(pid) + " on " +
+                                      them.value("host", std::string("?")) + ", since " +
+                                      them.value("started", std::string("?"))
+                                : "another writer";
+    throw Error(Errc::kExists, url_.str() + " is being written by " + who +
+                                   ": two checkpoints cannot share one prefix, so nothing was "
+                                   "frozen. If no gpuckpt writes there any more, remove s3://" +
+                                   url_.bucket + "/" + other);
+  }
+}
+
+void Upload::release_claim() noexcept {
+  if (claim_key_.empty()) return;
+  try {
+    s3_.remove(url_.bucket, claim_key_);
+  } catch (const std::exception& e) {
+    spdlog::warn("could not remove this upload's claim s3://{}/{}: {}", url_.bucket, claim_key_,
+                 e.what());
+  }
+  claim_key_.clear();
 }
 
 Upload::~Upload() {
@@ -161,6 +261,7 @@ Upload::~Upload() {
   for (std::size_t i = 0; i < blobs_.size(); ++i)
     if (!blobs_[i].upload_id.empty() && !blobs_[i].completed)
       s3_.abort_multipart(url_.bucket, url_.key(blobs_[i].name), blobs_[i].upload_id);
+  release_claim();
 }
 
 void Upload::check() const {
@@ -318,8 +419,19 @@ TransferStats Upload::finish(const fs::path& dir) {
   }
   // The manifest last: from this PUT on the checkpoint is complete and durable in the store.
   fault_point("upload_manifest");
-  s3_.put(url_.bucket, url_.key(kManifestName), manifest);
-  st_.requests += 2;
+  // Absent in both cases (a replacement removed the old one above): a manifest there now is
+  // another writer's, whose checkpoint must not be taken for this one.
+  if (!s3_.put_if_absent(url_.bucket, url_.key(kManifestName), manifest))
+    throw Error(Errc::kExists, url_.str() +
+                                   " received another writer's manifest during this "
+                                   "upload; this checkpoint was not published");
+  // A store that ignores the condition: the manifest read back must be this one.
+  if (s3_.get(url_.bucket, url_.key(kManifestName), image::kMaxManifestBytes) != manifest)
+    throw Error(Errc::kExists, url_.str() +
+                                   " holds another writer's manifest: this checkpoint "
+                                   "was overwritten, so it does not count as written");
+  release_claim();
+  st_.requests += 4;
   st_.bytes += seal.size() + manifest.size();
   std::set<std::string> kept;
   for (const auto& b : m.blobs) kept.insert(b.name);

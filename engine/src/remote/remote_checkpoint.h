@@ -65,9 +65,15 @@ TransferStats upload_checkpoint(const S3Client& s3, const std::filesystem::path&
 // Nothing in the store changes before finish(): parts are invisible until their upload is
 // completed. Replacing a checkpoint then removes its manifest first (the prefix holds no
 // checkpoint until the new one is complete), and afterwards the old blobs the new one lacks.
+// Two writers of one prefix would each overwrite the other's blobs and manifest, and both
+// report success: an upload first claims the prefix (an object of its own under
+// PREFIX/.gpuckpt-writers/, then a listing that must show no other writer's), holds it until
+// its manifest is in, and writes that manifest only where none is (If-None-Match), reading it
+// back before it counts as durable.
 class Upload : public image::BlobTap {
  public:
-  // Error(kExists) if `url` already holds a checkpoint and !replace (one HEAD).
+  // Error(kExists) if another writer holds the prefix (a claim of a gpuckpt that died on this
+  // host is taken over), or if `url` already holds a checkpoint and !replace.
   Upload(const S3Client& s3, const S3Url& url, bool replace, const TransferOptions& o = {});
   ~Upload() override;  // unfinished: stops the threads, aborts its multipart uploads
   Upload(const Upload&) = delete;
@@ -95,6 +101,8 @@ class Upload : public image::BlobTap {
     unsigned part;  // 0: the whole blob in one PUT
     std::uint64_t offset, len;
   };
+  void claim_prefix();
+  void release_claim() noexcept;
   void queue_parts(std::size_t blob, bool last);
   void work();
   void check() const;
@@ -103,6 +111,7 @@ class Upload : public image::BlobTap {
   TransferOptions o_;
   std::uint64_t part_ = 0;
   bool replace_ = false;
+  std::string claim_key_;  // this upload's claim on the prefix, while held
   std::set<std::string> old_blobs_;
   TransferStats st_;
   std::mutex mu_;

@@ -95,6 +95,41 @@ std::string uri_encode(std::string_view s, bool keep_slash) {
   return out;
 }
 
+// XML's five predefined entities and numeric references, as S3 escapes keys in a listing.
+std::string xml_unescape(std::string_view s) {
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] != '&') {
+      out += s[i];
+      continue;
+    }
+    const auto semi = s.find(';', i);
+    if (semi == std::string_view::npos) {
+      out += s.substr(i);
+      break;
+    }
+    const std::string_view ent = s.substr(i + 1, semi - i - 1);
+    if (ent == "amp")
+      out += '&';
+    else if (ent == "lt")
+      out += '<';
+    else if (ent == "gt")
+      out += '>';
+    else if (ent == "quot")
+      out += '"';
+    else if (ent == "apos")
+      out += '\'';
+    else if (ent.starts_with("#x") || ent.starts_with("#X"))
+      out += static_cast<char>(std::strtol(std::string(ent.substr(2)).c_str(), nullptr, 16));
+    else if (ent.starts_with("#"))
+      out += static_cast<char>(std::strtol(std::string(ent.substr(1)).c_str(), nullptr, 10));
+    else
+      out += s.substr(i, semi - i + 1);
+    i = semi;
+  }
+  return out;
+}
+
 // The text of the first <tag>...</tag> in an XML answer ("" if none): S3's answers are small
 // and flat, and we read only UploadId, Code and Message from them.
 std::string xml_value(const std::string& xml, const std::string& tag) {
@@ -212,6 +247,7 @@ struct S3Client::Request {
 
   // Transfer state of one attempt.
   std::uint64_t sent = 0, received = 0;
+  long status = 0;  // the last attempt's HTTP status
   std::string write_error;
   bool callback_threw = false;
 };
@@ -407,7 +443,7 @@ S3Client::Response S3Client::perform(Request& r) const {
       r.write_error = "out of memory in a transfer callback";  // not retried
     long status = 0;
     curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    resp.status = status;
+    resp.status = r.status = status;
     curl_off_t length = -1;
     if (curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK)
       resp.content_length = length;
@@ -523,6 +559,52 @@ void S3Client::remove(const std::string& bucket, const std::string& key) const {
   r.bucket = bucket;
   r.key = key;
   perform(r);
+}
+
+bool S3Client::put_if_absent(const std::string& bucket, const std::string& key,
+                             std::string_view data) const {
+  Request r;
+  r.method = "PUT";
+  r.bucket = bucket;
+  r.key = key;
+  r.body = data;
+  r.headers.push_back("If-None-Match: *");
+  try {
+    perform(r);
+  } catch (const Error&) {
+    if (r.status == 412 || r.status == 409) return false;
+    throw;
+  }
+  return true;
+}
+
+std::vector<std::string> S3Client::list(const std::string& bucket,
+                                        const std::string& prefix) const {
+  std::vector<std::string> keys;
+  std::string token;
+  for (;;) {
+    Request r;
+    r.bucket = bucket;
+    r.max_body = 16 << 20;
+    // SigV4 signs the query in sorted order: keep it so.
+    r.query = (token.empty() ? "" : "continuation-token=" + uri_encode(token, false) + "&") +
+              "list-type=2&prefix=" + uri_encode(prefix, false);
+    const std::string xml = perform(r).body;
+    for (std::size_t at = 0;;) {
+      const auto open = xml.find("<Key>", at);
+      if (open == std::string::npos) break;
+      const auto close = xml.find("</Key>", open);
+      if (close == std::string::npos) break;
+      keys.push_back(xml_unescape(xml.substr(open + 5, close - open - 5)));
+      at = close + 6;
+    }
+    if (xml_value(xml, "IsTruncated") != "true") break;
+    token = xml_unescape(xml_value(xml, "NextContinuationToken"));
+    if (token.empty())
+      throw Error(Errc::kIo, "listing s3://" + bucket + "/" + prefix +
+                                 ": a truncated answer without a continuation token");
+  }
+  return keys;
 }
 
 std::string S3Client::create_multipart(const std::string& bucket, const std::string& key) const {

@@ -68,6 +68,13 @@ class S3Client {
   void put_from_fd(const std::string& bucket, const std::string& key, int fd, std::uint64_t offset,
                    std::uint64_t len) const;
   void remove(const std::string& bucket, const std::string& key) const;  // absent is fine
+  // PUT only where no object is at `key` (If-None-Match: *): false when the store says one is
+  // (412, or 409 for a concurrent conditional write). A store that ignores the header answers
+  // as for a plain PUT: callers that must know check otherwise too.
+  bool put_if_absent(const std::string& bucket, const std::string& key,
+                     std::string_view data) const;
+  // The keys under `prefix` (ListObjectsV2, every page), in the store's order.
+  std::vector<std::string> list(const std::string& bucket, const std::string& prefix) const;
 
   // Multipart upload: create, upload parts 1..N (each >= 5 MiB but the last), then complete
   // with their ETags in order, or abort.

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "roofline/cpu_info.h"
 #include "roofline/cpu_kernels.h"
 #include "roofline/measure.h"

@@ -83,14 +83,4 @@ std::uint64_t last_level_cache_bytes() {
   return total;
 }
 
-std::uint64_t mem_available_bytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("MemAvailable:", 0) == 0)
-      return std::strtoull(line.c_str() + 13, nullptr, 10) << 10;  // "MemAvailable:  123 kB"
-  }
-  return 0;
-}
-
 }  // namespace gpuckpt

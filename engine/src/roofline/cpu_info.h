@@ -11,7 +11,5 @@ namespace gpuckpt {
 std::string cpu_model_name();
 // Total last-level cache in bytes over all its instances (0 if sysfs does not say).
 std::uint64_t last_level_cache_bytes();
-// MemAvailable from /proc/meminfo in bytes (0 if unknown).
-std::uint64_t mem_available_bytes();
 
 }  // namespace gpuckpt

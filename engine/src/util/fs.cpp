@@ -145,6 +145,16 @@ bool temp_name(const std::string& name, const std::vector<std::string>& prefixes
   return false;
 }
 
+// Only what a gpuckpt made and never published: its marker, and no manifest with its seal
+// (image/manifest.h's names), whatever the directory is called.
+bool ours_to_sweep(const fs::path& dir) {
+  struct stat st {};
+  if (::lstat((dir / kTempMarker).c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  const bool manifest = ::lstat((dir / "manifest.json").c_str(), &st) == 0;
+  const bool seal = ::lstat((dir / "manifest.seal").c_str(), &st) == 0;
+  return !(manifest && seal);
+}
+
 // flock on these is local to one host, so another host's live directory would look abandoned.
 bool network_filesystem(const fs::path& dir) {
   struct statfs s {};
@@ -200,6 +210,13 @@ void TempDir::take(fs::path path) {
     throw_syserr(Errc::kIo, err, "lock ", path);
   }
   if (!still_at(fd, path)) throw LostRace(path);
+  try {
+    mark(path);
+  } catch (const Error&) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    throw;
+  }
   {
     auto& live = live_dirs();
     std::lock_guard lk(live.mu);
@@ -207,6 +224,21 @@ void TempDir::take(fs::path path) {
   }
   path_ = std::move(path);
   lock_ = std::move(fd);
+}
+
+void TempDir::mark(const fs::path& dir) {
+  const fs::path marker = dir / kTempMarker;
+  UniqueFd fd(::open(marker.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (!fd) throw_errno(Errc::kIo, "create ", marker);
+  // Who made it, for an operator who finds it: the sweep goes by the marker and the lock.
+  const std::string who = "gpuckpt pid " + std::to_string(::getpid()) + "\n";
+  if (const int err = write_fully(fd.get(), who.data(), who.size()))
+    throw_syserr(Errc::kIo, err, "write ", marker);
+}
+
+void TempDir::unmark() const {
+  const fs::path marker = path_ / kTempMarker;
+  if (::unlink(marker.c_str()) != 0 && errno != ENOENT) throw_errno(Errc::kIo, "remove ", marker);
 }
 
 void TempDir::forget() noexcept {
@@ -314,6 +346,7 @@ std::vector<RemovedDir> remove_abandoned(const fs::path& parent,
       if (!temp_name(p.filename().string(), prefixes)) continue;
       std::error_code sec;
       if (it->is_symlink(sec) || !it->is_directory(sec)) continue;
+      if (!ours_to_sweep(p)) continue;
       // Held while it is removed, so that nobody else takes it for theirs meanwhile.
       const UniqueFd lock = lock_dir(p, LOCK_EX);
       if (!lock || !still_at(lock, p)) continue;  // in use, or gone already

@@ -29,6 +29,11 @@ std::string read_rest(int fd, const std::filesystem::path& name);
 std::filesystem::path temp_sibling(const std::filesystem::path& final_path,
                                    std::string_view tag = "tmp");
 
+// The file by which a directory says it is a gpuckpt temporary (TempDir writes it first thing,
+// publish() removes it before the rename): remove_abandoned takes nothing without it, so a
+// user's directory or a published checkpoint named like ours is never swept.
+inline constexpr const char* kTempMarker = ".gpuckpt-temp";
+
 // Directory that is removed (recursively) on destruction unless release()d.
 //
 // While it lives it holds an flock on itself. That is how a later run tells a directory in use
@@ -56,6 +61,11 @@ class TempDir {
 
   const std::filesystem::path& path() const { return path_; }
   std::filesystem::path release();  // keep the directory; the caller owns it now
+  // Removes the marker (kTempMarker), before the directory is published under its final name.
+  void unmark() const;
+  // Marks an existing directory as a temporary of this gpuckpt (kTempMarker), so that a sweep
+  // may take it once nobody holds it.
+  static void mark(const std::filesystem::path& dir);
 
  private:
   void take(std::filesystem::path path);  // locks `path`, just created, and registers it
@@ -67,8 +77,9 @@ class TempDir {
 };
 
 // Removes the directories directly in `parent` that are named as our temporaries are (one of
-// `prefixes`, then the 6 or 16 random characters of mkdtemp or temp_sibling) and that nobody
-// holds (a live TempDir, or hold_dir). Returns each with the bytes it held. Symlinks, plain
+// `prefixes`, then the 6 or 16 random characters of mkdtemp or temp_sibling), that hold our
+// marker (kTempMarker), that are not a published checkpoint (a manifest and its seal) and that
+// nobody holds (a live TempDir, or hold_dir). Returns each with the bytes it held. Symlinks, plain
 // files and other names are left alone, and so is a network filesystem, where a lock does not
 // tell another host's use. Never throws: each removal and each failure is logged.
 struct RemovedDir {

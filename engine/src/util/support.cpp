@@ -9,9 +9,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -95,6 +97,26 @@ std::string host_name() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return {};
   return buf;
+}
+
+std::uint64_t mem_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("MemAvailable:", 0) == 0)
+      return std::strtoull(line.c_str() + 13, nullptr, 10) << 10;  // "MemAvailable:  123 kB"
+  }
+  return 0;
+}
+
+std::string boot_id() {
+  std::string id;
+  try {
+    id = read_file("/proc/sys/kernel/random/boot_id");
+  } catch (const std::exception&) {
+  }
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id;
 }
 
 std::vector<int> usable_cpu_ids() {
