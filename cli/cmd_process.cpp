@@ -375,8 +375,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.criu = o.criu.settings();
   m.pack.sign_key = o.sign.path();
   m.trust = o.trust.options();
-  const MigrateResult res = migrate(m);
-  const CommitScope reporting;  // done: an interrupt now waits for the report
+  const MigrateResult res = migrate(m);  // holds the commit until this has reported it
   ctx.progress_done();
   if (ctx.json) {
     nlohmann::json j{{"ok", true},

@@ -110,6 +110,11 @@ class E2eFaults : public ::testing::Test {
     return c;
   }
   fs::path sock(const std::string& name) const { return dir_.path() / (name + ".sock"); }
+  // The criu that gpuckpt `g` runs now (its child).
+  static std::vector<pid_t> criu_of(const Child& g) {
+    return process::live_pids_where(
+        [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "criu"; });
+  }
 
   // Starts gpuckpt ARGS paused at fault point `point`; returns once it is there.
   Child paused_cli(const std::vector<std::string>& args, const std::string& point,
@@ -1272,6 +1277,28 @@ TEST_F(E2eFaults, CriuOptionsThatContradictGpuckptAreRefusedBeforeAnythingIsFroz
   other.wait();
 }
 
+// A migration passes its --criu-opt to both criu dump and criu restore. An option that only the
+// dump takes was checked for the restore after the freeze (in a release, after the original had
+// ended), so a typo cost the service a kill and a rollback.
+TEST_F(E2eFaults, AMigrationChecksTheRestoresCriuOptionsBeforeFreezing) {
+  Child s = server("mo");
+  const auto started = process::start_ticks(s.pid());
+  const fs::path to = out_ / "mo-to";
+  const auto r = test::run_cli({"--json", "migrate", "--pid", std::to_string(s.pid()), "--to",
+                                to.string(), "--handoff", "release", "--staging", staging_.string(),
+                                "--criu-opt=--skip-in-flight"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  const json j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  const std::string msg = j["error"].value("message", "");
+  EXPECT_NE(msg.find("criu restore"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("nothing was frozen"), std::string::npos) << msg;
+  // The same process, never ended and restored by a rollback; and no checkpoint written.
+  EXPECT_EQ(process::start_ticks(s.pid()), started);
+  EXPECT_TRUE(!fs::exists(to) || fs::is_empty(to));
+  EXPECT_EQ(ask_unix_line(sock("mo"), "PING"), "PONG");
+}
+
 // A restore beside a live original that takes its endpoints, from a checkpoint damaged late in
 // its pages: criu had unlinked the original's socket path before it met the bad chunk, and the
 // failed restore left the original serving a name nobody could reach.
@@ -1370,8 +1397,7 @@ TEST_F(E2eFaults, RecoverAfterAKillOfGpuckptGuardAndCriuLeavesNoStaging) {
   Child g = paused_cli({"dump", "--pid", std::to_string(s.pid()), "-o", (out_ / "cg.ckpt").string(),
                         "--staging", staging_.string()},
                        "criu_dump");
-  const auto criu = process::live_pids_where(
-      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "criu"; });
+  const auto criu = criu_of(g);
   ASSERT_TRUE(kill_guard_of(g));
   for (pid_t c : criu) ::kill(c, SIGKILL);
   g.kill(SIGKILL);
@@ -1438,8 +1464,7 @@ TEST_F(E2eFaults, AKilledCriuRestoreLeavesNoHalfRestoredTreeBehind) {
   Child g = test::paused_cli({"restore", ckpt.string(), "--staging", staging_.string(),
                               "--staging-mode", "stream", "--probe", "unix:" + sock("hr").string()},
                              "restore_pages", dir_.path(), test::Resume::kWhenUnmarked);
-  const auto criu = process::live_pids_where(
-      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "criu"; });
+  const auto criu = criu_of(g);
   ASSERT_EQ(criu.size(), 1u);
   ASSERT_TRUE(test::wait_until([&] { return process::read_proc(pid).has_value(); }))
       << "criu never forked the tree";
@@ -1461,6 +1486,114 @@ TEST_F(E2eFaults, AKilledCriuRestoreLeavesNoHalfRestoredTreeBehind) {
   EXPECT_EQ(ask_unix_line(sock("hr"), "STATE"), state);
   EXPECT_EQ(ask_unix_line(sock("hr"), "QUIT"), "BYE");
   process::wait_ended(pid, 10s);
+}
+
+// A tree that holds a deleted file is restored with a ghost file, which criu makes before it
+// forks the tree and removes when it is done. Killed in between, criu left it in place, and the
+// next restore failed on it ("Can't create ghost regfile: File exists").
+TEST_F(E2eFaults, AKilledCriuRestoreLeavesNoGhostFileBehind) {
+  const std::string name = "gpuckpt-ghost-" + std::to_string(::getpid());
+  const fs::path held = fs::path("/dev/shm") / name;
+  SpawnOptions o;
+  o.new_session = true;
+  o.stdout_file = dir_.path() / "gh.out";
+  o.stderr_file = dir_.path() / "gh.err";
+  Child s = spawn(
+      {"/bin/sh", "-c",
+       "exec 3>" + held.string() + "; echo kept >&3; rm " + held.string() + "; exec sleep 1000"},
+      o);
+  ASSERT_TRUE(test::wait_until([&] {
+    const auto p = process::read_proc(s.pid());
+    return p && p->comm == "sleep" && !fs::exists(held);
+  }));
+  const pid_t pid = s.pid();
+  const fs::path ckpt = out_ / "gh.ckpt";
+  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string(), "--staging",
+                           staging_.string()})
+                .exit_code,
+            0);
+  s.wait_for(10s);
+  const auto ghosts = [&] {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator("/dev/shm"))
+      if (e.path().filename().string().starts_with(name + ".cr.")) found.push_back(e.path());
+    return found;
+  };
+  Child g = test::paused_cli(
+      {"restore", ckpt.string(), "--staging", staging_.string(), "--staging-mode", "stream"},
+      "restore_pages", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto criu = criu_of(g);
+  ASSERT_EQ(criu.size(), 1u);
+  ASSERT_FALSE(ghosts().empty()) << "criu made no ghost file before it asked for pages";
+  ::kill(criu.front(), SIGKILL);
+  test::resume_paused(dir_.path(), "restore_pages");
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(st.exited && st.code == 9) << st.describe();
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_NE(err.find("removed the ghost files"), std::string::npos) << err;
+  EXPECT_TRUE(ghosts().empty()) << ghosts().front();
+  const auto r = test::run_cli({"restore", ckpt.string(), "--staging", staging_.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(read_file("/proc/" + std::to_string(pid) + "/fd/3"), "kept\n");
+  ::kill(pid, SIGKILL);
+  process::wait_ended(pid, 10s);
+}
+
+// A restore in place locks the checkpoint's pids (.restore-PIDNS-PID in the run directory).
+// Killed with its guard and criu, it left the lock files for good: recover removes them, and ends
+// the tree criu had half restored.
+TEST_F(E2eFaults, ARestoreKilledWithItsGuardLeavesNoPidLocks) {
+  const fs::path run = dir_.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  Child s = server("rl");
+  const std::string state = ask_unix_line(sock("rl"), "STATE");
+  const pid_t pid = s.pid();
+  const fs::path ckpt = out_ / "rl.ckpt";
+  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string(), "--staging",
+                           staging_.string()})
+                .exit_code,
+            0);
+  s.wait_for(10s);
+  Child g = paused_cli({"restore", ckpt.string(), "--staging", staging_.string()}, "criu_restore");
+  ASSERT_FALSE(entries(run, ".restore-").empty()) << "the restore locked none of its pids";
+  const auto criu = criu_of(g);
+  ASSERT_TRUE(kill_guard_of(g));
+  for (pid_t c : criu) ::kill(c, SIGKILL);
+  g.kill(SIGKILL);
+  g.wait();
+  const auto r = test::run_cli({"--json", "recover"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(entries(run, ".restore-").empty()) << entries(run, ".restore-").front();
+  const auto again = test::run_cli({"restore", ckpt.string(), "--staging", staging_.string(),
+                                    "--probe", "unix:" + sock("rl").string()});
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_EQ(ask_unix_line(sock("rl"), "STATE"), state);
+  EXPECT_EQ(ask_unix_line(sock("rl"), "QUIT"), "BYE");
+  process::wait_ended(pid, 10s);
+}
+
+// SIGSTOP (or a Ctrl-Z) of gpuckpt in a dump left the service frozen for as long as gpuckpt stayed
+// stopped (45 s tried). The guard bounds it: past $GPUCKPT_STOPPED_LIMIT it kills gpuckpt and
+// undoes the dump.
+TEST_F(E2eFaults, AStoppedGpuckptDoesNotKeepItsServiceFrozen) {
+  Child s = server("sg");
+  const fs::path ckpt = out_ / "sg.ckpt";
+  const test::ScopedEnv env("GPUCKPT_STOPPED_LIMIT", "1");  // inherited by gpuckpt's guard
+  Child g = paused_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(), "--staging",
+                        staging_.string()},
+                       "compress_write");
+  const char state = test::process_state(s.pid());
+  ASSERT_TRUE(state == 'T' || state == 't') << state;
+  ::kill(g.pid(), SIGSTOP);
+  const ExitStatus st = g.wait();
+  EXPECT_TRUE(!st.exited && st.code == SIGKILL) << st.describe();
+  EXPECT_TRUE(test::runs_again(s.pid())) << "the service was left frozen";
+  EXPECT_EQ(ask_unix_line(sock("sg"), "PING"), "PONG");
+  EXPECT_FALSE(fs::exists(ckpt));
+  const std::string err = read_file(dir_.path() / "cli.err");
+  EXPECT_NE(err.find("was stopped for 1 s while process " + std::to_string(s.pid())),
+            std::string::npos)
+      << err;
 }
 
 // Interrupted once its checkpoint was published (the guard not told yet), a dump resumed the
@@ -1618,8 +1751,7 @@ TEST_F(E2eFaults, AKilledCriuRestoreInAReleaseMigrationStillRollsBackToTheOrigin
                        "restore_pages", dir_.path(), test::Resume::kWhenUnmarked);
   reaper.join();
   EXPECT_TRUE(ended.has_value()) << "a release hands over only an ended original";
-  const auto criu = process::live_pids_where(
-      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "criu"; });
+  const auto criu = criu_of(g);
   ASSERT_EQ(criu.size(), 1u);
   ASSERT_TRUE(test::wait_until([&] { return process::read_proc(pid).has_value(); }));
   ::kill(criu.front(), SIGKILL);

@@ -9,6 +9,7 @@
 
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "probe/probe.h"
 #include "process/proc_info.h"
 #include "remote/s3.h"
@@ -239,7 +240,8 @@ TEST_F(E2eS3, TwoDumpsToOnePrefixAtOnceNeverBothReportSuccess) {
   killed.kill(SIGKILL);
   killed.wait();
   EXPECT_TRUE(test::wait_until([&] { return !stopped(b.pid()); }));
-  EXPECT_EQ(client().list("ckpts", "other/.gpuckpt-writers/").size(), 1u);
+  // Its claim: its own object and the lock.
+  EXPECT_EQ(client().list("ckpts", "other/.gpuckpt-writers/").size(), 2u);
   const auto again = test::run_cli({"dump", "--pid", std::to_string(b.pid()), "-o",
                                     "s3://ckpts/other", "--spool", spool_.string()});
   EXPECT_EQ(again.exit_code, 0) << again.err;
@@ -253,6 +255,59 @@ TEST_F(E2eS3, TwoDumpsToOnePrefixAtOnceNeverBothReportSuccess) {
     ::kill(p, SIGKILL);
     process::wait_ended(p, 10s);
   }
+}
+
+// gpuckpt dies of an interrupt without unwinding: a claim released only by ~Upload stayed, and
+// every later dump to that prefix was refused in the name of a gpuckpt that no longer ran.
+TEST_F(E2eS3, AnInterruptedDumpLeavesNoClaimOnItsPrefix) {
+  Child s = demo();
+  Child dump = test::paused_cli({"dump", "--pid", std::to_string(s.pid()), "-o",
+                                 "s3://ckpts/interrupted", "--spool", spool_.string()},
+                                "upload_manifest", dir_.path());
+  EXPECT_FALSE(client().list("ckpts", "interrupted/.gpuckpt-writers/").empty());
+  dump.kill(SIGINT);
+  const ExitStatus st = dump.wait();
+  EXPECT_FALSE(st.ok()) << st.describe();
+  EXPECT_TRUE(client().list("ckpts", "interrupted/.gpuckpt-writers/").empty());
+  EXPECT_TRUE(test::wait_until([&] { return !stopped(s.pid()); }));
+  EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
+  const auto again = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o",
+                                    "s3://ckpts/interrupted", "--spool", spool_.string()});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  s.wait_for(30s);
+}
+
+// A pid names a process only in its own pid namespace: a claim made by a gpuckpt in another
+// one (a container) whose pid is free here is no sign that the writer is gone.
+TEST_F(E2eS3, AClaimFromAnotherPidNamespaceIsNotTakenOver) {
+  Child s = demo();
+  const auto ns = process::pid_namespace_inode(::getpid());
+  ASSERT_TRUE(ns.has_value());
+  const nlohmann::json claim{{"host", host_name()},
+                             {"boot_id", boot_id()},
+                             {"pidns", *ns + 1},
+                             {"pid", 4194000},
+                             {"start", 1},
+                             {"nonce", "0123456789abcdef"},
+                             {"started", "2026-12-05T00:00:00Z"}};
+  client().put("ckpts", "contained/.gpuckpt-writers/0123456789abcdef", claim.dump());
+  const auto r = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o",
+                                "s3://ckpts/contained", "--spool", spool_.string()});
+  EXPECT_EQ(r.exit_code, 12) << r.err;
+  EXPECT_NE(r.err.find("is being written by gpuckpt pid 4194000"), std::string::npos) << r.err;
+  EXPECT_EQ(client().list("ckpts", "contained/.gpuckpt-writers/"),
+            std::vector<std::string>{"contained/.gpuckpt-writers/0123456789abcdef"});
+  EXPECT_FALSE(stopped(s.pid()));
+  EXPECT_EQ(ask_unix_line(sock(), "PING"), "PONG");
+  // The same claim from this namespace, its pid gone: taken over.
+  nlohmann::json here = claim;
+  here["pidns"] = *ns;
+  client().put("ckpts", "contained/.gpuckpt-writers/0123456789abcdef", here.dump());
+  const auto ok = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o",
+                                 "s3://ckpts/contained", "--spool", spool_.string()});
+  EXPECT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_TRUE(client().list("ckpts", "contained/.gpuckpt-writers/").empty());
+  s.wait_for(30s);
 }
 
 // A damaged checkpoint in the store was reported under the restore's private spool path, which

@@ -9,6 +9,7 @@
 #include "gpuckpt/image.h"
 #include "image/manifest.h"
 #include "test_support.h"
+#include "util/fs.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -159,6 +160,54 @@ TEST_F(ImageCli, InterruptedOrKilledPackLeavesNoHiddenOutputForLong) {
   EXPECT_FALSE(fs::exists(left));
   EXPECT_TRUE(hidden().empty()) << hidden().front();
   EXPECT_EQ(test::run_cli({"verify", ckpt_.string()}).exit_code, 0);
+}
+
+// A replacement swaps the two names, then removes the old content. Killed in between, the old
+// content stayed beside the output with its manifest and seal and no marker: a whole-looking
+// checkpoint under a hidden name that no sweep would ever take.
+TEST_F(ImageCli, AReplacedCheckpointLeftByAKillIsNoCheckpointAndIsSwept) {
+  pack_ok();
+  auto hidden = [&] {
+    std::vector<fs::path> found;
+    for (auto& e : fs::directory_iterator(dir_.path()))
+      if (e.path().filename().string().starts_with(".ckpt.")) found.push_back(e.path());
+    return found;
+  };
+  Child c = test::paused_cli({"pack", src_.string(), "-o", ckpt_.string(), "--force"}, "replaced",
+                             dir_.path());
+  c.kill(SIGKILL);
+  c.wait();
+  ASSERT_EQ(hidden().size(), 1u);
+  const fs::path old = hidden().front();
+  EXPECT_TRUE(fs::exists(old / "manifest.json"));
+  EXPECT_FALSE(fs::exists(old / "manifest.seal"));
+  EXPECT_TRUE(fs::exists(old / kTempMarker));
+  EXPECT_EQ(test::run_cli({"verify", ckpt_.string()}).exit_code, 0);
+  // The next write of that output sweeps it, as any temporary a killed gpuckpt left there.
+  const auto r = test::run_cli({"pack", src_.string(), "-o", ckpt_.string(), "--force"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(old)) << r.err;
+  EXPECT_TRUE(hidden().empty());
+}
+
+// Unpacked, a top-level .gpuckpt-temp would mark the output as a temporary of a killed gpuckpt,
+// which the next run's sweep removes.
+TEST_F(ImageCli, TheTemporaryMarkerIsNeverPackedAtTheTop) {
+  test::write_test_file(src_ / "sub" / kTempMarker, 10, 3);  // deeper down it is any file
+  pack_ok();
+  test::write_test_file(src_ / kTempMarker, 10, 3);
+  const auto r = test::run_cli({"pack", src_.string(), "-o", (dir_.path() / "marked").string()});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_TRUE(contains(r.err, kTempMarker)) << r.err;
+  EXPECT_FALSE(fs::exists(dir_.path() / "marked"));
+  // Nor read from a manifest that lists it (a checkpoint not made by this gpuckpt).
+  json m = json::parse(read_file(ckpt_ / "manifest.json"));
+  for (auto& e : m["entries"])
+    if (e["path"] == "sub/" + std::string(kTempMarker)) e["path"] = kTempMarker;
+  reseal(m.dump());
+  const auto v = test::run_cli({"verify", ckpt_.string()});
+  EXPECT_EQ(v.exit_code, 4) << v.err;
+  EXPECT_TRUE(contains(v.err, kTempMarker)) << v.err;
 }
 
 // Without --force, unpack may only take an empty directory's place: a directory made (and

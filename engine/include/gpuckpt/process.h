@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -225,6 +226,8 @@ struct MigrateOptions {
   TrustOptions trust;  // applied to the checkpoint before it is restored
 };
 
+class CommitScope;
+
 struct MigrateResult {
   pid_t old_pid = 0, new_pid = 0;                  // new_pid: on the target host for ssh://
   std::string target;                              // "this host", or the ssh:// URL
@@ -238,6 +241,9 @@ struct MigrateResult {
   // The dump could store chunks uncompressed (compression_adapts), and what it so stored.
   bool adaptive_compression = false;
   std::uint64_t skipped_compression_bytes = 0;
+  // Held from the handover on, for as long as the caller keeps this result: an interrupt until
+  // the result is reported must not report the completed migration as undone.
+  std::shared_ptr<const CommitScope> committed;
 };
 
 // Same-host migration (docs/PROCESS.md): the old process is dumped and kept frozen, the

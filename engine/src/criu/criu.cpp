@@ -252,7 +252,8 @@ namespace {
 Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs::path& log,
            const std::vector<std::string>& env, std::chrono::seconds timeout,
            const std::function<void(pid_t)>& on_start,
-           const std::function<void(pid_t)>& before_start) {
+           const std::function<void(pid_t)>& before_start,
+           const std::function<void(const ExitStatus&, const fs::path&)>& on_end = nullptr) {
   Run r{argv, log, {}, {}};
   const fs::path out = log.parent_path() / ("criu-" + op + ".out");
   r.start = std::chrono::steady_clock::now();
@@ -262,12 +263,15 @@ Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs
   } catch (const Error& e) {
     if (e.code() != Errc::kTimeout) throw;
     const fs::path kept = preserve_log(log, "criu-" + op);
+    if (on_end) on_end(ExitStatus{false, SIGKILL}, kept);
     throw Error(Errc::kTimeout,
                 std::string(e.what()) + ":\n" + log_excerpt(kept) + "full log: " + kept.string());
   }
   r.end = std::chrono::steady_clock::now();
+  if (st.ok() && on_end) on_end(st, log);
   if (!st.ok()) {
     const fs::path kept = preserve_log(log, "criu-" + op);
+    if (on_end) on_end(st, kept);
     std::string msg = "criu " + op + " failed (" + st.describe() + "):\n" + log_excerpt(kept);
     std::error_code ec;
     if (fs::file_size(out, ec) > 0 && !ec) msg += "criu output:\n" + tail_of(out, 5);
@@ -287,7 +291,7 @@ Run restore(const Installation& inst, const RestoreArgs& a) {
   // The log goes beside the pidfile, outside the images (which CRIU only reads).
   const fs::path log = a.pidfile.parent_path() / kRestoreLogName;
   return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout, a.on_start,
-                a.before_start);
+                a.before_start, a.on_end);
 }
 
 namespace {

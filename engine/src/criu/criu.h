@@ -72,6 +72,10 @@ struct RestoreArgs {
   std::chrono::seconds timeout{1800};
   std::function<void(pid_t)> before_start;  // as in DumpArgs
   std::function<void(pid_t)> on_start;
+  // Called once criu has ended (before restore() returns or throws): how it ended (killed past
+  // the timeout: a signal), and where its log is (a copy outside pidfile's directory, which the
+  // caller may remove, once it failed).
+  std::function<void(const ExitStatus&, const std::filesystem::path& log)> on_end;
 };
 
 // Argument vectors, exposed so that a restore can be launched from inside another pid

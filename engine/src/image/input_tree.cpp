@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "gpuckpt/error.h"
+#include "util/fs.h"
 #include "util/utf8.h"
 
 namespace fs = std::filesystem;
@@ -36,6 +37,12 @@ std::vector<std::string> list_dir(const fs::path& dir) {
 }
 
 InputEntry make_entry(const fs::path& abs, std::string rel, bool follow) {
+  // The name that marks gpuckpt's temporaries: an unpacked copy holding it would be swept as one.
+  if (rel == kTempMarker)
+    throw Error(Errc::kInvalidInput, "cannot pack " + abs.string() + ": " + kTempMarker +
+                                         " at the top is the name that marks gpuckpt's "
+                                         "temporary directories, and an unpacked copy holding "
+                                         "it would be removed as one; rename it");
   struct stat st {};
   if ((follow ? ::stat(abs.c_str(), &st) : ::lstat(abs.c_str(), &st)) != 0)
     throw_errno(Errc::kInvalidInput, "stat ", abs);

@@ -449,6 +449,9 @@ void check_entry_path(const std::string& path, std::set<std::string>& seen,
                       const std::set<std::string>& dirs, const std::string& origin) {
   if (!safe_relative_path(path))
     corrupt(origin, "entry path '" + path + "' is not a safe relative path");
+  // Unpacked, it would mark the output as a temporary that any later run's sweep removes.
+  if (path == kTempMarker)
+    corrupt(origin, "lists '" + path + "', the name of gpuckpt's temporary marker");
   if (!seen.insert(path).second) corrupt(origin, "lists '" + path + "' twice");
   // A parent must be a directory listed earlier: nothing can be created through a symlink.
   const auto slash = path.rfind('/');

@@ -25,6 +25,19 @@ int rename2(const fs::path& from, const fs::path& to, unsigned flags) {
               "output " + p.string() + " already exists (use --force to replace it)");
 }
 
+// A checkpoint directory that is no longer published (moved aside to be removed): without its
+// seal it is no checkpoint, and marked it is a temporary that a sweep may take if gpuckpt dies
+// before removing it.
+void retire(const fs::path& dir) {
+  std::error_code ec;
+  fs::remove(dir / kSealName, ec);
+  try {
+    TempDir::mark(dir);
+  } catch (const Error&) {
+    // Only a sweep needs it: the removal that follows goes on.
+  }
+}
+
 }  // namespace
 
 bool is_empty_dir(const fs::path& p) {
@@ -66,7 +79,9 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
   // Replace: swap the two names in one step, then delete the old content (now at tmp).
   if (rename2(tmp.path(), final_path, RENAME_EXCHANGE) == 0) {
     fsync_dir(parent);
-    return;  // tmp's destructor removes the old content
+    retire(tmp.path());
+    fault_point("replaced");  // the new one published; the old one not yet removed
+    return;                   // tmp's destructor removes the old content
   }
   if (errno != EINVAL) throw_errno(Errc::kIo, "replace ", final_path, " with ", tmp.path());
   // No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
@@ -88,19 +103,15 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
 
 void unpublish(const fs::path& published) {
   const fs::path aside = temp_sibling(published, "tmp");
-  if (rename2(published, aside, RENAME_NOREPLACE) != 0)
+  // No RENAME_NOREPLACE on this filesystem: a plain rename, to a name nobody else picks.
+  if (rename2(published, aside, RENAME_NOREPLACE) != 0 &&
+      (errno != EINVAL || ::rename(published.c_str(), aside.c_str()) != 0))
     throw_errno(Errc::kIo, "move ", published, " aside to remove it");
   const fs::path parent = published.parent_path().empty() ? fs::path(".") : published.parent_path();
   fsync_dir(parent);
-  std::error_code ec;
-  // Without its seal it is no published checkpoint: a sweep may take what a kill leaves.
-  fs::remove(aside / kSealName, ec);
-  try {
-    TempDir::mark(aside);
-  } catch (const Error&) {
-    // Only the sweep needs it: the removal below goes on.
-  }
+  retire(aside);
   fault_point("unpublished");  // no longer a checkpoint; not yet removed
+  std::error_code ec;
   fs::remove_all(aside, ec);
   if (ec) throw Error(Errc::kIo, "cannot remove " + aside.string() + ": " + ec.message());
 }

@@ -167,7 +167,7 @@ void StreamPacker::check_failed() {
 StreamPacker::FileId StreamPacker::open(const std::string& name, std::uint32_t mode) {
   check_failed();
   if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-      name == kManifestName || name == kSealName)
+      name == kManifestName || name == kSealName || name == kTempMarker)
     throw Error(Errc::kInvalidInput, "cannot store a file named '" + name + "' in a checkpoint");
   for (const auto& e : m_.entries)
     if (e.path == name) throw Error(Errc::kInvalidInput, "file '" + name + "' was sent twice");

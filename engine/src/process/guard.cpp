@@ -80,6 +80,7 @@ struct GuardPlan {
     bool kill = true;
     std::vector<pid_t> pids;  // the checkpoint's, which criu's tasks take
     fs::path log;             // criu's log, naming the ghost files it created
+    bool criu_clean = false;  // criu exited by itself: it ended what it had restored
   };
   std::vector<NamedCopy> copy_pidfiles;
   std::vector<std::pair<fs::path, fs::path>> renames;
@@ -111,6 +112,7 @@ std::set<std::function<std::string()>*> g_on_interrupt;  // guarded by g_guards_
 // of the signal, and must not start a new guarded operation (a restore whose copy nobody would
 // end) in the meantime.
 bool g_interrupting = false;  // guarded by g_guards_mu
+std::condition_variable g_interrupting_cv;
 
 // Aborts in progress on any thread: an interrupt waits for them before gpuckpt dies of the
 // signal, for one may be gpuckpt's own recovery (its guard had died), which nothing else would
@@ -183,6 +185,10 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
       const int sig = std::exchange(g_deferred_signal, 0);
       ck.unlock();
       ::kill(::getpid(), sig);
+      // Not thrown before the signal's handler has begun (it ends the program): an error that
+      // overtook it would end gpuckpt with this error's code instead of the signal's.
+      std::unique_lock lk(g_guards_mu);
+      g_interrupting_cv.wait_for(lk, std::chrono::seconds(5), [] { return g_interrupting; });
       throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
     }
   }
@@ -343,6 +349,12 @@ void Guard::criu_finished() {
   // meets it.
   std::lock_guard lk(mu_);
   if (!aborted_ && !finished_) tell_locked({{"op", "criu"}, {"pid", 0}, {"started", 0}});
+}
+void Guard::criu_ended(bool clean, const fs::path& log) {
+  // As criu_finished: called on criu's error path, whose error must stay the one reported.
+  std::lock_guard lk(mu_);
+  if (!aborted_ && !finished_)
+    tell_locked({{"op", "criu_exit"}, {"clean", clean}, {"log", log.string()}});
 }
 void Guard::durable(bool end_targets) {
   send({{"op", "durable"}, {"end", end_targets}}, /*must_reach=*/false);
@@ -517,6 +529,7 @@ std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout) {
     // refuses it, blocks in ~Guard (erase) until the abort that uses that guard is over.
     std::lock_guard lk(g_guards_mu);
     g_interrupting = true;
+    g_interrupting_cv.notify_all();
     for (Guard* g : g_guards) {
       try {
         if (std::string s = g->abort(timeout); !s.empty()) out.push_back(std::move(s));
@@ -612,17 +625,21 @@ void fail(RecoveryLog& log, Errc code, std::string s) {
 }
 
 // "12,13": pids as the summary names them.
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (const auto& i : items) (out += out.empty() ? "" : sep) += i;
+  return out;
+}
+
 std::string pid_list(const std::vector<pid_t>& pids) {
-  std::string ids;
-  for (pid_t q : pids) ids += (ids.empty() ? "" : ",") + std::to_string(q);
-  return ids;
+  std::vector<std::string> ids;
+  for (pid_t q : pids) ids.push_back(std::to_string(q));
+  return join(ids, ",");
 }
 
 // The summary: what recovery did, in order.
 std::string joined(const RecoveryLog& log) {
-  std::string out;
-  for (const auto& l : log.said) out += (out.empty() ? "" : "; ") + l;
-  return out;
+  return join(log.said, "; ");
 }
 
 // Every path of the plan goes (never a published checkpoint: remove() names temporaries).
@@ -638,11 +655,7 @@ void remove_staged(const Plan& p, RecoveryLog& log) {
     else
       removed.push_back(path.string() + " (" + std::to_string(bytes >> 20) + " MiB)");
   }
-  if (p.replay && !removed.empty()) {
-    std::string list;
-    for (const auto& r : removed) list += (list.empty() ? "" : ", ") + r;
-    say(log, "removed what it had staged: " + list);
-  }
+  if (p.replay && !removed.empty()) say(log, "removed what it had staged: " + join(removed, ", "));
 }
 
 // Step 5, and the summary: every path of the plan goes, whichever way the targets went.
@@ -762,17 +775,29 @@ void end_half_restored(const Plan::NamedCopy& n, RecoveryLog& log) {
               pid_list(half) + " were killed");
   }
   if (n.log.empty()) return;
+  // criu logs a ghost file's name before it creates it: a file of that name may be another
+  // restore's of the same checkpoint (beside this one, in a pid namespace of its own), which
+  // its criu removes when it is done.
+  const auto other_restores = live_pids_where([](const ProcInfo& i) {
+    return !i.cmdline.empty() && fs::path(i.cmdline[0]).filename() == "criu" &&
+           std::find(i.cmdline.begin(), i.cmdline.end(), "restore") != i.cmdline.end();
+  });
+  const auto ghosts = ghost_files_in_log(n.log);
+  if (!other_restores.empty()) {
+    if (!ghosts.empty())
+      say(log, "left the ghost files criu had named (" + ghosts.front().string() +
+                   (ghosts.size() > 1 ? ", ..." : "") + "): criu " + pid_list(other_restores) +
+                   " restores meanwhile, and they may be its. A restore that then fails with "
+                   "\"File exists\" needs them removed once no criu runs");
+    return;
+  }
   std::vector<std::string> removed;
-  for (const auto& g : ghost_files_in_log(n.log)) {
+  for (const auto& g : ghosts) {
     struct stat st {};
     if (::lstat(g.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
     if (::unlink(g.c_str()) == 0) removed.push_back(g.string());
   }
-  if (!removed.empty()) {
-    std::string list;
-    for (const auto& r : removed) list += (list.empty() ? "" : ", ") + r;
-    say(log, "removed the ghost files criu had made: " + list);
-  }
+  if (!removed.empty()) say(log, "removed the ghost files criu had made: " + join(removed, ", "));
 }
 
 Recovery recover(const Plan& p) {
@@ -814,7 +839,7 @@ Recovery recover(const Plan& p) {
       const bool named = std::any_of(p.copies.begin(), p.copies.end(), [&](const Plan::Copy& c) {
         return c.pid > 0 && std::find(n.pids.begin(), n.pids.end(), c.pid) != n.pids.end();
       });
-      if (!named) end_half_restored(n, log);
+      if (!named && !n.criu_clean) end_half_restored(n, log);
       continue;
     }
     const auto started = start_ticks(q);
@@ -998,6 +1023,12 @@ void apply(Plan& p, const json& m, bool hold_dirs) {
     p.copy_pidfiles.push_back({m.at("path").get<std::string>(), m.at("after").get<std::uint64_t>(),
                                m.at("kill").get<bool>(), m.value("pids", std::vector<pid_t>{}),
                                m.value("log", std::string())});
+  } else if (op == "criu_exit") {
+    if (!p.copy_pidfiles.empty()) {
+      auto& n = p.copy_pidfiles.back();
+      n.criu_clean = m.at("clean").get<bool>();
+      if (auto log = m.value("log", std::string()); !log.empty()) n.log = std::move(log);
+    }
   } else if (op == "keep_copy") {
     p.copies.clear();
     p.copy_pidfiles.clear();
@@ -1046,6 +1077,62 @@ bool write_all(int fd, const std::string& s) {
 
 }  // namespace
 
+namespace {
+
+// How long gpuckpt may stay stopped (SIGSTOP, a Ctrl-Z) while its service is frozen:
+// $GPUCKPT_STOPPED_LIMIT seconds, 30 unless set; 0: no bound.
+std::chrono::seconds stopped_limit() {
+  if (const char* e = std::getenv("GPUCKPT_STOPPED_LIMIT"); e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    if (end && *end == '\0' && v >= 0) return std::chrono::seconds(v);
+  }
+  return std::chrono::seconds(30);
+}
+
+// The plan's processes that are stopped now (criu's freeze, or kept stopped for a handoff).
+std::vector<pid_t> frozen_targets(const Plan& p) {
+  std::vector<pid_t> out;
+  for (pid_t q : p.pids) {
+    const auto info = read_proc(q);
+    if (info && (info->state == 'T' || info->state == 't')) out.push_back(q);
+  }
+  return out;
+}
+
+// A stopped gpuckpt neither finishes nor fails, so its service would stay frozen for as long as
+// nobody continues it. Called about once a second: past the bound, gpuckpt is killed, and the
+// guard recovers as from any death of gpuckpt.
+class StoppedWatch {
+ public:
+  explicit StoppedWatch(std::chrono::seconds limit) : limit_(limit) {}
+  void check(const Plan& p) {
+    const pid_t gpuckpt = ::getppid();
+    const auto info = limit_.count() > 0 ? read_proc(gpuckpt) : std::nullopt;
+    const auto frozen = info && info->state == 'T' ? frozen_targets(p) : std::vector<pid_t>{};
+    if (frozen.empty()) {
+      since_.reset();
+      return;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (!since_) since_ = now;
+    if (now - *since_ < limit_ || killed_) return;
+    killed_ = true;
+    ::kill(gpuckpt, SIGKILL);
+    write_all(2, "gpuckpt-guard: gpuckpt (pid " + std::to_string(gpuckpt) + ") was stopped for " +
+                     std::to_string(limit_.count()) + " s while process " + pid_list(frozen) +
+                     " stayed frozen: it was killed, and its operation is undone "
+                     "($GPUCKPT_STOPPED_LIMIT sets the bound)\n");
+  }
+
+ private:
+  std::chrono::seconds limit_;
+  std::optional<std::chrono::steady_clock::time_point> since_;
+  bool killed_ = false;
+};
+
+}  // namespace
+
 int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   // spdlog's default logger writes to stdout, which is the summary pipe in gpuckpt-guard: a log
   // line of its recovery (a restore's) would then be read as the summary, and the operator of
@@ -1088,7 +1175,15 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   // killed meanwhile leaves them to this guard, so no other takes the processes it resumes.
   std::vector<UniqueFd> locks;
   bool locks_lost = false;
+  StoppedWatch watch(stopped_limit());
   for (;;) {
+    pollfd pfd{in_fd, POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, 1000);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready <= 0) {
+      watch.check(plan);
+      continue;
+    }
     char chunk[4096];
     bool truncated = false;
     const ssize_t n = recv_with_fds(in_fd, chunk, sizeof chunk, locks, &truncated);

@@ -76,6 +76,10 @@ class Guard {
   // criu runs as `pid` / has exited.
   void criu_started(pid_t pid);
   void criu_finished();
+  // The restore's criu (of copy_named_in) ended: `clean` if it exited by itself, having undone
+  // what it restored, else (killed) what it left half-restored is the recovery's to end. `log`:
+  // where its log is now.
+  void criu_ended(bool clean, const std::filesystem::path& log);
   // The checkpoint is durable. `end_targets`: recovery now ends the protected trees instead of
   // resuming them (a dump that is to end the process).
   void durable(bool end_targets);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <cctype>
 
+#include "criu/criu.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "image/publish.h"
@@ -125,6 +126,11 @@ MigrateResult migrate(const MigrateOptions& o) {
   require_socket_probe(o.probe);
   const auto info = read_proc(o.pid);
   require_live(o.pid, info);
+  // Both halves' options, before the freeze: a restore's refusal after it (after the original
+  // ended, in a release) would cost the rollback instead of the command line.
+  criu::check_extra_args(criu::Op::kDump, o.criu.extra_args);
+  if (!remote::is_ssh_url(o.to_dir.string()))
+    criu::check_extra_args(criu::Op::kRestore, o.criu.extra_args);
   if (remote::is_ssh_url(o.to_dir.string())) return migrate_over_ssh(o);
   MigrateResult res;
   res.old_pid = o.pid;
@@ -182,7 +188,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   // stopped at any point after this leaves the copy serving and the original ended, never
   // neither (a copy killed after its original) nor both.
   // Committed: an interrupt from here on lets the migration finish and report the copy.
-  const CommitScope committed;
+  res.committed = std::make_shared<const CommitScope>();
   guard.hand_over(/*end_original=*/!release);
   if (!release) {
     fault_point("end_original");

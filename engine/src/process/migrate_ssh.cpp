@@ -366,7 +366,9 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     res.timeline.add("target_restore", t1, answered);
     add_target_stages(res.timeline, answer, answered);
     fault_point("commit");
-    // Commit: the target keeps its copy once it reads this line, and exits 0.
+    // Commit: the target keeps its copy once it reads this line, and exits 0. From before the
+    // write: an interrupt after it must not roll back what the target may already keep.
+    res.committed = std::make_shared<const CommitScope>();
     {
       NoSigpipe nosig;
       static const char kCommit[] = "commit\n";
@@ -378,14 +380,13 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
       throw Error(Errc::kIo, "the target " + where + " did not confirm the commit (" +
                                  st.describe() + "); its copy is killed there");
   } catch (...) {
-    conn->close();  // the target kills an uncommitted copy when its input closes
+    res.committed.reset();  // not committed after all: an interrupt rolls back again
+    conn->close();          // the target kills an uncommitted copy when its input closes
     const std::string undone = guard.abort();
     rethrow_with_context("migration to " + where + " failed: ", "\nrollback: " + undone);
   }
   // The copy serves on the target: the original may end, and the guard is told so first, so that
   // gpuckpt stopped from here on ends it too (or, released already, does not restore it).
-  // Committed: an interrupt from here on lets the migration finish and report the copy.
-  const CommitScope committed;
   guard.hand_over(/*end_original=*/!release);
   if (!release) {
     auto scope = res.timeline.scope("end_original");

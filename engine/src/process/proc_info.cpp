@@ -136,6 +136,13 @@ std::optional<std::uint64_t> start_ticks(pid_t pid) {
   return ticks;
 }
 
+std::optional<std::uint64_t> pid_namespace_inode(pid_t pid) {
+  struct stat ns = {};
+  if (pid <= 0 || ::stat(("/proc/" + std::to_string(pid) + "/ns/pid").c_str(), &ns) != 0)
+    return std::nullopt;
+  return ns.st_ino;
+}
+
 bool wait_ended(pid_t pid, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   auto sleep = std::chrono::milliseconds(1);

@@ -44,6 +44,10 @@ std::uint64_t boot_ticks_now();
 // When the process started, in the same ticks; nullopt if it is gone.
 std::optional<std::uint64_t> start_ticks(pid_t pid);
 
+// The inode of the process's pid namespace (/proc/PID/ns/pid), which names the namespace on this
+// boot; nullopt if the process is gone.
+std::optional<std::uint64_t> pid_namespace_inode(pid_t pid);
+
 // Sends `sig` (0 = none) and polls until the process is gone or a zombie. Returns false on
 // timeout. For processes that are not our children (we cannot reap them).
 bool wait_ended(pid_t pid, std::chrono::milliseconds timeout);

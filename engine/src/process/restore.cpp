@@ -133,7 +133,6 @@ struct RestoreState {
   const image::BlobArrival* arrival;
   ImageInfo info;
   ProcessRecord rec;
-  std::vector<HeldLockFile> pid_locks;  // the checkpointed pids, while they are restored
   criu::Installation inst;
   bool stream = false;
   TempDir staging;
@@ -168,7 +167,8 @@ bool check_pids_free(RestoreState& r) {
   if (r.o.new_pid_ns) return waited;
   // A guard's own rollback (no guard of its own) restores while the interrupted operation may
   // still hold these: it goes on without them.
-  if (r.guard) r.pid_locks = lock_restored_pids(r.rec.tree);
+  // Held by the guard: until its recovery has ended what a failed restore left at those pids.
+  if (r.guard) r.guard->hold_locks(lock_restored_pids(r.rec.tree));
   for (pid_t q : r.rec.tree) waited |= check_pid_free(r.rec, q);
   return waited;
 }
@@ -296,6 +296,9 @@ void build_criu_args(RestoreState& r) {
     if (guard) guard->criu_started(criu_pid);
   };
   a.on_start = [](pid_t) { fault_point("criu_restore"); };
+  a.on_end = [guard = r.guard](const ExitStatus& st, const fs::path& log) {
+    if (guard) guard->criu_ended(st.exited, log);
+  };
   r.report_path = r.staging.path() / criu::kRestoreReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
            std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),

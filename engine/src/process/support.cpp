@@ -88,13 +88,23 @@ constexpr std::string_view kLockPrefix = ".lock-";  // .lock-PIDNS-PID-TICK in t
                                   " is locked); nothing was frozen (wait for that one to finish)");
 }
 
+// Ours: a pid number names a process only within its namespace.
+std::uint64_t own_pid_namespace() {
+  const auto ns = pid_namespace_inode(::getpid());
+  if (!ns) throw Error(Errc::kIo, "cannot read /proc/self/ns/pid");
+  return *ns;
+}
+
 // ".lock-PIDNS-": the start of this pid namespace's lock file names. A run directory shared
 // with another namespace (a bind mount, $GPUCKPT_RUN_DIR) names other processes by the same
 // pids.
 std::string lock_prefix() {
-  struct stat ns = {};
-  if (::stat("/proc/self/ns/pid", &ns) != 0) throw_errno(Errc::kIo, "stat /proc/self/ns/pid");
-  return std::string(kLockPrefix) + std::to_string(ns.st_ino) + "-";
+  return std::string(kLockPrefix) + std::to_string(own_pid_namespace()) + "-";
+}
+
+// ".restore-PIDNS-": the start of the names of a restore's locks on the pids it restores.
+std::string restore_lock_prefix() {
+  return ".restore-" + std::to_string(own_pid_namespace()) + "-";
 }
 
 // The lock file's name for process `q` started at `ticks`.
@@ -141,14 +151,21 @@ void remove_abandoned_locks() noexcept try {
   const std::optional<fs::path> run = run_directory(why);
   if (!run) return;
   const std::string prefix = lock_prefix();
+  const std::string restoring = restore_lock_prefix();
   std::error_code ec;
   fs::directory_iterator it(*run, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
     try {
+      const std::string name = it->path().filename().string();
+      // A restore's pid lock names no process of its own: one nobody holds is left by a
+      // restore killed with its guard.
+      if (name.starts_with(restoring)) {
+        (void)try_lock_file(it->path(), /*create=*/false);
+        continue;
+      }
       // Only the file of a process of this namespace that has ended: one of a live process is
       // its next lock's to take over, a sweep must never hold a name a dump is about to lock,
       // and another namespace's pids are not ours to judge.
-      const std::string name = it->path().filename().string();
       if (!name.starts_with(prefix)) continue;
       const std::string rest = name.substr(prefix.size());
       const auto dash = rest.find('-');
@@ -175,11 +192,9 @@ std::vector<HeldLockFile> lock_restored_pids(const std::vector<pid_t>& pids) {
   const std::optional<fs::path> run = run_directory(why);
   std::vector<HeldLockFile> locks;
   if (!run) return locks;
-  struct stat ns = {};
-  if (::stat("/proc/self/ns/pid", &ns) != 0) throw_errno(Errc::kIo, "stat /proc/self/ns/pid");
+  const std::string prefix = restore_lock_prefix();
   for (pid_t q : pids) {
-    const fs::path path =
-        *run / (".restore-" + std::to_string(ns.st_ino) + "-" + std::to_string(q));
+    const fs::path path = *run / (prefix + std::to_string(q));
     auto lock = try_lock_file(path);
     if (!lock)
       throw Error(Errc::kProcess,

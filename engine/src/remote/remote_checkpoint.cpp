@@ -22,9 +22,11 @@
 #include <vector>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
 #include "gpuckpt/support.h"
 #include "image/manifest.h"
 #include "image/transfer_common.h"
+#include "process/proc_info.h"
 #include "util/fault.h"
 #include "util/unique_fd.h"
 #include "util/write_fully.h"
@@ -173,81 +175,197 @@ Upload::Upload(const S3Client& s3, const S3Url& url, bool replace, const Transfe
   for (unsigned i = 0; i < st_.connections; ++i) threads_.emplace_back([this] { work(); });
 }
 
-void Upload::claim_prefix() {
-  const std::string dir = url_.key(kClaimDir);
-  const nlohmann::json me{{"host", host_name()},
-                          {"boot_id", boot_id()},
-                          {"pid", ::getpid()},
-                          {"started", image::utc_now_iso8601()}};
-  const std::string key = dir + random_hex();
+namespace {
+
+// Who a claim names: this gpuckpt, by what tells it from any other process anywhere (a pid is
+// unique only within its host's boot and pid namespace, and until it is reused).
+nlohmann::json claimant(const std::string& nonce) {
+  const pid_t self = ::getpid();
+  return {{"host", host_name()},
+          {"boot_id", boot_id()},
+          {"pidns", process::pid_namespace_inode(self).value_or(0)},
+          {"pid", self},
+          {"start", process::start_ticks(self).value_or(0)},
+          {"nonce", nonce},
+          {"started", image::utc_now_iso8601()}};
+}
+
+// A claim that a gpuckpt of this host, boot and pid namespace left when it was killed: its pid
+// is gone, or is another process now.
+bool left_by_the_dead(const nlohmann::json& c) {
+  if (!c.is_object()) return false;
+  const pid_t pid = c.value("pid", 0);
+  const std::uint64_t ns = c.value("pidns", std::uint64_t{0});
+  const std::uint64_t start = c.value("start", std::uint64_t{0});
+  if (pid <= 0 || ns == 0 || start == 0 || c.value("host", "") != host_name() ||
+      c.value("boot_id", "") != boot_id() ||
+      ns != process::pid_namespace_inode(::getpid()).value_or(0))
+    return false;
+  return process::start_ticks(pid) != start;
+}
+
+std::string holder(const nlohmann::json& c) {
+  if (!c.is_object()) return "another writer";
+  return "gpuckpt pid " + std::to_string(c.value("pid", 0)) + " on " +
+         c.value("host", std::string("?")) + ", since " + c.value("started", std::string("?"));
+}
+
+}  // namespace
+
+// The claim is two objects under PREFIX/.gpuckpt-writers/: one named by this writer's nonce,
+// after which a listing must show no other writer's (stores that ignore conditional writes),
+// and `lock`, written only where absent (what guards the prefix for credentials that may not
+// list it). Shared with the interrupt hook, which removes it before gpuckpt dies of a signal.
+class PrefixClaim {
+ public:
+  PrefixClaim(const S3Client& s3, S3Url url) : s3_(s3), url_(std::move(url)) {}
+  void take();
+  void release() noexcept;
+
+ private:
+  std::string dir() const { return url_.key(kClaimDir); }
+  [[noreturn]] void held_by(const nlohmann::json& them, const std::string& key);
+  bool take_lock(const std::string& mine);
+  void hold(const std::string& key);
+  S3Client s3_;
+  S3Url url_;
+  std::mutex mu_;
+  std::vector<std::string> keys_;  // what is ours in the store, while held
+  bool released_ = false;          // by the interrupt hook, maybe while take() runs
+};
+
+// `key` was written as ours: held from now, or removed at once if the claim was released
+// meanwhile (an interrupt, whose gpuckpt is about to die).
+void PrefixClaim::hold(const std::string& key) {
+  {
+    std::lock_guard lk(mu_);
+    if (!released_) {
+      keys_.push_back(key);
+      return;
+    }
+  }
+  s3_.remove(url_.bucket, key);
+  throw Error(Errc::kProcess, "the claim on " + url_.str() + " was released: gpuckpt stops");
+}
+
+void PrefixClaim::held_by(const nlohmann::json& them, const std::string& key) {
+  throw Error(Errc::kExists, url_.str() + " is being written by " + holder(them) +
+                                 ": two checkpoints cannot share one prefix, so nothing was "
+                                 "frozen. If no gpuckpt writes there any more, remove s3://" +
+                                 url_.bucket + "/" + key);
+}
+
+void PrefixClaim::take() {
+  const std::string nonce = random_hex();
+  const std::string mine = claimant(nonce).dump();
+  const std::string own_key = dir() + nonce;
   try {
-    s3_.put(url_.bucket, key, me.dump());
+    s3_.put(url_.bucket, own_key, mine);
   } catch (const Error& e) {
     if (e.code() == Errc::kInvalidInput && !s3_.bucket_exists(url_.bucket))
       throw Error(Errc::kInvalidInput, url_.str() + ": the bucket " + url_.bucket +
                                            " does not exist (create it first; nothing was frozen)");
     throw;
   }
-  claim_key_ = key;
-  std::vector<std::string> keys;
+  hold(own_key);
   try {
-    keys = s3_.list(url_.bucket, dir);
-  } catch (const Error& e) {
-    if (e.code() != Errc::kInvalidInput) {
-      release_claim();
-      throw;
-    }
-    // Credentials without s3:ListBucket: the conditional manifest write and its read-back are
-    // all that tell another writer then.
-    spdlog::warn(
-        "cannot list {} to see whether another gpuckpt writes there ({}); only the "
-        "manifest's conditional write guards it",
-        url_.str(), e.what());
-    return;
-  }
-  for (const auto& other : keys) {
-    if (other == key) continue;
-    nlohmann::json them;
+    std::vector<std::string> keys;
     try {
-      them = nlohmann::json::parse(s3_.get(url_.bucket, other, 64 << 10));
-    } catch (const std::exception&) {
-      // Gone since the listing (its writer finished), or not ours to read: counted as held.
-      if (!s3_.head(url_.bucket, other)) continue;
-    }
-    // A claim from this host's boot whose process is gone was left by a gpuckpt that was killed.
-    const pid_t pid = them.is_object() ? them.value("pid", 0) : 0;
-    if (them.is_object() && them.value("host", "") == host_name() &&
-        them.value("boot_id", "") == boot_id() && pid > 0 && ::kill(pid, 0) != 0 &&
-        errno == ESRCH) {
+      keys = s3_.list(url_.bucket, dir());
+    } catch (const Error& e) {
+      if (e.code() != Errc::kInvalidInput) throw;
       spdlog::warn(
-          "removing s3://{}/{}, a claim left by gpuckpt pid {} of this host, which is "
-          "gone",
-          url_.bucket, other, pid);
-      s3_.remove(url_.bucket, other);
-      continue;
+          "cannot list {} to see whether another gpuckpt writes there ({}): the prefix is "
+          "guarded by {}lock alone, which holds only where the store honours If-None-Match",
+          url_.str(), e.what(), kClaimDir);
     }
-    release_claim();
-    const std::string who = them.is_object()
-                                ? "gpuckpt pid " + std::to_string(pid) + " on " +
-                                      them.value("host", std::string("?")) + ", since " +
-                                      them.value("started", std::string("?"))
-                                : "another writer";
-    throw Error(Errc::kExists, url_.str() + " is being written by " + who +
-                                   ": two checkpoints cannot share one prefix, so nothing was "
-                                   "frozen. If no gpuckpt writes there any more, remove s3://" +
-                                   url_.bucket + "/" + other);
+    for (const auto& other : keys) {
+      if (other == own_key) continue;
+      nlohmann::json them;
+      try {
+        them = nlohmann::json::parse(s3_.get(url_.bucket, other, 64 << 10));
+      } catch (const std::exception&) {
+        // Gone since the listing (its writer finished), or not ours to read: counted as held.
+        if (!s3_.head(url_.bucket, other)) continue;
+      }
+      if (!left_by_the_dead(them)) held_by(them, other);
+      spdlog::warn(
+          "removing s3://{}/{}, a claim left by gpuckpt pid {} of this host, which is gone",
+          url_.bucket, other, them.value("pid", 0));
+      s3_.remove(url_.bucket, other);
+    }
+    if (!take_lock(mine)) {
+      // A dead writer's lock, removed: once more, and a writer that took it meanwhile wins.
+      if (!take_lock(mine))
+        throw Error(Errc::kExists, url_.str() +
+                                       " was claimed by another writer meanwhile; nothing "
+                                       "was frozen");
+    }
+  } catch (...) {
+    release();
+    throw;
   }
 }
 
-void Upload::release_claim() noexcept {
-  if (claim_key_.empty()) return;
-  try {
-    s3_.remove(url_.bucket, claim_key_);
-  } catch (const std::exception& e) {
-    spdlog::warn("could not remove this upload's claim s3://{}/{}: {}", url_.bucket, claim_key_,
-                 e.what());
+// True once `lock` is ours; false after removing a dead writer's; Error(kExists) if held.
+bool PrefixClaim::take_lock(const std::string& mine) {
+  const std::string key = dir() + "lock";
+  if (s3_.put_if_absent(url_.bucket, key, mine)) {
+    hold(key);
+    // A store that ignores the condition: the lock read back must be ours.
+    const std::string now = s3_.get(url_.bucket, key, 64 << 10);
+    if (now == mine) return true;
+    {
+      std::lock_guard lk(mu_);
+      // Another writer's now: not ours to remove.
+      if (!keys_.empty() && keys_.back() == key) keys_.pop_back();
+    }
+    held_by(nlohmann::json::parse(now, nullptr, false), key);
   }
-  claim_key_.clear();
+  nlohmann::json them;
+  try {
+    them = nlohmann::json::parse(s3_.get(url_.bucket, key, 64 << 10), nullptr, false);
+  } catch (const Error&) {
+    return false;  // released since: try again
+  }
+  if (!left_by_the_dead(them)) held_by(them, key);
+  spdlog::warn("removing s3://{}/{}, a claim left by gpuckpt pid {} of this host, which is gone",
+               url_.bucket, key, them.value("pid", 0));
+  s3_.remove(url_.bucket, key);
+  return false;
+}
+
+void PrefixClaim::release() noexcept {
+  std::vector<std::string> keys;
+  {
+    std::lock_guard lk(mu_);
+    keys.swap(keys_);
+    released_ = true;
+  }
+  for (const auto& key : keys) {
+    try {
+      s3_.remove(url_.bucket, key);
+    } catch (const std::exception& e) {
+      spdlog::warn("could not remove this upload's claim s3://{}/{}: {}", url_.bucket, key,
+                   e.what());
+    }
+  }
+}
+
+void Upload::claim_prefix() {
+  claim_ = std::make_shared<PrefixClaim>(s3_, url_);
+  // gpuckpt dies of an interrupt without unwinding: its claim must not outlive it there. Set
+  // before the first object is written.
+  on_interrupt_ = std::make_unique<OnInterrupt>([claim = claim_] {
+    claim->release();
+    return std::string();
+  });
+  claim_->take();
+}
+
+void Upload::release_claim() noexcept {
+  on_interrupt_.reset();
+  if (claim_) claim_->release();
 }
 
 Upload::~Upload() {
@@ -430,7 +548,6 @@ TransferStats Upload::finish(const fs::path& dir) {
     throw Error(Errc::kExists, url_.str() +
                                    " holds another writer's manifest: this checkpoint "
                                    "was overwritten, so it does not count as written");
-  release_claim();
   st_.requests += 4;
   st_.bytes += seal.size() + manifest.size();
   std::set<std::string> kept;
@@ -444,6 +561,8 @@ TransferStats Upload::finish(const fs::path& dir) {
       spdlog::warn("could not remove {} of the replaced checkpoint: {}", url_.key(name), e.what());
     }
   }
+  // Held until here: a writer let in earlier could write blobs that these removals then take.
+  release_claim();
   st_.objects = m.blobs.size() + 2;
   if (first_ == std::chrono::steady_clock::time_point{}) first_ = t0;
   st_.seconds = since(first_);

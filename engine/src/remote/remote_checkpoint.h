@@ -33,7 +33,13 @@
 #include "util/fs.h"
 #include "util/unique_fd.h"
 
+namespace gpuckpt {
+class OnInterrupt;
+}
+
 namespace gpuckpt::remote {
+
+class PrefixClaim;
 
 struct TransferOptions {
   unsigned connections = 0;                // parallel requests; 0 = $GPUCKPT_S3_CONNECTIONS or 8
@@ -111,7 +117,8 @@ class Upload : public image::BlobTap {
   TransferOptions o_;
   std::uint64_t part_ = 0;
   bool replace_ = false;
-  std::string claim_key_;  // this upload's claim on the prefix, while held
+  std::shared_ptr<PrefixClaim> claim_;         // this upload's claim on the prefix
+  std::unique_ptr<OnInterrupt> on_interrupt_;  // releases it if gpuckpt is interrupted
   std::set<std::string> old_blobs_;
   TransferStats st_;
   std::mutex mu_;

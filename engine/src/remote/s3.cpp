@@ -572,8 +572,13 @@ bool S3Client::put_if_absent(const std::string& bucket, const std::string& key,
   try {
     perform(r);
   } catch (const Error&) {
-    if (r.status == 412 || r.status == 409) return false;
-    throw;
+    if (r.status != 412 && r.status != 409) throw;
+    // A PUT retried after its answer was lost meets its own object: that is a success.
+    try {
+      return get(bucket, key, data.size() + 1) == data;
+    } catch (const Error&) {
+      return false;  // gone again, or larger than ours: not ours
+    }
   }
   return true;
 }

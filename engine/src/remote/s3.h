@@ -69,8 +69,9 @@ class S3Client {
                    std::uint64_t len) const;
   void remove(const std::string& bucket, const std::string& key) const;  // absent is fine
   // PUT only where no object is at `key` (If-None-Match: *): false when the store says one is
-  // (412, or 409 for a concurrent conditional write). A store that ignores the header answers
-  // as for a plain PUT: callers that must know check otherwise too.
+  // (412, or 409 for a concurrent conditional write) and it is not `data` (a retried PUT whose
+  // first try landed finds its own object, which is a success). A store that ignores the header
+  // answers as for a plain PUT: callers that must know check otherwise too.
   bool put_if_absent(const std::string& bucket, const std::string& key,
                      std::string_view data) const;
   // The keys under `prefix` (ListObjectsV2, every page), in the store's order.
