@@ -24,6 +24,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       librsvg2-bin netpbm python3 clang-format libsodium-dev libcurl4-openssl-dev
       # servers this project did not write, checkpointed by the end-to-end tests
       nginx redis-server redis-tools
+      # the container tests: containers run by runc from a bundle a test makes (no registry)
+      runc
       # the two-host tests: sshd runs only inside a network namespace that a test makes
       openssh-server openssh-client iproute2
       # scripts/bench-remote.sh and the runbooks in docs/OPERATORS.md

@@ -1089,7 +1089,7 @@ TEST_F(E2eFaults, ProcessInItsOwnPidNamespaceIsRefusedBeforeItIsFrozen) {
   auto d =
       test::run_cli({"dump", "--pid", std::to_string(moved), "-o", (out_ / "ns.ckpt").string()});
   EXPECT_EQ(d.exit_code, 10) << d.err;
-  EXPECT_NE(d.err.find("pid namespace"), std::string::npos) << d.err;
+  EXPECT_NE(d.err.find("lives in a pid namespace that gpuckpt made"), std::string::npos) << d.err;
   EXPECT_NE(test::process_state(moved), 'T');
   EXPECT_EQ(ask_unix_line(sock("ns"), "PING"), "PONG");
   // With the release handoff the copy lives in our pid namespace and can be moved again.

@@ -9,6 +9,7 @@
 
 #include <optional>
 
+#include "container/runtime.h"
 #include "criu/criu.h"
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
@@ -19,6 +20,7 @@
 #include "image/stream_pack.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
+#include "process/pidns.h"
 #include "process/proc_info.h"
 #include "process/remote_spool.h"
 #include "process/stages.h"
@@ -117,6 +119,41 @@ void warn_unappended_output(pid_t q) {
   }
 }
 
+// Why a process in a pid namespace of its own cannot be dumped alone, named by who made that
+// namespace: a container runtime (from its state), gpuckpt's own restore, or something else.
+std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
+  const std::string who = "process " + std::to_string(q) + " (" + p.comm + ")";
+  const std::string whole =
+      "CRIU dumps a pid namespace only whole, from its init, with its mounts. Nothing was "
+      "frozen";
+  if (const auto c = container::holding(q))
+    return who + " runs in the " + c->describe() +
+           (c->init_pid == q ? ", as its init"
+                             : " (its init is pid " + std::to_string(c->init_pid) + ")") +
+           ", and gpuckpt does not dump containers yet: " + whole +
+           ". Checkpoint the container whole with its runtime: `" + c->checkpoint_command() + "`";
+  std::optional<ProcInfo> init;
+  try {
+    init = read_proc(host_pid_in_ns(q, 1));
+  } catch (const Error&) {
+    // No init found (it is exiting): said without its name.
+  }
+  if (init && init->comm == "gpuckpt-pidns")
+    return who +
+           " lives in a pid namespace that gpuckpt made (a `restore --new-pidns` or a "
+           "frozen-handoff migration put it there): " +
+           whole +
+           ". Restore without --new-pidns, or migrate with --handoff release, to keep a "
+           "process re-checkpointable";
+  return who + " lives in a pid namespace of its own" +
+         (init ? ", whose init is pid " + std::to_string(init->pid) + " (" + init->comm + ")"
+               : std::string()) +
+         ", made by no container runtime gpuckpt knows (`unshare --pid`, or a runtime whose "
+         "state is not under " +
+         container::state_roots().front().path.string() +
+         " or $GPUCKPT_RUNC_ROOTS), and gpuckpt does not dump pid namespaces yet: " + whole;
+}
+
 Target preflight_target(pid_t pid) {
   if (pid <= 0) throw Error(Errc::kUsage, "no pid given");
   if (pid == ::getpid()) throw Error(Errc::kUsage, "gpuckpt cannot dump itself");
@@ -136,14 +173,7 @@ Target preflight_target(pid_t pid) {
       throw Error(
           Errc::kProcess,
           q == pid ? why : why + " (it belongs to the tree of pid " + std::to_string(pid) + ")");
-    if (in_child_pid_namespace(q))
-      throw Error(Errc::kProcess,
-                  "process " + std::to_string(q) + " (" + p->comm +
-                      ") lives in a pid namespace of its own (a `restore --new-pidns` or a "
-                      "frozen-handoff migration put it there): CRIU can dump it only together "
-                      "with that namespace's init. Nothing was frozen. Restore without "
-                      "--new-pidns, or migrate with --handoff release, to keep a process "
-                      "re-checkpointable");
+    if (in_child_pid_namespace(q)) throw Error(Errc::kProcess, pid_namespace_refusal(q, *p));
     warn_unappended_output(q);
     t.memory_bytes += dumpable_memory_bytes(q);
     t.tcp_listener |= has_tcp_listener(q);

@@ -1,0 +1,131 @@
+#include "container/runtime.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "gpuckpt/support.h"
+#include "process/proc_info.h"
+
+namespace fs = std::filesystem;
+
+namespace gpuckpt::container {
+
+namespace {
+
+// A container's state is small; anything larger is not runc's.
+constexpr std::uintmax_t kMaxStateBytes = 16u << 20;
+
+std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) {
+  const fs::path file = dir / "state.json";
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  if (ec || size > kMaxStateBytes) return std::nullopt;
+  std::ifstream in(file);
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  Container c;
+  c.root = root;
+  c.id = j.value("id", dir.filename().string());
+  const auto pid = j.value("init_process_pid", 0);
+  c.init_start = j.value("init_process_start", std::uint64_t{0});
+  if (pid <= 0) return std::nullopt;
+  c.init_pid = static_cast<pid_t>(pid);
+  const auto config = j.value("config", nlohmann::json::object());
+  c.rootfs = config.value("rootfs", std::string());
+  for (const auto& l : config.value("labels", nlohmann::json::array()))
+    if (l.is_string() && l.get<std::string>().starts_with("bundle="))
+      c.bundle = l.get<std::string>().substr(7);
+  // Its init must be the process runc started, not a later one that reuses the pid.
+  if (process::start_ticks(c.init_pid) != c.init_start || !process::alive(c.init_pid))
+    return std::nullopt;
+  c.pid_namespace = process::pid_namespace_inode(c.init_pid).value_or(0);
+  return c;
+}
+
+}  // namespace
+
+const char* runtime_name(Runtime r) {
+  switch (r) {
+    case Runtime::kRunc:
+      return "runc";
+    case Runtime::kDocker:
+      return "docker";
+    case Runtime::kContainerd:
+      return "containerd";
+  }
+  return "?";
+}
+
+std::vector<StateRoot> state_roots() {
+  std::vector<StateRoot> roots{{Runtime::kRunc, "/run/runc", ""},
+                               {Runtime::kDocker, "/run/docker/runtime-runc/moby", ""}};
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/run/containerd/runc", ec))
+    if (e.is_directory(ec)) roots.push_back({Runtime::kContainerd, e.path(), e.path().filename()});
+  if (const char* extra = std::getenv("GPUCKPT_RUNC_ROOTS"); extra && *extra) {
+    std::istringstream in(extra);
+    for (std::string p; std::getline(in, p, ':');)
+      if (!p.empty()) roots.push_back({Runtime::kRunc, p, ""});
+  }
+  return roots;
+}
+
+std::vector<Container> running() {
+  std::vector<Container> out;
+  for (const auto& root : state_roots()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root.path, ec)) {
+      if (!e.is_directory(ec)) continue;
+      try {
+        if (auto c = read_state(root, e.path())) out.push_back(std::move(*c));
+      } catch (const std::exception& ex) {
+        // Another runtime's file, or one being rewritten: not a container to name.
+        spdlog::debug("{}: {}", e.path().string(), ex.what());
+      }
+    }
+  }
+  return out;
+}
+
+std::optional<Container> holding(pid_t pid) {
+  const auto ns = process::pid_namespace_inode(pid);
+  // A container that shares this host's pid namespace (docker --pid=host) holds no process of
+  // its own by namespace.
+  if (!ns || ns == process::pid_namespace_inode(::getpid())) return std::nullopt;
+  for (auto& c : running())
+    if (c.pid_namespace == *ns) return std::move(c);
+  return std::nullopt;
+}
+
+std::string Container::describe() const {
+  switch (root.runtime) {
+    case Runtime::kDocker:
+      return "Docker container " + id;
+    case Runtime::kContainerd:
+      return "containerd container " + id + " (namespace " + root.ns + ")";
+    case Runtime::kRunc:
+      break;
+  }
+  return "runc container " + id + (root.path == "/run/runc" ? "" : " (runc root " +
+                                                                         root.path.string() + ")");
+}
+
+std::string Container::checkpoint_command() const {
+  switch (root.runtime) {
+    case Runtime::kDocker:
+      return "docker checkpoint create " + shell_quote(id) + " NAME";
+    case Runtime::kContainerd:
+      return "ctr -n " + shell_quote(root.ns) + " task checkpoint " + shell_quote(id);
+    case Runtime::kRunc:
+      break;
+  }
+  return "runc" + (root.path == "/run/runc" ? "" : " --root " + shell_quote(root.path.string())) +
+         " checkpoint --image-path DIR " + shell_quote(id);
+}
+
+}  // namespace gpuckpt::container

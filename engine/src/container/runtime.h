@@ -1,0 +1,53 @@
+// The containers that OCI runtimes run on this host, read from the runtimes' own state (runc's
+// state.json under its root), never guessed from process names. Docker (dockerd's runc) and
+// containerd (its runc shim, one root per namespace) keep that state under roots of their own.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gpuckpt::container {
+
+enum class Runtime { kRunc, kDocker, kContainerd };
+const char* runtime_name(Runtime r);
+
+// One runc root and whose it is.
+struct StateRoot {
+  Runtime runtime = Runtime::kRunc;
+  std::filesystem::path path;  // e.g. /run/runc, /run/docker/runtime-runc/moby
+  std::string ns;              // containerd's namespace ("default", "k8s.io"); else empty
+};
+
+// The roots to look in: runc's (/run/runc), dockerd's, every containerd namespace's, and each
+// directory of $GPUCKPT_RUNC_ROOTS (colon-separated: runc started with --root).
+std::vector<StateRoot> state_roots();
+
+struct Container {
+  StateRoot root;
+  std::string id;
+  pid_t init_pid = 0;               // on this host
+  std::uint64_t init_start = 0;     // its start tick, as runc recorded it
+  std::filesystem::path bundle;     // the bundle directory (its config.json), if labelled
+  std::filesystem::path rootfs;
+  std::uint64_t pid_namespace = 0;  // the inode of its init's pid namespace
+
+  // How the operator names it to its runtime: "runc container web", "Docker container 3f2a...".
+  std::string describe() const;
+  // The command that checkpoints it whole with its own runtime.
+  std::string checkpoint_command() const;
+};
+
+// Every container of those roots whose init runs now (state of a container that has ended, or
+// whose pid was reused since, is skipped).
+std::vector<Container> running();
+
+// The container whose own pid namespace holds `pid` (its init or any process under it); nullopt
+// for a process of this host's pid namespace, or of a namespace no known runtime made.
+std::optional<Container> holding(pid_t pid);
+
+}  // namespace gpuckpt::container
