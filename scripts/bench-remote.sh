@@ -107,7 +107,8 @@ echo "dump to s3 (decision -> in the store): $(jq .timeline.total_seconds "$work
 "$bin/gpuckpt" --json restore s3://bench/demo --spool "$work" --probe "http://127.0.0.1:$tcp/health" > "$work/restore.json"
 read -r t_down b_down <<< "$(stage "$work/restore.json" download)"
 echo "restore from s3 (-> first answer): $(jq .timeline.total_seconds "$work/restore.json") s; download $(rate "$b_down" "$t_down")"
-kill -9 "$(jq .pid "$work/restore.json")" $(jq -r '.tree[]' "$work/restore.json") 2>/dev/null || true
+mapfile -t restored < <(jq -r '.pid, .tree[]?' "$work/restore.json")
+kill -9 "${restored[@]}" 2>/dev/null || true
 
 # Ceilings of the store and the disk for the same bytes.
 head -c "$b_up" /dev/urandom > "$work/blob.bin"

@@ -46,6 +46,9 @@ echo "== cold start (decision -> first answer)"
 echo "== serving: start, and build session state (KV cache)"
 setsid "${serve[@]}" </dev/null >>"$out/server.log" 2>&1 &
 pid=$!
+# Not a job of this shell: the dump ends it with SIGKILL, which bash would report as "Killed",
+# and a new user reads that as a failure. bash still reaps it.
+disown "$pid"
 for _ in $(seq 600); do [ -S "$sock" ] && ask PING >/dev/null 2>&1 && break; sleep 0.1; done
 for i in 1 2 3 4 5 6 7 8; do ask "GEN prompt number $i" >/dev/null; done
 before=$(ask STATE)
@@ -53,8 +56,8 @@ echo "   state before: $before"
 
 echo "== dump (the process stops)"
 "$g" dump --pid "$pid" -o "$out/ckpt"
-# The dumped process is our child: reap it so its pid is free for the restore.
-wait "$pid" 2>/dev/null || true
+# The dumped process ended; bash reaps it, and the restore needs its pid free.
+for _ in $(seq 100); do [ -e "/proc/$pid" ] || break; sleep 0.1; done
 pid=""
 
 echo "== restore (interruption -> serving)"

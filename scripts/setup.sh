@@ -21,7 +21,7 @@ done
 pkgs=(build-essential cmake ninja-build pkg-config git
       liburing-dev libzstd-dev zstd libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
       nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
-      librsvg2-bin netpbm python3 clang-format libsodium-dev libcurl4-openssl-dev
+      librsvg2-bin netpbm python3 clang-format shellcheck libsodium-dev libcurl4-openssl-dev
       # servers this project did not write, checkpointed by the end-to-end tests
       nginx redis-server redis-tools
       # the container tests: containers run by runc from a bundle a test makes (no registry)

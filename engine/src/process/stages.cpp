@@ -61,12 +61,6 @@ class Pending {
 
 }  // namespace
 
-void add_plugin_stages(Timeline& tl, const criu::PluginReport& plugin) {
-  Pending p;
-  p.add_plugin(plugin);
-  p.flush(tl);
-}
-
 void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_bytes,
                      const std::optional<criu::DumpStats>& stats,
                      const std::optional<criu::PluginReport>& plugin) {

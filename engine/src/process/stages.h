@@ -25,7 +25,4 @@ void add_restore_stages(Timeline& tl, const criu::Run& run,
                         const std::optional<criu::PluginReport>& plugin,
                         const std::optional<criu::FillStats>& fill = std::nullopt);
 
-// Maps plugin hook names to stage names ("device_resume" etc. keep their names).
-void add_plugin_stages(Timeline& tl, const criu::PluginReport& plugin);
-
 }  // namespace gpuckpt::process
