@@ -20,6 +20,24 @@
 namespace fs = std::filesystem;
 using namespace gpuckpt;
 
+// A migration reads its target's error back by name: every code's name must lead back to it,
+// whichever code is the last (the reader used to stop at kExists).
+TEST(Errc, EveryNameLeadsBackToItsCodeAndNoOtherWordDoes) {
+  int named = 0;
+  for (int c = 0; c < 256; ++c) {
+    const auto code = static_cast<Errc>(c);
+    const std::string_view name = errc_name(code);
+    if (name == "unknown") continue;
+    ++named;
+    EXPECT_EQ(errc_from_name(name), code) << name;
+  }
+  EXPECT_EQ(named, 13);
+  EXPECT_EQ(errc_name(Errc::kExists), "exists");
+  EXPECT_EQ(errc_from_name("unknown"), std::nullopt);
+  EXPECT_EQ(errc_from_name("interrupted"), std::nullopt);
+  EXPECT_EQ(errc_from_name(""), std::nullopt);
+}
+
 TEST(Timeline, ScopesRecordDurationOrderAndBytes) {
   Timeline t;
   {

@@ -5,36 +5,36 @@
 
 namespace gpuckpt {
 
+namespace {
+
+// The one table of the codes' names: what --json prints as error.code, and what a peer's
+// gpuckpt (a migration's target) is read back by.
+struct ErrcName {
+  Errc code;
+  std::string_view name;
+};
+constexpr ErrcName kErrcNames[] = {
+    {Errc::kOk, "ok"},           {Errc::kInternal, "internal"},
+    {Errc::kUsage, "usage"},     {Errc::kInvalidInput, "invalid_input"},
+    {Errc::kCorrupt, "corrupt"}, {Errc::kVersion, "version"},
+    {Errc::kIo, "io"},           {Errc::kNoDevice, "no_device"},
+    {Errc::kDevice, "device"},   {Errc::kCriu, "criu"},
+    {Errc::kProcess, "process"}, {Errc::kTimeout, "timeout"},
+    {Errc::kExists, "exists"},
+};
+
+}  // namespace
+
 std::string_view errc_name(Errc c) noexcept {
-  switch (c) {
-    case Errc::kOk:
-      return "ok";
-    case Errc::kInternal:
-      return "internal";
-    case Errc::kUsage:
-      return "usage";
-    case Errc::kInvalidInput:
-      return "invalid_input";
-    case Errc::kCorrupt:
-      return "corrupt";
-    case Errc::kVersion:
-      return "version";
-    case Errc::kIo:
-      return "io";
-    case Errc::kNoDevice:
-      return "no_device";
-    case Errc::kDevice:
-      return "device";
-    case Errc::kCriu:
-      return "criu";
-    case Errc::kProcess:
-      return "process";
-    case Errc::kTimeout:
-      return "timeout";
-    case Errc::kExists:
-      return "exists";
-  }
+  for (const auto& e : kErrcNames)
+    if (e.code == c) return e.name;
   return "unknown";
+}
+
+std::optional<Errc> errc_from_name(std::string_view name) noexcept {
+  for (const auto& e : kErrcNames)
+    if (e.name == name) return e.code;
+  return std::nullopt;
 }
 
 Error Error::with_context(std::string_view before, std::string_view after) const {

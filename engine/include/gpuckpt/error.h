@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <concepts>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -28,7 +29,10 @@ enum class Errc : int {
   kExists = 12,       // output exists and --force was not given
 };
 
+// The code's name in --json ("io", "exists"); "unknown" for a value that is no code.
 std::string_view errc_name(Errc c) noexcept;
+// The code of a name errc_name gives; nullopt for any other word.
+std::optional<Errc> errc_from_name(std::string_view name) noexcept;
 
 // An error with its exit code. Context added on the way up (with_context) keeps the code and
 // the message it was first thrown with (cause()), so callers never re-parse what() or guess

@@ -41,10 +41,9 @@ namespace gpuckpt::process {
 
 namespace {
 
-Errc errc_from_name(const std::string& name) {
-  for (int c = 0; c <= static_cast<int>(Errc::kExists); ++c)
-    if (errc_name(static_cast<Errc>(c)) == name) return static_cast<Errc>(c);
-  return Errc::kInternal;
+// The target's error code; a word no code has is the target's bug.
+Errc target_errc(const std::string& name) {
+  return errc_from_name(name).value_or(Errc::kInternal);
 }
 
 // One line of `fd`, waiting at most until `deadline`; nullopt at EOF.
@@ -239,7 +238,7 @@ std::optional<Error> target_failure(Connection& c, const std::string& where,
     const json j = line ? json::parse(*line, nullptr, false) : json();
     if (!j.is_object() || j.value("ok", true)) return std::nullopt;
     const json err = j.value("error", json::object());
-    return Error(errc_from_name(err.value("code", "internal")),
+    return Error(target_errc(err.value("code", "internal")),
                  "the restore on " + where + " failed: " + err.value("message", *line));
   } catch (const Error&) {
     return std::nullopt;
@@ -360,7 +359,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     }
     if (!answer.value("ok", false)) {
       const json err = answer.value("error", json::object());
-      throw Error(errc_from_name(err.value("code", "internal")),
+      throw Error(target_errc(err.value("code", "internal")),
                   "the restore on " + where + " failed: " + err.value("message", *line));
     }
     res.timeline.add("target_restore", t1, answered);
