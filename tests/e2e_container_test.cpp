@@ -61,8 +61,10 @@ class E2eContainer : public ::testing::Test {
     spec["process"]["args"] = {"/usr/bin/sleep", "1000"};
     spec["process"].erase("rlimits");
     spec["root"]["readonly"] = false;
-    spec["mounts"].push_back(
-        {{"destination", "/usr"}, {"type", "bind"}, {"source", "/usr"}, {"options", {"rbind", "ro"}}});
+    spec["mounts"].push_back({{"destination", "/usr"},
+                              {"type", "bind"},
+                              {"source", "/usr"},
+                              {"options", {"rbind", "ro"}}});
     std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
   }
 
@@ -119,19 +121,19 @@ TEST_F(E2eContainer, ADumpOfAProcessInAContainerNamesTheContainerAndFreezesNothi
   const fs::path out = dir_.path() / "c.ckpt";
   for (const pid_t q : {init, inner}) {
     SCOPED_TRACE(q == init ? "its init" : "a process under it");
-    const auto r = test::run_cli({"--json", "dump", "--pid", std::to_string(q), "-o", out.string()});
+    const auto r =
+        test::run_cli({"--json", "dump", "--pid", std::to_string(q), "-o", out.string()});
     EXPECT_EQ(r.exit_code, 10) << r.err;
     const json j = json::parse(r.out, nullptr, false);
     ASSERT_TRUE(j.is_object()) << r.out;
     const std::string msg = j["error"].value("message", "");
     EXPECT_NE(msg.find("runs in the runc container " + id), std::string::npos) << msg;
     EXPECT_EQ(msg.find("as its init") != std::string::npos, q == init) << msg;
-    EXPECT_EQ(msg.find("its init is pid " + std::to_string(init)) != std::string::npos,
-              q == inner)
+    EXPECT_EQ(msg.find("its init is pid " + std::to_string(init)) != std::string::npos, q == inner)
         << msg;
-    EXPECT_NE(msg.find("`runc --root '" + root_.string() + "' checkpoint --image-path DIR '" + id +
-                       "'`"),
-              std::string::npos)
+    EXPECT_NE(
+        msg.find("`runc --root '" + root_.string() + "' checkpoint --image-path DIR '" + id + "'`"),
+        std::string::npos)
         << msg;
     EXPECT_EQ(msg.find("--new-pidns"), std::string::npos) << msg;
     EXPECT_NE(msg.find("Nothing was frozen"), std::string::npos) << msg;
@@ -153,9 +155,8 @@ TEST_F(E2eContainer, AProcessInAPidNamespaceNoRuntimeMadeIsNamedAsSuch) {
   Child u = spawn({"unshare", "--pid", "--fork", "--mount-proc", "/usr/bin/sleep", "1000"}, o);
   pid_t sleeper = 0;
   ASSERT_TRUE(test::wait_until([&] {
-    for (pid_t q : process::live_pids_where([&](const process::ProcInfo& p) {
-           return p.ppid == u.pid() && p.comm == "sleep";
-         }))
+    for (pid_t q : process::live_pids_where(
+             [&](const process::ProcInfo& p) { return p.ppid == u.pid() && p.comm == "sleep"; }))
       sleeper = q;
     return sleeper > 0;
   })) << read_file(dir_.path() / "u.err");

@@ -1554,7 +1554,10 @@ TEST_F(E2eFaults, ARestoreKilledWithItsGuardLeavesNoPidLocks) {
                 .exit_code,
             0);
   s.wait_for(10s);
-  Child g = paused_cli({"restore", ckpt.string(), "--staging", staging_.string()}, "criu_restore");
+  // Held where criu waits for its pages: criu cannot finish the restore meanwhile.
+  Child g = test::paused_cli(
+      {"restore", ckpt.string(), "--staging", staging_.string(), "--staging-mode", "stream"},
+      "restore_pages", dir_.path(), test::Resume::kWhenUnmarked);
   ASSERT_FALSE(entries(run, ".restore-").empty()) << "the restore locked none of its pids";
   const auto criu = criu_of(g);
   ASSERT_TRUE(kill_guard_of(g));

@@ -207,7 +207,7 @@ TEST_F(ImageCli, TheTemporaryMarkerIsNeverPackedAtTheTop) {
   reseal(m.dump());
   const auto v = test::run_cli({"verify", ckpt_.string()});
   EXPECT_EQ(v.exit_code, 4) << v.err;
-  EXPECT_TRUE(contains(v.err, kTempMarker)) << v.err;
+  EXPECT_TRUE(contains(v.err, "the name of gpuckpt's temporary marker")) << v.err;
 }
 
 // Without --force, unpack may only take an empty directory's place: a directory made (and

@@ -96,7 +96,7 @@ std::optional<Container> holding(pid_t pid) {
   const auto ns = process::pid_namespace_inode(pid);
   // A container that shares this host's pid namespace (docker --pid=host) holds no process of
   // its own by namespace.
-  if (!ns || ns == process::pid_namespace_inode(::getpid())) return std::nullopt;
+  if (!ns || ns == process::pid_namespace_inode(0)) return std::nullopt;
   for (auto& c : running())
     if (c.pid_namespace == *ns) return std::move(c);
   return std::nullopt;
@@ -111,8 +111,8 @@ std::string Container::describe() const {
     case Runtime::kRunc:
       break;
   }
-  return "runc container " + id + (root.path == "/run/runc" ? "" : " (runc root " +
-                                                                         root.path.string() + ")");
+  return "runc container " + id +
+         (root.path == "/run/runc" ? "" : " (runc root " + root.path.string() + ")");
 }
 
 std::string Container::checkpoint_command() const {

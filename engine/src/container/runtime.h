@@ -30,9 +30,9 @@ std::vector<StateRoot> state_roots();
 struct Container {
   StateRoot root;
   std::string id;
-  pid_t init_pid = 0;               // on this host
-  std::uint64_t init_start = 0;     // its start tick, as runc recorded it
-  std::filesystem::path bundle;     // the bundle directory (its config.json), if labelled
+  pid_t init_pid = 0;            // on this host
+  std::uint64_t init_start = 0;  // its start tick, as runc recorded it
+  std::filesystem::path bundle;  // the bundle directory (its config.json), if labelled
   std::filesystem::path rootfs;
   std::uint64_t pid_namespace = 0;  // the inode of its init's pid namespace
 

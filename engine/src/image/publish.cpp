@@ -78,8 +78,8 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
                                    " exists and is not a directory; refusing to replace it");
   // Replace: swap the two names in one step, then delete the old content (now at tmp).
   if (rename2(tmp.path(), final_path, RENAME_EXCHANGE) == 0) {
+    retire(tmp.path());  // before the names are durable: never a sealed copy beside the output
     fsync_dir(parent);
-    retire(tmp.path());
     fault_point("replaced");  // the new one published; the old one not yet removed
     return;                   // tmp's destructor removes the old content
   }

@@ -177,21 +177,10 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
     if (g_interrupting)
       throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
   }
-  {
-    // A signal deferred by an earlier operation's commit (CommitScope) applies before this one
-    // starts: to the signal handler again, which now finds nothing committed.
-    std::unique_lock ck(g_commit_mu);
-    if (g_commits == 0 && g_deferred_signal != 0) {
-      const int sig = std::exchange(g_deferred_signal, 0);
-      ck.unlock();
-      ::kill(::getpid(), sig);
-      // Not thrown before the signal's handler has begun (it ends the program): an error that
-      // overtook it would end gpuckpt with this error's code instead of the signal's.
-      std::unique_lock lk(g_guards_mu);
-      g_interrupting_cv.wait_for(lk, std::chrono::seconds(5), [] { return g_interrupting; });
-      throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
-    }
-  }
+  // A signal deferred by an earlier operation's commit (CommitScope) applies before this one
+  // starts: to the signal handler again, which now finds nothing committed.
+  if (raise_deferred_interrupt())
+    throw Error(Errc::kProcess, "gpuckpt was interrupted: no " + operation + " starts now");
   // Before anything of ours exists: what a run killed with its guard left (a stopped original,
   // an entry moved aside, its spool) is its to undo first, and ours not to touch.
   recover_abandoned_operations();
@@ -568,6 +557,19 @@ std::vector<std::string> interrupt_operations(std::chrono::milliseconds timeout)
   return out;
 }
 
+bool process::raise_deferred_interrupt() {
+  std::unique_lock ck(g_commit_mu);
+  if (g_commits != 0 || g_deferred_signal == 0) return false;
+  const int sig = std::exchange(g_deferred_signal, 0);
+  ck.unlock();
+  ::kill(::getpid(), sig);
+  // Not returned before the signal's handler has begun (it ends the program): an error that
+  // overtook it would end gpuckpt with that error's code instead of the signal's.
+  std::unique_lock lk(g_guards_mu);
+  g_interrupting_cv.wait_for(lk, std::chrono::seconds(5), [] { return g_interrupting; });
+  return true;
+}
+
 CommitScope::CommitScope() {
   std::lock_guard lk(g_commit_mu);
   ++g_commits;
@@ -754,6 +756,21 @@ std::vector<fs::path> ghost_files_in_log(const fs::path& log) {
   return out;
 }
 
+// A running criu's log: its -o (or --log-file), relative to its -W, else its -D; empty if it
+// names none.
+fs::path criu_log_of(const ProcInfo& criu) {
+  fs::path log, work, images;
+  const auto& a = criu.cmdline;
+  for (std::size_t i = 1; i + 1 < a.size(); ++i) {
+    if (a[i] == "-o" || a[i] == "--log-file") log = a[i + 1];
+    if (a[i] == "-W" || a[i] == "--work-dir") work = a[i + 1];
+    if (a[i] == "-D" || a[i] == "--images-dir") images = a[i + 1];
+  }
+  if (log.empty() || log.is_absolute()) return log;
+  const fs::path base = work.empty() ? images : work;
+  return base.empty() ? fs::path() : base / log;
+}
+
 // criu ended without naming its copy: what it had restored of the tree so far (tasks at the
 // checkpoint's pids that started since it began) holds the service's name, its sockets and its
 // pids, blocked for good. It is ended, and the ghost files criu made for it go too.
@@ -776,27 +793,40 @@ void end_half_restored(const Plan::NamedCopy& n, RecoveryLog& log) {
   }
   if (n.log.empty()) return;
   // criu logs a ghost file's name before it creates it: a file of that name may be another
-  // restore's of the same checkpoint (beside this one, in a pid namespace of its own), which
-  // its criu removes when it is done.
-  const auto other_restores = live_pids_where([](const ProcInfo& i) {
-    return !i.cmdline.empty() && fs::path(i.cmdline[0]).filename() == "criu" &&
-           std::find(i.cmdline.begin(), i.cmdline.end(), "restore") != i.cmdline.end();
-  });
-  const auto ghosts = ghost_files_in_log(n.log);
-  if (!other_restores.empty()) {
-    if (!ghosts.empty())
-      say(log, "left the ghost files criu had named (" + ghosts.front().string() +
-                   (ghosts.size() > 1 ? ", ..." : "") + "): criu " + pid_list(other_restores) +
-                   " restores meanwhile, and they may be its. A restore that then fails with "
-                   "\"File exists\" needs them removed once no criu runs");
+  // restore's of the same file (beside this one, in a pid namespace of its own), which its criu
+  // removes when it is done. Such a restore's log names it too; one whose log cannot be read
+  // might.
+  std::vector<fs::path> ghosts;
+  for (auto& g : ghost_files_in_log(n.log)) {
+    struct stat st {};
+    if (::lstat(g.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) ghosts.push_back(std::move(g));
+  }
+  if (ghosts.empty()) return;
+  std::vector<pid_t> owners;
+  for (pid_t q : live_pids_where([](const ProcInfo& i) {
+         return !i.cmdline.empty() && fs::path(i.cmdline[0]).filename() == "criu" &&
+                std::find(i.cmdline.begin(), i.cmdline.end(), "restore") != i.cmdline.end();
+       })) {
+    const auto other = read_proc(q);
+    const fs::path other_log = other ? criu_log_of(*other) : fs::path();
+    std::error_code ec;
+    if (other_log.empty() || !fs::exists(other_log, ec)) {
+      owners.push_back(q);
+      continue;
+    }
+    for (const auto& g : ghost_files_in_log(other_log))
+      if (std::find(ghosts.begin(), ghosts.end(), g) != ghosts.end()) owners.push_back(q);
+  }
+  if (!owners.empty()) {
+    say(log, "left the ghost files criu had made (" + ghosts.front().string() +
+                 (ghosts.size() > 1 ? ", ..." : "") + "): criu " + pid_list(owners) +
+                 " restores meanwhile, and they may be its. A restore that then fails with "
+                 "\"File exists\" needs them removed once no criu runs");
     return;
   }
   std::vector<std::string> removed;
-  for (const auto& g : ghosts) {
-    struct stat st {};
-    if (::lstat(g.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+  for (const auto& g : ghosts)
     if (::unlink(g.c_str()) == 0) removed.push_back(g.string());
-  }
   if (!removed.empty()) say(log, "removed the ghost files criu had made: " + join(removed, ", "));
 }
 
@@ -1079,53 +1109,64 @@ bool write_all(int fd, const std::string& s) {
 
 namespace {
 
-// How long gpuckpt may stay stopped (SIGSTOP, a Ctrl-Z) while its service is frozen:
-// $GPUCKPT_STOPPED_LIMIT seconds, 30 unless set; 0: no bound.
+// How long gpuckpt may stay stopped (SIGSTOP, a Ctrl-Z) while its service waits on it:
+// $GPUCKPT_STOPPED_LIMIT seconds, 30 unless set, at most a day; 0: no bound.
 std::chrono::seconds stopped_limit() {
+  constexpr long kDay = 24 * 3600;
   if (const char* e = std::getenv("GPUCKPT_STOPPED_LIMIT"); e && *e) {
     char* end = nullptr;
     const long v = std::strtol(e, &end, 10);
-    if (end && *end == '\0' && v >= 0) return std::chrono::seconds(v);
+    if (end && *end == '\0' && v >= 0) return std::chrono::seconds(std::min(v, kDay));
   }
   return std::chrono::seconds(30);
 }
 
-// The plan's processes that are stopped now (criu's freeze, or kept stopped for a handoff).
-std::vector<pid_t> frozen_targets(const Plan& p) {
-  std::vector<pid_t> out;
+// What of the service waits for gpuckpt now ("" if nothing): its processes stopped (criu's
+// freeze, or kept stopped for a handoff), its CUDA state locked, its socket paths moved aside,
+// or, in a release migration, the service down between the original's end and the copy.
+std::string what_waits(const Plan& p) {
+  std::vector<pid_t> frozen;
   for (pid_t q : p.pids) {
     const auto info = read_proc(q);
-    if (info && (info->state == 'T' || info->state == 't')) out.push_back(q);
+    if (info && (info->state == 'T' || info->state == 't')) frozen.push_back(q);
   }
-  return out;
+  if (!frozen.empty()) return "process " + pid_list(frozen) + " stayed frozen";
+  if (!p.cuda.empty())
+    return "the CUDA state of process " + pid_list({p.cuda.begin(), p.cuda.end()}) +
+           " stayed locked";
+  if (!p.restore_from.empty())
+    return "the service stayed down (its original ended, its copy not yet serving)";
+  if (!p.renames.empty())
+    return "the socket path " + p.renames.front().first.string() + " stayed moved aside";
+  return {};
 }
 
-// A stopped gpuckpt neither finishes nor fails, so its service would stay frozen for as long as
+// A stopped gpuckpt neither finishes nor fails, so its service would wait for as long as
 // nobody continues it. Called about once a second: past the bound, gpuckpt is killed, and the
 // guard recovers as from any death of gpuckpt.
 class StoppedWatch {
  public:
-  explicit StoppedWatch(std::chrono::seconds limit) : limit_(limit) {}
+  StoppedWatch(pid_t gpuckpt, std::chrono::seconds limit) : gpuckpt_(gpuckpt), limit_(limit) {}
   void check(const Plan& p) {
-    const pid_t gpuckpt = ::getppid();
-    const auto info = limit_.count() > 0 ? read_proc(gpuckpt) : std::nullopt;
-    const auto frozen = info && info->state == 'T' ? frozen_targets(p) : std::vector<pid_t>{};
-    if (frozen.empty()) {
+    const auto info = limit_.count() > 0 && !killed_ ? read_proc(gpuckpt_) : std::nullopt;
+    const std::string waits = info && info->state == 'T' ? what_waits(p) : std::string();
+    if (waits.empty()) {
       since_.reset();
       return;
     }
     const auto now = std::chrono::steady_clock::now();
     if (!since_) since_ = now;
-    if (now - *since_ < limit_ || killed_) return;
+    if (now - *since_ < limit_) return;
     killed_ = true;
-    ::kill(gpuckpt, SIGKILL);
-    write_all(2, "gpuckpt-guard: gpuckpt (pid " + std::to_string(gpuckpt) + ") was stopped for " +
-                     std::to_string(limit_.count()) + " s while process " + pid_list(frozen) +
-                     " stayed frozen: it was killed, and its operation is undone "
-                     "($GPUCKPT_STOPPED_LIMIT sets the bound)\n");
+    ::kill(gpuckpt_, SIGKILL);
+    write_all(2, "gpuckpt-guard: gpuckpt (pid " + std::to_string(gpuckpt_) + ") was stopped for " +
+                     std::to_string(limit_.count()) + " s while " + waits +
+                     ": it was killed, and its guard recovers ($GPUCKPT_STOPPED_LIMIT sets the "
+                     "bound)\n");
   }
 
  private:
+  pid_t gpuckpt_;
   std::chrono::seconds limit_;
   std::optional<std::chrono::steady_clock::time_point> since_;
   bool killed_ = false;
@@ -1137,6 +1178,9 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   // spdlog's default logger writes to stdout, which is the summary pipe in gpuckpt-guard: a log
   // line of its recovery (a restore's) would then be read as the summary, and the operator of
   // an interrupted gpuckpt would never learn what the guard did. Its diagnostics go to stderr.
+  // Read once: a guard re-parented after gpuckpt's death must never take its new parent (a
+  // subreaper) for gpuckpt.
+  const pid_t gpuckpt = ::getppid();
   spdlog::set_default_logger(std::make_shared<spdlog::logger>(
       "gpuckpt-guard", std::make_shared<spdlog::sinks::stderr_color_sink_mt>()));
   spdlog::set_pattern("%^[%l]%$ gpuckpt-guard: %v");
@@ -1175,12 +1219,11 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
   // killed meanwhile leaves them to this guard, so no other takes the processes it resumes.
   std::vector<UniqueFd> locks;
   bool locks_lost = false;
-  StoppedWatch watch(stopped_limit());
+  StoppedWatch watch(gpuckpt, stopped_limit());
   for (;;) {
     pollfd pfd{in_fd, POLLIN, 0};
-    const int ready = ::poll(&pfd, 1, 1000);
-    if (ready < 0 && errno != EINTR) break;
-    if (ready <= 0) {
+    // An error (EINTR, ENOMEM) is no sign that gpuckpt is gone: recv says that.
+    if (::poll(&pfd, 1, 1000) <= 0) {
       watch.check(plan);
       continue;
     }

@@ -76,9 +76,9 @@ class Guard {
   // criu runs as `pid` / has exited.
   void criu_started(pid_t pid);
   void criu_finished();
-  // The restore's criu (of copy_named_in) ended: `clean` if it exited by itself, having undone
-  // what it restored, else (killed) what it left half-restored is the recovery's to end. `log`:
-  // where its log is now.
+  // The restore's criu (of copy_named_in) ended: `clean` if it failed by itself (an exit code
+  // other than 0), having undone what it restored; else (killed) what it left half-restored is
+  // the recovery's to end. `log`: where its log is now.
   void criu_ended(bool clean, const std::filesystem::path& log);
   // The checkpoint is durable. `end_targets`: recovery now ends the protected trees instead of
   // resuming them (a dump that is to end the process).
@@ -172,6 +172,11 @@ class Guard {
 // Asks every live Guard of this process to recover and waits for them (for the CLI's handler of
 // SIGINT, SIGTERM and SIGHUP, which then exits). Returns the summaries.
 std::vector<std::string> abort_all_guards(std::chrono::milliseconds timeout);
+
+// A signal that a commit deferred (CommitScope), once no commit holds it any more: raised again,
+// and returns true once the program's handler has begun to act on it (the operation's thread
+// then stops, as at any interrupt); false if none was deferred.
+bool raise_deferred_interrupt();
 
 // The guard process's main loop: commands on `in_fd`, summary (after an abort) on `out_fd`.
 // `journal`: the operation's journal, which it holds while it lives and removes once the

@@ -377,10 +377,15 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
     const ExitStatus st = conn->wait(std::chrono::seconds(60));
     if (!st.ok())
       throw Error(Errc::kIo, "the target " + where + " did not confirm the commit (" +
-                                 st.describe() + "); its copy is killed there");
+                                 st.describe() +
+                                 "): it kills its copy unless it read the commit line before the "
+                                 "connection failed; look there before restarting the service "
+                                 "here");
   } catch (...) {
-    res.committed.reset();  // not committed after all: an interrupt rolls back again
-    conn->close();          // the target kills an uncommitted copy when its input closes
+    // Not committed after all: an interrupt deferred meanwhile is one again, and rolls back.
+    res.committed.reset();
+    raise_deferred_interrupt();
+    conn->close();  // the target kills an uncommitted copy when its input closes
     const std::string undone = guard.abort();
     rethrow_with_context("migration to " + where + " failed: ", "\nrollback: " + undone);
   }

@@ -138,8 +138,9 @@ std::optional<std::uint64_t> start_ticks(pid_t pid) {
 
 std::optional<std::uint64_t> pid_namespace_inode(pid_t pid) {
   struct stat ns = {};
-  if (pid <= 0 || ::stat(("/proc/" + std::to_string(pid) + "/ns/pid").c_str(), &ns) != 0)
-    return std::nullopt;
+  const std::string path =
+      pid == 0 ? "/proc/self/ns/pid" : "/proc/" + std::to_string(pid) + "/ns/pid";
+  if (pid < 0 || ::stat(path.c_str(), &ns) != 0) return std::nullopt;
   return ns.st_ino;
 }
 

@@ -45,7 +45,8 @@ std::uint64_t boot_ticks_now();
 std::optional<std::uint64_t> start_ticks(pid_t pid);
 
 // The inode of the process's pid namespace (/proc/PID/ns/pid), which names the namespace on this
-// boot; nullopt if the process is gone.
+// boot; nullopt if the process is gone. 0: this process's own (/proc/self, which is right where
+// /proc was mounted for another namespace and /proc/getpid() is not this process).
 std::optional<std::uint64_t> pid_namespace_inode(pid_t pid);
 
 // Sends `sig` (0 = none) and polls until the process is gone or a zombie. Returns false on

@@ -297,7 +297,9 @@ void build_criu_args(RestoreState& r) {
   };
   a.on_start = [](pid_t) { fault_point("criu_restore"); };
   a.on_end = [guard = r.guard](const ExitStatus& st, const fs::path& log) {
-    if (guard) guard->criu_ended(st.exited, log);
+    // Clean: it failed by itself and ended what it had restored. An exit 0 without a pidfile
+    // is no clean failure: what it left is the recovery's to end.
+    if (guard) guard->criu_ended(st.exited && st.code != 0, log);
   };
   r.report_path = r.staging.path() / criu::kRestoreReportName;
   a.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),

@@ -90,7 +90,7 @@ constexpr std::string_view kLockPrefix = ".lock-";  // .lock-PIDNS-PID-TICK in t
 
 // Ours: a pid number names a process only within its namespace.
 std::uint64_t own_pid_namespace() {
-  const auto ns = pid_namespace_inode(::getpid());
+  const auto ns = pid_namespace_inode(0);
   if (!ns) throw Error(Errc::kIo, "cannot read /proc/self/ns/pid");
   return *ns;
 }
@@ -196,6 +196,11 @@ std::vector<HeldLockFile> lock_restored_pids(const std::vector<pid_t>& pids) {
   for (pid_t q : pids) {
     const fs::path path = *run / (prefix + std::to_string(q));
     auto lock = try_lock_file(path);
+    // A sweep (remove_abandoned_locks) holds an unheld file for a moment while it removes it.
+    for (int i = 0; i < 5 && !lock; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      lock = try_lock_file(path);
+    }
     if (!lock)
       throw Error(Errc::kProcess,
                   "pid " + std::to_string(q) + " is being restored by another gpuckpt (" +

@@ -183,7 +183,7 @@ nlohmann::json claimant(const std::string& nonce) {
   const pid_t self = ::getpid();
   return {{"host", host_name()},
           {"boot_id", boot_id()},
-          {"pidns", process::pid_namespace_inode(self).value_or(0)},
+          {"pidns", process::pid_namespace_inode(0).value_or(0)},
           {"pid", self},
           {"start", process::start_ticks(self).value_or(0)},
           {"nonce", nonce},
@@ -198,10 +198,11 @@ bool left_by_the_dead(const nlohmann::json& c) {
   const std::uint64_t ns = c.value("pidns", std::uint64_t{0});
   const std::uint64_t start = c.value("start", std::uint64_t{0});
   if (pid <= 0 || ns == 0 || start == 0 || c.value("host", "") != host_name() ||
-      c.value("boot_id", "") != boot_id() ||
-      ns != process::pid_namespace_inode(::getpid()).value_or(0))
+      c.value("boot_id", "") != boot_id() || ns != process::pid_namespace_inode(0).value_or(0))
     return false;
-  return process::start_ticks(pid) != start;
+  // Unreadable is not gone (hidepid=, another user's gpuckpt): gone only if the kernel says so.
+  if (const auto now = process::start_ticks(pid)) return *now != start;
+  return ::kill(pid, 0) != 0 && errno == ESRCH;
 }
 
 std::string holder(const nlohmann::json& c) {
@@ -231,6 +232,7 @@ class PrefixClaim {
   S3Url url_;
   std::mutex mu_;
   std::vector<std::string> keys_;  // what is ours in the store, while held
+  std::string mine_;               // what this claim wrote (set before any key is held)
   bool released_ = false;          // by the interrupt hook, maybe while take() runs
 };
 
@@ -257,7 +259,8 @@ void PrefixClaim::held_by(const nlohmann::json& them, const std::string& key) {
 
 void PrefixClaim::take() {
   const std::string nonce = random_hex();
-  const std::string mine = claimant(nonce).dump();
+  mine_ = claimant(nonce).dump();
+  const std::string& mine = mine_;
   const std::string own_key = dir() + nonce;
   try {
     s3_.put(url_.bucket, own_key, mine);
@@ -322,13 +325,22 @@ bool PrefixClaim::take_lock(const std::string& mine) {
     }
     held_by(nlohmann::json::parse(now, nullptr, false), key);
   }
-  nlohmann::json them;
-  try {
-    them = nlohmann::json::parse(s3_.get(url_.bucket, key, 64 << 10), nullptr, false);
-  } catch (const Error&) {
-    return false;  // released since: try again
-  }
+  const auto read = [&]() -> std::optional<std::string> {
+    try {
+      return s3_.get(url_.bucket, key, 64 << 10);
+    } catch (const Error&) {
+      if (!s3_.head(url_.bucket, key)) return std::nullopt;  // released since: try again
+      throw;
+    }
+  };
+  const auto theirs = read();
+  if (!theirs) return false;
+  const nlohmann::json them = nlohmann::json::parse(*theirs, nullptr, false);
   if (!left_by_the_dead(them)) held_by(them, key);
+  // Read again just before the removal: another writer that took the dead one's lock meanwhile
+  // keeps it (S3 has no delete-if-unchanged that every store honours; the window left is the
+  // two requests' time).
+  if (read() != theirs) return false;
   spdlog::warn("removing s3://{}/{}, a claim left by gpuckpt pid {} of this host, which is gone",
                url_.bucket, key, them.value("pid", 0));
   s3_.remove(url_.bucket, key);
@@ -344,6 +356,8 @@ void PrefixClaim::release() noexcept {
   }
   for (const auto& key : keys) {
     try {
+      // A store that ignored the lock's condition may hold another writer's there now.
+      if (key == dir() + "lock" && s3_.get(url_.bucket, key, 64 << 10) != mine_) continue;
       s3_.remove(url_.bucket, key);
     } catch (const std::exception& e) {
       spdlog::warn("could not remove this upload's claim s3://{}/{}: {}", url_.bucket, key,
