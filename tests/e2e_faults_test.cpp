@@ -110,6 +110,16 @@ class E2eFaults : public ::testing::Test {
     return c;
   }
   fs::path sock(const std::string& name) const { return dir_.path() / (name + ".sock"); }
+  // Dumps `s` (which ends) to out_/NAME.ckpt and reaps it, so that its pids are free for a
+  // restore; empty if the dump failed.
+  fs::path dumped(Child& s, const std::string& name) {
+    const fs::path ckpt = out_ / (name + ".ckpt");
+    const auto r = test::run_cli({"dump", "--pid", std::to_string(s.pid()), "-o", ckpt.string(),
+                                  "--staging", staging_.string()});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    s.wait_for(std::chrono::seconds(10));
+    return r.exit_code == 0 ? ckpt : fs::path();
+  }
   // The criu that gpuckpt `g` runs now (its child).
   static std::vector<pid_t> criu_of(const Child& g) {
     return process::live_pids_where(
@@ -1455,12 +1465,8 @@ TEST_F(E2eFaults, AKilledCriuRestoreLeavesNoHalfRestoredTreeBehind) {
   ask_unix_line(sock("hr"), "GEN h");
   const std::string state = ask_unix_line(sock("hr"), "STATE");
   const pid_t pid = s.pid();
-  const fs::path ckpt = out_ / "hr.ckpt";
-  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string(), "--staging",
-                           staging_.string()})
-                .exit_code,
-            0);
-  s.wait_for(10s);
+  const fs::path ckpt = dumped(s, "hr");
+  ASSERT_FALSE(ckpt.empty());
   Child g = test::paused_cli({"restore", ckpt.string(), "--staging", staging_.string(),
                               "--staging-mode", "stream", "--probe", "unix:" + sock("hr").string()},
                              "restore_pages", dir_.path(), test::Resume::kWhenUnmarked);
@@ -1507,12 +1513,8 @@ TEST_F(E2eFaults, AKilledCriuRestoreLeavesNoGhostFileBehind) {
     return p && p->comm == "sleep" && !fs::exists(held);
   }));
   const pid_t pid = s.pid();
-  const fs::path ckpt = out_ / "gh.ckpt";
-  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string(), "--staging",
-                           staging_.string()})
-                .exit_code,
-            0);
-  s.wait_for(10s);
+  const fs::path ckpt = dumped(s, "gh");
+  ASSERT_FALSE(ckpt.empty());
   const auto ghosts = [&] {
     std::vector<std::string> found;
     for (const auto& e : fs::directory_iterator("/dev/shm"))
@@ -1548,12 +1550,8 @@ TEST_F(E2eFaults, ARestoreKilledWithItsGuardLeavesNoPidLocks) {
   Child s = server("rl");
   const std::string state = ask_unix_line(sock("rl"), "STATE");
   const pid_t pid = s.pid();
-  const fs::path ckpt = out_ / "rl.ckpt";
-  ASSERT_EQ(test::run_cli({"dump", "--pid", std::to_string(pid), "-o", ckpt.string(), "--staging",
-                           staging_.string()})
-                .exit_code,
-            0);
-  s.wait_for(10s);
+  const fs::path ckpt = dumped(s, "rl");
+  ASSERT_FALSE(ckpt.empty());
   // Held where criu waits for its pages: criu cannot finish the restore meanwhile.
   Child g = test::paused_cli(
       {"restore", ckpt.string(), "--staging", staging_.string(), "--staging-mode", "stream"},
