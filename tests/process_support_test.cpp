@@ -630,6 +630,40 @@ std::string this_boot() {
 
 }  // namespace
 
+// A line of a journal that names no command gpuckpt knows, or one with its fields wrong, was
+// dropped without a word, so a recovery plan quietly shrank and "undone" was reported in full.
+// The rest is still undone; the recovery says it read less than was written.
+TEST(Journal, ALineItCannotReadIsNamedAndTheRecoveryIsNotCalledComplete) {
+  auto dir = test::scratch_dir();
+  const fs::path run = dir.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  Child victim = spawn({"sleep", "600"});
+  ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
+  const auto ticks = process::start_ticks(victim.pid());
+  ASSERT_TRUE(ticks.has_value());
+  fs::create_directories(run);
+  {
+    std::ofstream out(run / ".dump-1234.journal-0123456789abcdef");
+    out << journal_head("dump", 1234, this_boot(), victim.pid(), *ticks);
+    out << nlohmann::json{{"op", "frobnicate"}}.dump() << "\n";
+    out << nlohmann::json{{"op", "remove"}, {"path", 7}}.dump() << "\n";
+  }
+  const auto done = recover_abandoned_operations();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) != 'T'; }))
+      << "what it could read was not undone";
+  ASSERT_EQ(done[0].failures.size(), 2u) << done[0].summary;
+  EXPECT_EQ(done[0].failures[0].code, Errc::kCorrupt);
+  EXPECT_NE(done[0].failures[0].what.find("unknown command 'frobnicate'"), std::string::npos)
+      << done[0].failures[0].what;
+  EXPECT_NE(done[0].failures[1].what.find("command 'remove' is malformed"), std::string::npos)
+      << done[0].failures[1].what;
+  EXPECT_NE(done[0].summary.find("was not read"), std::string::npos) << done[0].summary;
+  victim.kill(SIGKILL);
+  victim.wait();
+}
+
 // The journal covers gpuckpt and its guard killed together. What the next run undoes is only
 // what nobody still holds (a live gpuckpt or guard recovers its own), only what was written in
 // this boot (the pids of an earlier one name other processes), and only from a directory this

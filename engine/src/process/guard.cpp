@@ -96,8 +96,76 @@ struct GuardPlan {
 
 namespace {
 
+// The commands gpuckpt gives its guard, one JSON object a line ({"op": NAME, ...}), which the
+// journal keeps too. The names are the protocol: never rename one.
+enum class GuardOp {
+  kProtect,      // the trees to resume (root, pids, their start ticks)
+  kCuda,         // their processes whose CUDA state is locked and checkpointed
+  kCudaReport,   // where the dump's CRIU plugin reports the tasks it locks
+  kCriu,         // the criu in flight (pid 0: none any more)
+  kCriuExit,     // how the restore's criu ended, and where its log is
+  kDurable,      // the checkpoint is durable (and whether the trees end)
+  kCopy,         // a restored copy (or its pid namespace's init)
+  kCopyPidfile,  // a copy that criu's pidfile will name
+  kKeepCopy,     // commit: the copies stay
+  kHandOver,     // commit: a migration's copy is the service
+  kRemove,       // a path to remove in recovery
+  kKeep,         // ... no longer
+  kRename,       // an entry moved aside, to put back
+  kRestoreFrom,  // a release migration's original, to restore from this checkpoint
+  kLocks,        // process locks (file descriptors) come with this line; not journalled
+  kAbort,        // recover now
+  kDone,         // the operation is over: exit without touching anything
+};
+
+struct GuardOpName {
+  GuardOp op;
+  std::string_view name;
+};
+constexpr GuardOpName kGuardOps[] = {
+    {GuardOp::kProtect, "protect"},
+    {GuardOp::kCuda, "cuda"},
+    {GuardOp::kCudaReport, "cuda_report"},
+    {GuardOp::kCriu, "criu"},
+    {GuardOp::kCriuExit, "criu_exit"},
+    {GuardOp::kDurable, "durable"},
+    {GuardOp::kCopy, "copy"},
+    {GuardOp::kCopyPidfile, "copy_pidfile"},
+    {GuardOp::kKeepCopy, "keep_copy"},
+    {GuardOp::kHandOver, "hand_over"},
+    {GuardOp::kRemove, "remove"},
+    {GuardOp::kKeep, "keep"},
+    {GuardOp::kRename, "rename"},
+    {GuardOp::kRestoreFrom, "restore_from"},
+    {GuardOp::kLocks, "locks"},
+    {GuardOp::kAbort, "abort"},
+    {GuardOp::kDone, "done"},
+};
+
+std::string_view op_name(GuardOp op) {
+  for (const auto& o : kGuardOps)
+    if (o.op == op) return o.name;
+  return "?";
+}
+
+// The command of a line; Error(kCorrupt) naming what is wrong if it is none.
+GuardOp op_of(const json& m) {
+  if (!m.is_object() || !m.contains("op") || !m["op"].is_string())
+    throw Error(Errc::kCorrupt, "not a command: " + m.dump().substr(0, 200));
+  const std::string name = m["op"].get<std::string>();
+  for (const auto& o : kGuardOps)
+    if (o.name == name) return o.op;
+  throw Error(Errc::kCorrupt, "unknown command '" + name.substr(0, 64) + "'");
+}
+
+json command(GuardOp op, json fields = json::object()) {
+  fields["op"] = op_name(op);
+  return fields;
+}
+
 using Plan = GuardPlan;
 void apply(Plan& p, const json& m, bool hold_dirs);
+void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs);
 // What a recovery did, in order, and what of it failed (each failure is said in the summary too).
 struct Recovery {
   std::string summary;
@@ -273,7 +341,7 @@ void Guard::hold_locks(std::vector<HeldLockFile> locks) {
     std::vector<int> fds;
     for (std::size_t k = i; k < std::min(locks.size(), i + kMaxFdsPerMessage); ++k)
       fds.push_back(locks[k].fd());
-    const std::string line = json{{"op", "locks"}, {"count", fds.size()}}.dump() + "\n";
+    const std::string line = command(GuardOp::kLocks, {{"count", fds.size()}}).dump() + "\n";
     const int err = send_with_fds(to_guard_.get(), line, fds);
     if (err == EPIPE || err == ECONNRESET) {
       gone_ = true;
@@ -320,16 +388,16 @@ void Guard::protect(pid_t root, const std::vector<pid_t>& pids) {
   json started = json::array();
   for (pid_t q : pids) started.push_back({q, start_ticks(q).value_or(0)});
   started.push_back({root, start_ticks(root).value_or(0)});
-  send({{"op", "protect"}, {"root", root}, {"pids", pids}, {"started", started}});
+  send(command(GuardOp::kProtect, {{"root", root}, {"pids", pids}, {"started", started}}));
 }
 void Guard::cuda(const std::vector<pid_t>& pids) {
-  send({{"op", "cuda"}, {"pids", pids}});
+  send(command(GuardOp::kCuda, {{"pids", pids}}));
 }
 void Guard::cuda_report(const fs::path& report) {
-  send({{"op", "cuda_report"}, {"path", report.string()}});
+  send(command(GuardOp::kCudaReport, {{"path", report.string()}}));
 }
 void Guard::criu_started(pid_t pid) {
-  send({{"op", "criu"}, {"pid", pid}, {"started", start_ticks(pid).value_or(0)}});
+  send(command(GuardOp::kCriu, {{"pid", pid}, {"started", start_ticks(pid).value_or(0)}}));
 }
 void Guard::criu_finished() {
   // Nothing starts here: after an abort there is nothing to tell, and an error path that calls
@@ -337,42 +405,40 @@ void Guard::criu_finished() {
   // A guard found dead here is not an error of this step either: the next step, or the abort,
   // meets it.
   std::lock_guard lk(mu_);
-  if (!aborted_ && !finished_) tell_locked({{"op", "criu"}, {"pid", 0}, {"started", 0}});
+  if (!aborted_ && !finished_) tell_locked(command(GuardOp::kCriu, {{"pid", 0}, {"started", 0}}));
 }
 void Guard::criu_ended(bool clean, const fs::path& log) {
   // As criu_finished: called on criu's error path, whose error must stay the one reported.
   std::lock_guard lk(mu_);
   if (!aborted_ && !finished_)
-    tell_locked({{"op", "criu_exit"}, {"clean", clean}, {"log", log.string()}});
+    tell_locked(command(GuardOp::kCriuExit, {{"clean", clean}, {"log", log.string()}}));
 }
 void Guard::durable(bool end_targets) {
-  send({{"op", "durable"}, {"end", end_targets}}, /*must_reach=*/false);
+  send(command(GuardOp::kDurable, {{"end", end_targets}}), /*must_reach=*/false);
 }
 void Guard::copy_on_recovery(pid_t pid, pid_t pidns_init, Copy what) {
   // With their start times: the guard acts on these pids only while they are these processes.
-  send({{"op", "copy"},
-        {"pid", pid},
-        {"pid_started", start_ticks(pid).value_or(0)},
-        {"pidns_init", pidns_init},
-        {"init_started", start_ticks(pidns_init).value_or(0)},
-        {"kill", what == Copy::kKill}});
+  send(command(GuardOp::kCopy, {{"pid", pid},
+                                {"pid_started", start_ticks(pid).value_or(0)},
+                                {"pidns_init", pidns_init},
+                                {"init_started", start_ticks(pidns_init).value_or(0)},
+                                {"kill", what == Copy::kKill}}));
 }
 void Guard::copy_named_in(const fs::path& pidfile, Copy what, const std::vector<pid_t>& pids,
                           const fs::path& log) {
   // Taken here, before criu starts, not when the guard reads the line (maybe only after
   // gpuckpt died): the copy started after this tick, a process reusing its pid did not.
-  send({{"op", "copy_pidfile"},
-        {"path", pidfile.string()},
-        {"after", boot_ticks_now()},
-        {"kill", what == Copy::kKill},
-        {"pids", pids},
-        {"log", log.string()}});
+  send(command(GuardOp::kCopyPidfile, {{"path", pidfile.string()},
+                                       {"after", boot_ticks_now()},
+                                       {"kill", what == Copy::kKill},
+                                       {"pids", pids},
+                                       {"log", log.string()}}));
 }
 void Guard::keep_copy() {
-  commit({{"op", "keep_copy"}});
+  commit(command(GuardOp::kKeepCopy));
 }
 void Guard::hand_over(bool end_original) {
-  commit({{"op", "hand_over"}, {"end", end_original}});
+  commit(command(GuardOp::kHandOver, {{"end", end_original}}));
 }
 void Guard::commit(const json& msg) {
   std::vector<fs::path> aside;
@@ -390,11 +456,11 @@ void Guard::commit(const json& msg) {
       spdlog::warn("cannot remove {}: {}", a.string(), std::strerror(errno));
 }
 void Guard::remove_on_recovery(const fs::path& path) {
-  send({{"op", "remove"}, {"path", path.string()}});
+  send(command(GuardOp::kRemove, {{"path", path.string()}}));
   hand_over_temp_dir(path);
 }
 void Guard::keep(const fs::path& path) {
-  send({{"op", "keep"}, {"path", path.string()}});
+  send(command(GuardOp::kKeep, {{"path", path.string()}}));
   take_back_temp_dir(path);
 }
 fs::path Guard::move_aside(const fs::path& path, const std::string& aside_name) {
@@ -419,7 +485,7 @@ fs::path Guard::move_aside(const fs::path& path, const std::string& aside_name) 
                                  "); nothing was restored");
     }
   }
-  send_locked({{"op", "rename"}, {"from", aside.string()}, {"to", path.string()}});
+  send_locked(command(GuardOp::kRename, {{"from", aside.string()}, {"to", path.string()}}));
   if (::renameat2(AT_FDCWD, path.c_str(), AT_FDCWD, aside.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;
     // Not moved, so the rollback cannot give the path back once criu has re-bound it: stop
@@ -431,10 +497,9 @@ fs::path Guard::move_aside(const fs::path& path, const std::string& aside_name) 
 }
 void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& staging_root,
                                 const fs::path& criu_binary) {
-  send({{"op", "restore_from"},
-        {"checkpoint", checkpoint.string()},
-        {"staging", staging_root.string()},
-        {"criu", criu_binary.string()}});
+  send(command(GuardOp::kRestoreFrom, {{"checkpoint", checkpoint.string()},
+                                       {"staging", staging_root.string()},
+                                       {"criu", criu_binary.string()}}));
 }
 
 std::string Guard::abort(std::chrono::milliseconds timeout) {
@@ -443,7 +508,7 @@ std::string Guard::abort(std::chrono::milliseconds timeout) {
     std::lock_guard lk(mu_);
     if (finished_ || !child_.running()) return {};
     aborted_ = true;
-    by_guard = write_locked({{"op", "abort"}});
+    by_guard = write_locked(command(GuardOp::kAbort));
     finished_ = true;
     std::lock_guard rk(g_recover_mu);
     ++g_aborting;
@@ -495,7 +560,7 @@ void Guard::disarm() {
     std::lock_guard lk(mu_);
     if (finished_ || !child_.running()) return;
     // The operation is complete: a guard that died meanwhile had nothing left to undo.
-    write_locked({{"op", "done"}});
+    write_locked(command(GuardOp::kDone));
     finished_ = true;
     journal_.remove();
     locks_.clear();  // the operation is complete: whatever the guard still holds is moot
@@ -1019,85 +1084,132 @@ void forget_renames(Plan& p) {
   p.renames.clear();
 }
 
+// Adds command `m` to the plan. Error(kCorrupt) for a line that is no command, or one whose
+// fields are missing or of the wrong type (what of it came before the bad field stays applied:
+// each field is something to undo).
 void apply(Plan& p, const json& m, bool hold_dirs) {
-  const std::string op = m.at("op");
-  if (op == "protect") {
-    p.roots.push_back(m.at("root").get<pid_t>());
-    for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.pids.insert(q);
-    for (const auto& e : m.at("started"))
-      p.started[e.at(0).get<pid_t>()] = e.at(1).get<std::uint64_t>();
-  } else if (op == "cuda") {
-    for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.cuda.insert(q);
-  } else if (op == "cuda_report") {
-    p.cuda_report = m.at("path").get<std::string>();
-    if (hold_dirs) {
-      try {
-        // The report lies in images/ of the dump's staging directory (make_images_dir).
-        p.cuda_report_hold = hold_dir(p.cuda_report.parent_path().parent_path());
-      } catch (const Error&) {
-        // Gone already (the dump ended it, or a sweep took it): recovery then has p.cuda
-        // alone.
+  const GuardOp op = op_of(m);
+  try {
+    apply_op(p, op, m, hold_dirs);
+  } catch (const json::exception& e) {
+    throw Error(Errc::kCorrupt,
+                "command '" + std::string(op_name(op)) + "' is malformed (" + e.what() + ")");
+  }
+}
+
+void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
+  switch (op) {
+    case GuardOp::kProtect: {
+      p.roots.push_back(m.at("root").get<pid_t>());
+      for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.pids.insert(q);
+      for (const auto& e : m.at("started"))
+        p.started[e.at(0).get<pid_t>()] = e.at(1).get<std::uint64_t>();
+      break;
+    }
+    case GuardOp::kCuda: {
+      for (pid_t q : m.at("pids").get<std::vector<pid_t>>()) p.cuda.insert(q);
+      break;
+    }
+    case GuardOp::kCudaReport: {
+      p.cuda_report = m.at("path").get<std::string>();
+      if (hold_dirs) {
+        try {
+          // The report lies in images/ of the dump's staging directory (make_images_dir).
+          p.cuda_report_hold = hold_dir(p.cuda_report.parent_path().parent_path());
+        } catch (const Error&) {
+          // Gone already (the dump ended it, or a sweep took it): recovery then has p.cuda
+          // alone.
+        }
       }
+      break;
     }
-  } else if (op == "criu") {
-    p.criu = m.at("pid").get<pid_t>();
-    p.criu_started = m.at("started").get<std::uint64_t>();
-  } else if (op == "durable") {
-    p.durable = true;
-    p.end_targets = m.at("end").get<bool>();
-  } else if (op == "copy") {
-    p.copies.push_back({m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>(),
-                        m.at("pid_started").get<std::uint64_t>(),
-                        m.at("init_started").get<std::uint64_t>(), m.at("kill").get<bool>()});
-  } else if (op == "copy_pidfile") {
-    p.copy_pidfiles.push_back({m.at("path").get<std::string>(), m.at("after").get<std::uint64_t>(),
-                               m.at("kill").get<bool>(), m.value("pids", std::vector<pid_t>{}),
-                               m.value("log", std::string())});
-  } else if (op == "criu_exit") {
-    if (!p.copy_pidfiles.empty()) {
-      auto& n = p.copy_pidfiles.back();
-      n.criu_clean = m.at("clean").get<bool>();
-      if (auto log = m.value("log", std::string()); !log.empty()) n.log = std::move(log);
+    case GuardOp::kCriu: {
+      p.criu = m.at("pid").get<pid_t>();
+      p.criu_started = m.at("started").get<std::uint64_t>();
+      break;
     }
-  } else if (op == "keep_copy") {
-    p.copies.clear();
-    p.copy_pidfiles.clear();
-    forget_renames(p);
-  } else if (op == "remove") {
-    p.remove.emplace_back(m.at("path").get<std::string>());
-  } else if (op == "keep") {
-    std::erase(p.remove, fs::path(m.at("path").get<std::string>()));
-  } else if (op == "rename") {
-    p.renames.emplace_back(m.at("from").get<std::string>(), m.at("to").get<std::string>());
-  } else if (op == "restore_from") {
-    p.restore_from = m.at("checkpoint").get<std::string>();
-    if (hold_dirs) {
-      try {
-        const fs::path dir = p.restore_from.parent_path();
-        p.restore_hold = hold_dir(dir.empty() ? fs::path(".") : dir);
-      } catch (const Error&) {
-        // Not ours to hold (gone, or not a directory we may open): nobody sweeps it either.
+    case GuardOp::kDurable: {
+      p.durable = true;
+      p.end_targets = m.at("end").get<bool>();
+      break;
+    }
+    case GuardOp::kCopy: {
+      p.copies.push_back({m.at("pid").get<pid_t>(), m.at("pidns_init").get<pid_t>(),
+                          m.at("pid_started").get<std::uint64_t>(),
+                          m.at("init_started").get<std::uint64_t>(), m.at("kill").get<bool>()});
+      break;
+    }
+    case GuardOp::kCopyPidfile: {
+      p.copy_pidfiles.push_back({m.at("path").get<std::string>(),
+                                 m.at("after").get<std::uint64_t>(), m.at("kill").get<bool>(),
+                                 m.value("pids", std::vector<pid_t>{}),
+                                 m.value("log", std::string())});
+      break;
+    }
+    case GuardOp::kCriuExit: {
+      if (!p.copy_pidfiles.empty()) {
+        auto& n = p.copy_pidfiles.back();
+        n.criu_clean = m.at("clean").get<bool>();
+        if (auto log = m.value("log", std::string()); !log.empty()) n.log = std::move(log);
       }
+      break;
     }
-    p.restore_staging = m.at("staging").get<std::string>();
-    p.restore_criu = m.at("criu").get<std::string>();
-  } else if (op == "hand_over") {
-    p.copies.clear();
-    p.copy_pidfiles.clear();
-    forget_renames(p);
-    p.restore_from.clear();
-    p.restore_hold.reset();
-    if (m.at("end").get<bool>()) {
-      p.durable = p.end_targets = true;
-    } else {
-      // A release: the original ended already, and its pids now name the copy.
-      p.roots.clear();
-      p.pids.clear();
-      p.cuda.clear();
-      p.cuda_report.clear();
-      p.cuda_report_hold.reset();
-      p.started.clear();
+    case GuardOp::kKeepCopy: {
+      p.copies.clear();
+      p.copy_pidfiles.clear();
+      forget_renames(p);
+      break;
     }
+    case GuardOp::kRemove: {
+      p.remove.emplace_back(m.at("path").get<std::string>());
+      break;
+    }
+    case GuardOp::kKeep: {
+      std::erase(p.remove, fs::path(m.at("path").get<std::string>()));
+      break;
+    }
+    case GuardOp::kRename: {
+      p.renames.emplace_back(m.at("from").get<std::string>(), m.at("to").get<std::string>());
+      break;
+    }
+    case GuardOp::kRestoreFrom: {
+      p.restore_from = m.at("checkpoint").get<std::string>();
+      if (hold_dirs) {
+        try {
+          const fs::path dir = p.restore_from.parent_path();
+          p.restore_hold = hold_dir(dir.empty() ? fs::path(".") : dir);
+        } catch (const Error&) {
+          // Not ours to hold (gone, or not a directory we may open): nobody sweeps it either.
+        }
+      }
+      p.restore_staging = m.at("staging").get<std::string>();
+      p.restore_criu = m.at("criu").get<std::string>();
+      break;
+    }
+    case GuardOp::kHandOver: {
+      p.copies.clear();
+      p.copy_pidfiles.clear();
+      forget_renames(p);
+      p.restore_from.clear();
+      p.restore_hold.reset();
+      if (m.at("end").get<bool>()) {
+        p.durable = p.end_targets = true;
+      } else {
+        // A release: the original ended already, and its pids now name the copy.
+        p.roots.clear();
+        p.pids.clear();
+        p.cuda.clear();
+        p.cuda_report.clear();
+        p.cuda_report_hold.reset();
+        p.started.clear();
+      }
+      break;
+    }
+    case GuardOp::kLocks:
+    case GuardOp::kAbort:
+    case GuardOp::kDone:
+      // Control, not plan: the guard's loop acts on them (and a journal never holds them).
+      break;
   }
 }
 
@@ -1242,18 +1354,21 @@ int guard_main(int in_fd, int out_fd, const fs::path& journal) {
     for (std::size_t nl; (nl = buf.find('\n')) != std::string::npos;) {
       const json m = json::parse(buf.substr(0, nl), nullptr, false);
       buf.erase(0, nl + 1);
-      if (!m.is_object() || !m.contains("op")) continue;
-      if (m["op"] == "done") {
-        over();
-        return 0;
-      }
-      if (m["op"] == "abort") {
-        aborted = true;
-        break;
-      }
       try {
+        const GuardOp op = op_of(m);
+        if (op == GuardOp::kDone) {
+          over();
+          return 0;
+        }
+        if (op == GuardOp::kAbort) {
+          aborted = true;
+          break;
+        }
         apply(plan, m, /*hold_dirs=*/true);
-      } catch (const json::exception&) {
+      } catch (const Error& e) {
+        // gpuckpt and its guard are built together: a line it cannot read is a bug, said where
+        // the operator sees it; the recovery goes on with what it could read.
+        write_all(2, "gpuckpt-guard: ignored a line from gpuckpt: " + std::string(e.what()) + "\n");
       }
     }
     if (aborted) break;
@@ -1280,12 +1395,14 @@ std::vector<RecoveredOperation> recover_abandoned_operations() {
     process::Plan p;
     p.replay = true;
     p.operation = j.header.value("operation", "");
+    std::vector<std::string> unread;
     for (const auto& c : j.commands) {
       try {
         // Holding the spool a release migration's original is restored from, as its guard
         // did: a sweep by another run must not take it meanwhile.
         process::apply(p, c, /*hold_dirs=*/true);
-      } catch (const json::exception&) {
+      } catch (const Error& e) {
+        unread.push_back(e.what());
       }
     }
     RecoveredOperation r;
@@ -1303,6 +1420,13 @@ std::vector<RecoveredOperation> recover_abandoned_operations() {
       auto undone = process::recover(p);
       r.summary = std::move(undone.summary);
       r.failures = std::move(undone.failures);
+      // A line it could not read may have named something to undo: the recovery is not known
+      // to be complete.
+      for (const auto& u : unread) {
+        const std::string what = "a line of the journal " + r.journal + " was not read: " + u;
+        r.summary += "; " + what;
+        r.failures.push_back({Errc::kCorrupt, what});
+      }
     } catch (...) {
       process::end_abort(r.summary);
       throw;
