@@ -1234,8 +1234,10 @@ std::chrono::seconds stopped_limit() {
 }
 
 // What of the service waits for gpuckpt now ("" if nothing): its processes stopped (criu's
-// freeze, or kept stopped for a handoff), its CUDA state locked, its socket paths moved aside,
-// or, in a release migration, the service down between the original's end and the copy.
+// freeze, which is also when their CUDA state is locked, or kept stopped for a handoff), its
+// socket paths moved aside, or, in a release migration, the service down between the
+// original's end and the copy. Not the plan's CUDA pids alone: a dump that left its tree
+// running has given their state back, and recovering it again is not for a stopped gpuckpt.
 std::string what_waits(const Plan& p) {
   std::vector<pid_t> frozen;
   for (pid_t q : p.pids) {
@@ -1243,9 +1245,6 @@ std::string what_waits(const Plan& p) {
     if (info && (info->state == 'T' || info->state == 't')) frozen.push_back(q);
   }
   if (!frozen.empty()) return "process " + pid_list(frozen) + " stayed frozen";
-  if (!p.cuda.empty())
-    return "the CUDA state of process " + pid_list({p.cuda.begin(), p.cuda.end()}) +
-           " stayed locked";
   if (!p.restore_from.empty())
     return "the service stayed down (its original ended, its copy not yet serving)";
   if (!p.renames.empty())
