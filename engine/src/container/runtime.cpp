@@ -35,11 +35,6 @@ std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) 
   c.init_start = j.value("init_process_start", std::uint64_t{0});
   if (pid <= 0) return std::nullopt;
   c.init_pid = static_cast<pid_t>(pid);
-  const auto config = j.value("config", nlohmann::json::object());
-  c.rootfs = config.value("rootfs", std::string());
-  for (const auto& l : config.value("labels", nlohmann::json::array()))
-    if (l.is_string() && l.get<std::string>().starts_with("bundle="))
-      c.bundle = l.get<std::string>().substr(7);
   // Its init must be the process runc started, not a later one that reuses the pid.
   if (process::start_ticks(c.init_pid) != c.init_start || !process::alive(c.init_pid))
     return std::nullopt;
@@ -49,20 +44,8 @@ std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) 
 
 }  // namespace
 
-const char* runtime_name(Runtime r) {
-  switch (r) {
-    case Runtime::kRunc:
-      return "runc";
-    case Runtime::kDocker:
-      return "docker";
-    case Runtime::kContainerd:
-      return "containerd";
-  }
-  return "?";
-}
-
 std::vector<StateRoot> state_roots() {
-  std::vector<StateRoot> roots{{Runtime::kRunc, "/run/runc", ""},
+  std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""},
                                {Runtime::kDocker, "/run/docker/runtime-runc/moby", ""}};
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/run/containerd/runc", ec))
@@ -112,7 +95,7 @@ std::string Container::describe() const {
       break;
   }
   return "runc container " + id +
-         (root.path == "/run/runc" ? "" : " (runc root " + root.path.string() + ")");
+         (root.path == kRuncRoot ? "" : " (runc root " + root.path.string() + ")");
 }
 
 std::string Container::checkpoint_command() const {
@@ -124,7 +107,7 @@ std::string Container::checkpoint_command() const {
     case Runtime::kRunc:
       break;
   }
-  return "runc" + (root.path == "/run/runc" ? "" : " --root " + shell_quote(root.path.string())) +
+  return "runc" + (root.path == kRuncRoot ? "" : " --root " + shell_quote(root.path.string())) +
          " checkpoint --image-path DIR " + shell_quote(id);
 }
 

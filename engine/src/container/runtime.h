@@ -14,7 +14,9 @@
 namespace gpuckpt::container {
 
 enum class Runtime { kRunc, kDocker, kContainerd };
-const char* runtime_name(Runtime r);
+
+// runc's own root (runc without --root).
+inline constexpr const char* kRuncRoot = "/run/runc";
 
 // One runc root and whose it is.
 struct StateRoot {
@@ -23,17 +25,15 @@ struct StateRoot {
   std::string ns;              // containerd's namespace ("default", "k8s.io"); else empty
 };
 
-// The roots to look in: runc's (/run/runc), dockerd's, every containerd namespace's, and each
+// The roots to look in: runc's (kRuncRoot), dockerd's, every containerd namespace's, and each
 // directory of $GPUCKPT_RUNC_ROOTS (colon-separated: runc started with --root).
 std::vector<StateRoot> state_roots();
 
 struct Container {
   StateRoot root;
   std::string id;
-  pid_t init_pid = 0;            // on this host
-  std::uint64_t init_start = 0;  // its start tick, as runc recorded it
-  std::filesystem::path bundle;  // the bundle directory (its config.json), if labelled
-  std::filesystem::path rootfs;
+  pid_t init_pid = 0;               // on this host
+  std::uint64_t init_start = 0;     // its start tick, as runc recorded it
   std::uint64_t pid_namespace = 0;  // the inode of its init's pid namespace
 
   // How the operator names it to its runtime: "runc container web", "Docker container 3f2a...".

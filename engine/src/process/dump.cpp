@@ -150,7 +150,7 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
                : std::string()) +
          ", made by no container runtime gpuckpt knows (`unshare --pid`, or a runtime whose "
          "state is not under " +
-         container::state_roots().front().path.string() +
+         container::kRuncRoot +
          " or $GPUCKPT_RUNC_ROOTS), and gpuckpt does not dump pid namespaces yet: " + whole;
 }
 

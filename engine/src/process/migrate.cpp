@@ -128,10 +128,10 @@ MigrateResult migrate(const MigrateOptions& o) {
   require_live(o.pid, info);
   // Both halves' options, before the freeze: a restore's refusal after it (after the original
   // ended, in a release) would cost the rollback instead of the command line.
+  const bool over_ssh = remote::is_ssh_url(o.to_dir.string());
   criu::check_extra_args(criu::Op::kDump, o.criu.extra_args);
-  if (!remote::is_ssh_url(o.to_dir.string()))
-    criu::check_extra_args(criu::Op::kRestore, o.criu.extra_args);
-  if (remote::is_ssh_url(o.to_dir.string())) return migrate_over_ssh(o);
+  if (!over_ssh) criu::check_extra_args(criu::Op::kRestore, o.criu.extra_args);
+  if (over_ssh) return migrate_over_ssh(o);
   MigrateResult res;
   res.old_pid = o.pid;
   res.target = "this host";
