@@ -270,6 +270,20 @@ void add_inspect(CLI::App& app, Context& ctx) {
     std::printf("checksum     %s\n", info.sealed ? "whole manifest, in manifest.seal"
                                                  : "none for the manifest (format 1.0)");
     std::printf("signature    %s\n", signature_text(sig, trusted).c_str());
+    // A container's record, whole: what its restore needs here (rootfs, mount sources).
+    if (const auto* box = info.extra.is_object() && info.extra.contains("process")
+                              ? &info.extra["process"]
+                              : nullptr;
+        box && box->contains("container")) {
+      const auto& c = (*box)["container"];
+      std::printf("container    %s %s (runc root %s), bundle %s, rootfs %s\n",
+                  c.value("runtime", "").c_str(), c.value("id", "").c_str(),
+                  c.value("root", "").c_str(), c.value("bundle", "").c_str(),
+                  c.value("rootfs", "").c_str());
+      for (const auto& m : c.value("mounts", nlohmann::json::array()))
+        std::printf("  mount      %s from %s\n", m.value("destination", "").c_str(),
+                    m.value("source", "").c_str());
+    }
     if (!info.extra.is_null()) {
       std::string extra = json_text(info.extra);
       if (extra.size() > 160) extra = extra.substr(0, 157) + "...";

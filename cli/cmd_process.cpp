@@ -104,7 +104,7 @@ constexpr const char* kThreadsHelp =
 
 struct DumpArgs {
   int pid = 0;
-  std::string output, spool;
+  std::string container, output, spool;
   StagingFlags staging;
   bool leave_running = false, force = false, tcp_established = false;
   int level = 1;
@@ -116,8 +116,11 @@ struct DumpArgs {
 };
 
 void run_dump(const DumpArgs& o, Context& ctx) {
+  if (o.pid <= 0 && o.container.empty())
+    throw Error(Errc::kUsage, "dump needs --pid PID or --container ID");
   DumpOptions d;
   d.pid = o.pid;
+  d.container = o.container;
   d.output = o.output;
   d.spool_root = o.spool;
   d.leave_running = o.leave_running;
@@ -136,7 +139,8 @@ void run_dump(const DumpArgs& o, Context& ctx) {
   ctx.progress_done();
   if (ctx.json) {
     ctx.emit({{"ok", true},
-              {"pid", d.pid},
+              {"pid", r.tree.empty() ? d.pid : r.tree.front()},
+              {"container", r.container},
               {"comm", r.comm},
               {"checkpoint", d.output},
               {"leave_running", d.leave_running},
@@ -156,7 +160,9 @@ void run_dump(const DumpArgs& o, Context& ctx) {
     return;
   }
   print_header(
-      "dumped pid %d (%s%s) to %s: %s of CRIU images, %s on storage%s%s", d.pid, r.comm.c_str(),
+      "dumped %s%d (%s%s) to %s: %s of CRIU images, %s on storage%s%s",
+      r.container.empty() ? "pid " : ("container " + r.container + ", init pid ").c_str(),
+      r.tree.empty() ? d.pid : r.tree.front(), r.comm.c_str(),
       r.tree.size() > 1 ? (", a tree of " + std::to_string(r.tree.size()) + " processes").c_str()
                         : "",
       d.output.c_str(), human_bytes(r.image_bytes).c_str(), human_bytes(r.checkpoint_bytes).c_str(),
@@ -180,9 +186,13 @@ void run_dump(const DumpArgs& o, Context& ctx) {
 void add_dump(CLI::App& app, Context& ctx) {
   auto* c = app.add_subcommand("dump", "Checkpoint a live process (CUDA state included) to CKPT");
   auto o = std::make_shared<DumpArgs>();
-  c->add_option("--pid", o->pid, "Root of the process tree to checkpoint")
-      ->required()
-      ->check(CLI::PositiveNumber);
+  auto* pid = c->add_option("--pid", o->pid, "Root of the process tree to checkpoint")
+                  ->check(CLI::PositiveNumber);
+  auto* box = c->add_option("--container", o->container,
+                            "A whole runc container, by ID (runc's root, or one in "
+                            "$GPUCKPT_RUNC_ROOTS): it ends, and runc forgets it, once the "
+                            "checkpoint is durable; `restore --container` brings it back");
+  pid->excludes(box);
   c->add_flag("--tcp-established", o->tcp_established,
               "Dump established TCP connections with their state, so clients stay connected "
               "(default: they are not dumped and a client in mid-request sees a reset; "
@@ -221,7 +231,8 @@ constexpr const char* kNoHugePagesHelp =
     "\"Parallel fill\")";
 
 struct RestoreArgs {
-  std::string checkpoint, gpu_map, spool;
+  std::string checkpoint, gpu_map, spool, container_log;
+  std::optional<std::string> container;
   StagingFlags staging;
   bool new_pidns = false, take_endpoints = false, await_commit = false, no_huge_pages = false;
   unsigned threads = 0;
@@ -241,6 +252,8 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.unpack.threads = o.threads;
   r.probe = o.probe.probe();
   r.new_pid_ns = o.new_pidns;
+  r.container = o.container;
+  r.container_log = o.container_log;
   r.take_endpoints = o.take_endpoints;
   r.huge_pages = !o.no_huge_pages;
   r.criu = o.criu.settings();
@@ -255,6 +268,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
                      {"staging_mode", staging_mode_name(res.staging_mode)},
                      {"huge_page_bytes", res.huge_page_bytes}};
     if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
+    if (!res.container.empty()) j["container"] = res.container;
     if (!res.damaged_unread.empty()) j["damaged_unread"] = res.damaged_unread;
     if (r.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
     return j;
@@ -288,7 +302,9 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
     ctx.emit(result_json(res));
     return;
   }
-  print_header("restored %s as pid %d%s%s", r.checkpoint.c_str(), res.pid,
+  print_header("restored %s as %spid %d%s%s", r.checkpoint.c_str(),
+               res.container.empty() ? "" : ("container " + res.container + ", init ").c_str(),
+               res.pid,
                res.pidns_init > 0
                    ? (" (pid " + std::to_string(res.ns_pid) + " in its own pid namespace)").c_str()
                    : "",
@@ -322,6 +338,14 @@ void add_restore(CLI::App& app, Context& ctx) {
   o->staging.add(c, "Where the images are unpacked for CRIU (tmpfs)");
   c->add_flag("--new-pidns", o->new_pidns,
               "Restore into a new pid namespace (the checkpointed pid may be in use here)");
+  c->add_option("--container", o->container,
+                "A container checkpoint (dump --container), restored as a runc container "
+                "under its ID, or NEW_ID (a second one beside it: a replica)")
+      ->expected(0, 1)
+      ->default_str("");
+  c->add_option("--container-log", o->container_log,
+                "With --container: file the restored container's stdout and stderr are "
+                "appended to (default /run/gpuckpt/containers/ID/stdio.log)");
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
   c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
   o->probe.add(c);

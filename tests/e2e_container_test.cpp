@@ -1,7 +1,10 @@
-// Processes in containers, with real runc and a bundle the test makes (no registry reaches this
-// machine): gpuckpt finds the container from runc's own state and names it, and the command that
-// would take it whole, before anything is frozen. A pid namespace no runtime made is named as
-// such, never blamed on a gpuckpt restore that was never run.
+// Containers, with real runc, real CRIU and a redis server in a bundle the test makes (no
+// registry reaches this machine): `dump --container` takes one whole, `restore --container`
+// brings it back as a container runc lists, with its data (DEBUG DIGEST), once or as replicas
+// beside each other; a signal at any phase of the dump leaves it running and known to runc; and
+// what cannot be done is refused before anything is frozen. A process inside a container is
+// named with its container, and a pid namespace no runtime made as such.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -9,9 +12,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "gpuckpt/error.h"
 #include "process/pidns.h"
 #include "process/proc_info.h"
 #include "test_support.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -20,11 +25,15 @@ using nlohmann::json;
 
 namespace {
 
+constexpr int kRedisPort = 6379;
+
 class E2eContainer : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto runc = find_executable("runc");
     if (!runc) GTEST_SKIP() << "runc is not installed (scripts/setup.sh installs it)";
+    if (!find_executable("redis-server") || !find_executable("redis-cli"))
+      GTEST_SKIP() << "redis is not installed (scripts/setup.sh installs it)";
     runc_ = runc->string();
     root_ = dir_.path() / "runc-root";
     bundle_ = dir_.path() / "bundle";
@@ -34,6 +43,14 @@ class E2eContainer : public ::testing::Test {
     for (const auto& id : started_) {
       runc({"kill", id, "KILL"});
       runc({"delete", "--force", id});
+    }
+    for (auto& d : drains_) {
+      d.kill(SIGKILL);
+      d.wait();
+    }
+    for (const auto& id : started_) {
+      std::error_code ec;
+      fs::remove_all(fs::path("/run/gpuckpt/containers") / id, ec);
     }
   }
 
@@ -58,7 +75,9 @@ class E2eContainer : public ::testing::Test {
     ASSERT_TRUE(run_capture({runc_, "spec"}, 30s, o).status.ok());
     json spec = json::parse(read_file(bundle_ / "config.json"));
     spec["process"]["terminal"] = false;
-    spec["process"]["args"] = {"/usr/bin/sleep", "1000"};
+    spec["process"]["args"] = {
+        "/usr/bin/redis-server", "--port", std::to_string(kRedisPort), "--save", "",
+        "--appendonly",          "no",     "--enable-debug-command",   "yes"};
     spec["process"].erase("rlimits");
     spec["root"]["readonly"] = false;
     spec["mounts"].push_back({{"destination", "/usr"},
@@ -82,20 +101,73 @@ class E2eContainer : public ::testing::Test {
     return c.wait();
   }
 
-  // Starts container `id` (detached) and returns its init's host pid.
-  pid_t run_container(const std::string& id) {
-    const ExitStatus st = runc_detached({"run", "--detach", id});
+  // Starts container `id` (detached) and returns its init's host pid. Its stdout and stderr
+  // are a pipe that a process of the test drains, as a runtime's shim does (`files`: runc's
+  // own, a host file).
+  pid_t run_container(const std::string& id, bool files = false) {
+    ExitStatus st;
+    if (files) {
+      st = runc_detached({"run", "--detach", id});
+    } else {
+      int ends[2];
+      EXPECT_EQ(::pipe2(ends, O_CLOEXEC), 0);
+      UniqueFd drain(ends[0]), feed(ends[1]);
+      SpawnOptions d;
+      d.stdin_fd = drain.get();
+      d.stdout_file = dir_.path() / (id + ".log");
+      drains_.push_back(spawn({"cat"}, d));
+      SpawnOptions o;
+      o.cwd = bundle_;
+      o.stdout_fd = feed.get();
+      o.stderr_fd = feed.get();
+      Child c = spawn({runc_, "--root", root_.string(), "run", "--detach", id}, o);
+      feed.reset();
+      st = c.wait_for(60s).value_or(ExitStatus{});
+    }
     EXPECT_TRUE(st.ok()) << st.describe() << read_file(dir_.path() / "runc.err");
     started_.push_back(id);
+    const pid_t init = pid_of(id);
+    EXPECT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
+    return init;
+  }
+
+  // The host pid of container `id`'s init, as runc says; 0 if runc has no running container.
+  pid_t pid_of(const std::string& id) {
     const json state = json::parse(runc({"state", id}).output, nullptr, false);
-    EXPECT_TRUE(state.is_object());
-    return state.is_object() ? state.value("pid", 0) : 0;
+    if (!state.is_object() || state.value("status", "") != "running") return 0;
+    return state.value("pid", 0);
+  }
+
+  // redis-cli ARGS inside the network namespace of `pid`; its answer without the newline.
+  static std::string redis(pid_t pid, std::vector<std::string> args) {
+    args.insert(args.begin(), {"nsenter", "--net=/proc/" + std::to_string(pid) + "/ns/net",
+                               "redis-cli", "-p", std::to_string(kRedisPort)});
+    try {
+      std::string out = run_capture(args, 30s).output;
+      while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+      return out;
+    } catch (const Error&) {
+      return {};
+    }
+  }
+
+  // Some data in the container's redis, and its digest.
+  static std::string fill(pid_t pid) {
+    for (int i = 0; i < 200; ++i)
+      redis(pid,
+            {"SET", "key:" + std::to_string(i), std::string(512, static_cast<char>('a' + i % 26))});
+    return redis(pid, {"DEBUG", "DIGEST"});
+  }
+
+  std::string unique_id(const std::string& tag) {
+    return "gk-" + tag + "-" + std::to_string(::getpid());
   }
 
   TempDir dir_ = test::scratch_dir("gpuckpt-e2e-container");
   std::string runc_;
   fs::path root_, bundle_;
   std::vector<std::string> started_;
+  std::vector<Child> drains_;
 };
 
 }  // namespace
@@ -131,10 +203,7 @@ TEST_F(E2eContainer, ADumpOfAProcessInAContainerNamesTheContainerAndFreezesNothi
     EXPECT_EQ(msg.find("as its init") != std::string::npos, q == init) << msg;
     EXPECT_EQ(msg.find("its init is pid " + std::to_string(init)) != std::string::npos, q == inner)
         << msg;
-    EXPECT_NE(
-        msg.find("`runc --root '" + root_.string() + "' checkpoint --image-path DIR '" + id + "'`"),
-        std::string::npos)
-        << msg;
+    EXPECT_NE(msg.find("`gpuckpt dump --container '" + id + "'`"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("--new-pidns"), std::string::npos) << msg;
     EXPECT_NE(msg.find("Nothing was frozen"), std::string::npos) << msg;
     EXPECT_FALSE(fs::exists(out));
@@ -175,4 +244,163 @@ TEST_F(E2eContainer, AProcessInAPidNamespaceNoRuntimeMadeIsNamedAsSuch) {
   u.kill(SIGKILL);
   ::kill(sleeper, SIGKILL);
   u.wait();
+}
+
+// The spike, done by gpuckpt: redis in a runc container dumped whole, restored as a
+// container runc lists under the same ID, with its data; and the restored one is a container
+// that can be dumped again.
+TEST_F(E2eContainer, AContainerComesBackAsARuncContainerWithItsData) {
+  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
+  const std::string id = unique_id("whole");
+  const pid_t init = run_container(id);
+  ASSERT_GT(init, 0);
+  const std::string digest = fill(init);
+  ASSERT_EQ(digest.size(), 40u) << digest;
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  auto d = test::run_cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const json dj = json::parse(d.out, nullptr, false);
+  ASSERT_TRUE(dj.is_object()) << d.out;
+  EXPECT_EQ(dj.value("container", ""), id);
+  EXPECT_EQ(dj.value("pid", 0), init);
+  const auto& stages = dj["timeline"]["stages"];
+  EXPECT_TRUE(std::any_of(stages.begin(), stages.end(),
+                          [](const json& s) { return s.value("name", "") == "runtime_delete"; }));
+  // Ended, and runc has forgotten it: its ID is free.
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_FALSE(runc({"state", id}).status.ok());
+
+  // The record names the container, its bundle and its mounts.
+  const auto i = test::run_cli({"--json", "inspect", ckpt.string()});
+  const json ij = json::parse(i.out, nullptr, false);
+  ASSERT_TRUE(ij.is_object()) << i.out;
+  const json& rec = ij["extra"]["process"]["container"];
+  EXPECT_EQ(rec.value("id", ""), id);
+  EXPECT_EQ(rec.value("bundle", ""), bundle_.string());
+  EXPECT_EQ(rec["spec"]["process"]["args"][0], "/usr/bin/redis-server");
+  EXPECT_TRUE(std::any_of(rec["mounts"].begin(), rec["mounts"].end(),
+                          [](const json& m) { return m.value("destination", "") == "/usr"; }));
+
+  auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json rj = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(rj.is_object()) << r.out;
+  EXPECT_EQ(rj.value("container", ""), id);
+  const pid_t back = pid_of(id);
+  ASSERT_GT(back, 0) << "runc does not list the restored container as running";
+  EXPECT_EQ(rj.value("pid", 0), back);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+
+  // Dumped again from where the restore put it, and back under another ID.
+  const fs::path again = dir_.path() / "again.ckpt";
+  d = test::run_cli({"dump", "--container", id, "-o", again.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const std::string id2 = unique_id("again");
+  started_.push_back(id2);
+  r = test::run_cli({"restore", again.string(), "--container", id2});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(pid_of(id2), {"DEBUG", "DIGEST"}), digest);
+}
+
+// A warm snapshot scaled out: one checkpoint, two containers beside each other, each in a
+// network namespace of its own, both serving the same port with the same data.
+TEST_F(E2eContainer, OneCheckpointRestoredTwiceServesTwoReplicasOnTheSamePort) {
+  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
+  const std::string id = unique_id("snap");
+  const pid_t init = run_container(id);
+  ASSERT_GT(init, 0);
+  const std::string digest = fill(init);
+  const fs::path ckpt = dir_.path() / "snap.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(pid_of(id), init) << "a snapshot leaves its container running";
+  std::vector<pid_t> replicas;
+  for (const char* tag : {"r1", "r2"}) {
+    const std::string rid = unique_id(tag);
+    started_.push_back(rid);
+    const auto r = test::run_cli({"restore", ckpt.string(), "--container", rid});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    replicas.push_back(pid_of(rid));
+    ASSERT_GT(replicas.back(), 0);
+    EXPECT_EQ(redis(replicas.back(), {"DEBUG", "DIGEST"}), digest);
+  }
+  EXPECT_NE(process::pid_namespace_inode(replicas[0]), process::pid_namespace_inode(replicas[1]));
+  struct stat a {
+  }, b{};
+  ASSERT_EQ(::stat(("/proc/" + std::to_string(replicas[0]) + "/ns/net").c_str(), &a), 0);
+  ASSERT_EQ(::stat(("/proc/" + std::to_string(replicas[1]) + "/ns/net").c_str(), &b), 0);
+  EXPECT_NE(a.st_ino, b.st_ino);
+  // Each is its own: a write to one is not in the other.
+  EXPECT_EQ(redis(replicas[0], {"SET", "only", "r1"}), "OK");
+  EXPECT_EQ(redis(replicas[1], {"GET", "only"}), "");
+}
+
+// gpuckpt killed by any signal at each phase before the checkpoint is durable: the container
+// runs again with its data, and runc still lists it as running.
+TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToRunc) {
+  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
+  const std::string id = unique_id("fault");
+  const pid_t init = run_container(id);
+  ASSERT_GT(init, 0);
+  const std::string digest = fill(init);
+  const fs::path ckpt = dir_.path() / "f.ckpt";
+  for (const std::string point : {"criu_dump", "compress_write"}) {
+    for (const int sig : {SIGINT, SIGKILL}) {
+      SCOPED_TRACE(point + " / " + strsignal(sig));
+      Child g =
+          test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, point, dir_.path());
+      g.kill(sig);
+      const ExitStatus st = g.wait();
+      EXPECT_FALSE(st.exited);
+      EXPECT_TRUE(test::runs_again(init)) << "the container was left frozen";
+      EXPECT_EQ(pid_of(id), init);
+      EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
+      EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
+    }
+  }
+}
+
+// Each refusal comes before anything is frozen, names what is wrong, and loses nothing.
+TEST_F(E2eContainer, WhatCannotBeDoneIsRefusedBeforeAnythingIsFrozen) {
+  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
+  const fs::path ckpt = dir_.path() / "x.ckpt";
+  auto expect_refused = [&](const std::vector<std::string>& args, int code,
+                            const std::string& says) {
+    auto full = args;
+    full.insert(full.begin(), "--json");
+    const auto r = test::run_cli(full);
+    EXPECT_EQ(r.exit_code, code) << r.out << r.err;
+    const json j = json::parse(r.out, nullptr, false);
+    const std::string msg = j.is_object() ? j["error"].value("message", "") : r.out;
+    EXPECT_NE(msg.find(says), std::string::npos) << msg;
+  };
+  expect_refused({"dump", "--container", "no-such-container", "-o", ckpt.string()}, 3,
+                 "no running container no-such-container");
+  expect_refused({"dump", "-o", ckpt.string()}, 2, "--pid PID or --container ID");
+
+  // Paused by its runtime: left paused.
+  const std::string paused = unique_id("paused");
+  const pid_t p = run_container(paused);
+  ASSERT_TRUE(runc({"pause", paused}).status.ok());
+  expect_refused({"dump", "--container", paused, "-o", ckpt.string()}, 10, "is paused");
+  const json state = json::parse(runc({"state", paused}).output, nullptr, false);
+  EXPECT_EQ(state.value("status", ""), "paused");
+  ASSERT_TRUE(runc({"resume", paused}).status.ok());
+
+  // Its output into a host file, which CRIU cannot dump: it keeps running.
+  const std::string files = unique_id("files");
+  const pid_t f = run_container(files, /*files=*/true);
+  expect_refused({"dump", "--container", files, "-o", ckpt.string()}, 10,
+                 "a host file outside the container's mounts");
+  EXPECT_EQ(pid_of(files), f);
+  EXPECT_FALSE(fs::exists(ckpt));
+
+  // A checkpoint of it; a restore under an ID runc has, and one without --container.
+  ASSERT_EQ(test::run_cli({"dump", "--container", paused, "-o", ckpt.string(), "--leave-running"})
+                .exit_code,
+            0);
+  expect_refused({"restore", ckpt.string(), "--container", files}, 12,
+                 "already has a container " + files);
+  expect_refused({"restore", ckpt.string()}, 2, "restore it with --container");
+  EXPECT_EQ(pid_of(paused), p);
 }

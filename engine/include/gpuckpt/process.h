@@ -75,6 +75,11 @@ StagingMode parse_staging_mode(const std::string& s);
 
 struct DumpOptions {
   pid_t pid = 0;
+  // A whole container, by its runtime's ID (instead of pid): its init's tree with its pid and
+  // mount namespaces, the runtime's mounts as external ones, its stdio and spec. Once the
+  // checkpoint is durable the container ends and its runtime forgets it (runc delete), so that
+  // its ID is free for the restore. docs/PROCESS.md, "Containers".
+  std::string container;
   // A checkpoint directory, or s3://BUCKET/PREFIX (object storage, configured as the AWS tools
   // are: docs/OPERATORS.md, "Object storage"). An s3:// dump writes the checkpoint into a
   // private spool directory under `spool_root`, uploads it (parallel multipart, the manifest
@@ -113,6 +118,7 @@ struct DumpResult {
   std::vector<pid_t> tree;                          // every dumped process, root first
   StagingMode staging_mode = StagingMode::kStream;  // the one used
   std::string staging_note;  // why this staging mode was used, when it was not asked for
+  std::string container;     // the container dumped, if one was
   // How long the tree was stopped (CRIU's frozen time): for a snapshot, what its service lost.
   double frozen_seconds = 0;
   // From the checkpoint being durable (where the timeline ends) until the dumped tree had ended
@@ -136,6 +142,12 @@ struct RestoreOptions {
   StagingMode staging_mode = StagingMode::kAuto;  // as in DumpOptions (kAuto streams)
   UnpackOptions unpack;  // unpack.progress is also used for the CRIU stages
   ReadinessProbe probe;  // if set, "first_answer" is timed as the last stage
+  // A container checkpoint restored as a container its runtime knows (`runc list`), under this
+  // ID ("" = the one it had). Its images are unpacked to staging_root first: runc reads them.
+  std::optional<std::string> container;
+  // The restored container's stdout and stderr (appended); "" = stdio.log beside the bundle
+  // that the restore makes under /run/gpuckpt/containers/ID.
+  std::filesystem::path container_log;
   // Restore into a fresh pid namespace, so that the checkpointed pid may still be in use on
   // this host (the original runs, or is kept frozen by migrate). The restored process then has
   // its old pid inside the namespace and RestoreResult::pid on the host.
@@ -163,6 +175,7 @@ struct RestoreResult {
   std::vector<pid_t> tree;  // every restored process, root first, from the caller's namespace
   pid_t ns_pid = 0;         // its pid inside its own namespace (the checkpointed pid)
   pid_t pidns_init = 0;     // host pid of the namespace's init (new_pid_ns only)
+  std::string container;    // the restored container's ID (RestoreOptions::container)
   Timeline timeline;
   std::string first_answer;
   bool gpu = false;                                 // the plugin restored CUDA state

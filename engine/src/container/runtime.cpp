@@ -21,18 +21,13 @@ namespace {
 constexpr std::uintmax_t kMaxStateBytes = 16u << 20;
 
 std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) {
-  const fs::path file = dir / "state.json";
-  std::error_code ec;
-  const auto size = fs::file_size(file, ec);
-  if (ec || size > kMaxStateBytes) return std::nullopt;
-  std::ifstream in(file);
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object()) return std::nullopt;
+  const auto j = state_json(root, dir.filename().string());
+  if (!j) return std::nullopt;
   Container c;
   c.root = root;
-  c.id = j.value("id", dir.filename().string());
-  const auto pid = j.value("init_process_pid", 0);
-  c.init_start = j.value("init_process_start", std::uint64_t{0});
+  c.id = j->value("id", dir.filename().string());
+  const auto pid = j->value("init_process_pid", 0);
+  c.init_start = j->value("init_process_start", std::uint64_t{0});
   if (pid <= 0) return std::nullopt;
   c.init_pid = static_cast<pid_t>(pid);
   // Its init must be the process runc started, not a later one that reuses the pid.
@@ -43,6 +38,19 @@ std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) 
 }
 
 }  // namespace
+
+std::optional<nlohmann::json> state_json(const StateRoot& root, const std::string& id) {
+  if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
+    return std::nullopt;
+  const fs::path file = root.path / id / "state.json";
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  if (ec || size > kMaxStateBytes) return std::nullopt;
+  std::ifstream in(file);
+  auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  return j;
+}
 
 std::vector<StateRoot> state_roots() {
   std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""},

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -41,6 +42,10 @@ struct Container {
   // The command that checkpoints it whole with its own runtime.
   std::string checkpoint_command() const;
 };
+
+// runc's state.json of container `id` under `root` (its init's pid and start, runc's own
+// config of it); nullopt if there is none, or it is not JSON.
+std::optional<nlohmann::json> state_json(const StateRoot& root, const std::string& id);
 
 // Every container of those roots whose init runs now (state of a container that has ended, or
 // whose pid was reused since, is skipped).

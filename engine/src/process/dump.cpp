@@ -9,6 +9,7 @@
 
 #include <optional>
 
+#include "container/checkpoint.h"
 #include "container/runtime.h"
 #include "criu/criu.h"
 #include "criu/plugin_report.h"
@@ -126,12 +127,18 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
   const std::string whole =
       "CRIU dumps a pid namespace only whole, from its init, with its mounts. Nothing was "
       "frozen";
-  if (const auto c = container::holding(q))
-    return who + " runs in the " + c->describe() +
-           (c->init_pid == q ? ", as its init"
-                             : " (its init is pid " + std::to_string(c->init_pid) + ")") +
-           ", and gpuckpt does not dump containers yet: " + whole +
-           ". Checkpoint the container whole with its runtime: `" + c->checkpoint_command() + "`";
+  if (const auto c = container::holding(q)) {
+    const std::string where =
+        who + " runs in the " + c->describe() +
+        (c->init_pid == q ? ", as its init"
+                          : " (its init is pid " + std::to_string(c->init_pid) + ")") +
+        ": " + whole;
+    if (c->root.runtime == container::Runtime::kRunc)
+      return where + ". Dump the container whole: `gpuckpt dump --container " + shell_quote(c->id) +
+             "`";
+    return where + ". gpuckpt cannot restore into its runtime yet: checkpoint it with `" +
+           c->checkpoint_command() + "`";
+  }
   std::optional<ProcInfo> init;
   try {
     init = read_proc(host_pid_in_ns(q, 1));
@@ -154,7 +161,8 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
          " or $GPUCKPT_RUNC_ROOTS), and gpuckpt does not dump pid namespaces yet: " + whole;
 }
 
-Target preflight_target(pid_t pid) {
+// `own_pid_ns`: the pid namespace of the container being dumped whole (0 for a bare tree).
+Target preflight_target(pid_t pid, std::uint64_t own_pid_ns) {
   if (pid <= 0) throw Error(Errc::kUsage, "no pid given");
   if (pid == ::getpid()) throw Error(Errc::kUsage, "gpuckpt cannot dump itself");
   Target t;
@@ -173,7 +181,9 @@ Target preflight_target(pid_t pid) {
       throw Error(
           Errc::kProcess,
           q == pid ? why : why + " (it belongs to the tree of pid " + std::to_string(pid) + ")");
-    if (in_child_pid_namespace(q)) throw Error(Errc::kProcess, pid_namespace_refusal(q, *p));
+    if (in_child_pid_namespace(q) &&
+        (own_pid_ns == 0 || pid_namespace_inode(q).value_or(0) != own_pid_ns))
+      throw Error(Errc::kProcess, pid_namespace_refusal(q, *p));
     warn_unappended_output(q);
     t.memory_bytes += dumpable_memory_bytes(q);
     t.tcp_listener |= has_tcp_listener(q);
@@ -201,6 +211,7 @@ struct DumpState {
   const DumpOptions& o;
   Guard& guard;
   const Target& target;
+  const container::DumpPlan* container;
   image::PackCopy copy;
   DumpOutcome out;
   criu::Installation inst;
@@ -283,6 +294,7 @@ void fill_record(DumpState& d) {
   rec.tcp_listener = target.tcp_listener;
   rec.unix_listeners = target.unix_listeners;
   rec.tcp_established = o.tcp_established ? "established" : "closed";
+  if (d.container) rec.container = d.container->record;
 }
 
 void make_images_dir(DumpState& d) {
@@ -290,6 +302,7 @@ void make_images_dir(DumpState& d) {
   d.guard.remove_on_recovery(d.staging.path());
   d.images = d.staging.path() / "images";
   fs::create_directory(d.images);
+  if (d.container) container::write_descriptors(d.container->record, d.images);
 }
 
 void build_criu_args(DumpState& d) {
@@ -301,6 +314,9 @@ void build_criu_args(DumpState& d) {
   a.shell_job = d.out.record.shell_job;
   a.stream = d.stream;
   a.extra_args = criu::tcp_args(o.tcp_established);
+  if (d.container)
+    a.extra_args.insert(a.extra_args.end(), d.container->criu_args.begin(),
+                        d.container->criu_args.end());
   // A /dev/shm segment unlinked once mapped (vLLM's and SGLang's shared rings) is a ghost file
   // to CRIU, refused above 1 MiB: raise the limit to what this tree holds.
   if (d.target.largest_ghost > (1u << 20))
@@ -457,15 +473,16 @@ void publish_checkpoint(DumpState& d) {
 
 }  // namespace
 
-DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCopy copy) {
+DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCopy copy,
+                              const container::DumpPlan* plan) {
   criu::check_extra_args(criu::Op::kDump, o.criu.extra_args);
   // Locked before the tree is looked at: another gpuckpt's dump in flight may have it stopped
   // already, and "being dumped by another gpuckpt" is the refusal that says why.
   guard.hold_locks(lock_processes(o.pid > 0 ? process_tree(o.pid) : std::vector<pid_t>{}));
-  const Target target = preflight_target(o.pid);
+  const Target target = preflight_target(o.pid, plan ? pid_namespace_inode(o.pid).value_or(0) : 0);
   preflight_output(o);
 
-  DumpState d{o, guard, target, copy};
+  DumpState d{o, guard, target, plan, copy};
   {
     Timeline::Scope preflight(d.out.result.timeline, "preflight");
     prepare_criu(d);
@@ -515,13 +532,23 @@ DumpResult dump(const DumpOptions& opts) {
   auto remote =
       process::RemoteSpool::for_dump(opts.output, opts.spool_root, opts.pack.force, guard);
   DumpOptions local = opts;
+  std::optional<container::Container> box;
+  std::optional<container::DumpPlan> plan;
+  if (!opts.container.empty()) {
+    if (opts.pid > 0) throw Error(Errc::kUsage, "give --pid or --container, not both");
+    box = container::find(opts.container);
+    plan = container::plan_dump(*box, opts.tcp_established);
+    local.pid = box->init_pid;
+  }
   image::PackCopy copy;
   if (remote) {
     local.output = remote->local();
     local.pack.force = false;
     copy = {&remote->start_upload(opts.pack.progress), false};
   }
-  process::DumpOutcome out = process::dump_keep_stopped(local, guard, copy);
+  process::DumpOutcome out =
+      process::dump_keep_stopped(local, guard, copy, plan ? &*plan : nullptr);
+  out.result.container = opts.container;
   if (remote && !opts.leave_running) {
     // The tree is still stopped: a failed upload resumes it, exactly like a failed write.
     try {
@@ -559,6 +586,12 @@ DumpResult dump(const DumpOptions& opts) {
     }
   }
   guard.disarm();
+  if (box && !opts.leave_running) {
+    // Its runtime still lists it, stopped: the ID is freed for the restore.
+    auto scope = out.result.timeline.scope("runtime_delete");
+    if (const std::string why = container::remove_ended(*box); !why.empty())
+      spdlog::warn("the checkpoint is complete, but the ended container stays listed: {}", why);
+  }
   if (remote && opts.leave_running) {
     // A snapshot: the process already runs again; a failed upload fails the snapshot only.
     remote->finish_upload(out.result.timeline);

@@ -26,6 +26,8 @@ class Guard;
 // running, for a snapshot): the caller decides its end and tells the guard.
 // `copy`: where else a streamed dump's checkpoint goes while it is written (a staged dump,
 // result.staging_mode kStaged, ignores it: its checkpoint is whole only at the end).
-DumpOutcome dump_keep_stopped(const DumpOptions& opts, Guard& guard, image::PackCopy copy = {});
+// `container`: what a whole container's dump adds (container::plan_dump), or null for a tree.
+DumpOutcome dump_keep_stopped(const DumpOptions& opts, Guard& guard, image::PackCopy copy = {},
+                              const container::DumpPlan* container = nullptr);
 
 }  // namespace gpuckpt::process

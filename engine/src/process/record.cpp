@@ -63,6 +63,7 @@ json to_extra(const ProcessRecord& r) {
          {"tcp", {{"listener", r.tcp_listener}, {"established", r.tcp_established}}},
          {"unix_listeners", r.unix_listeners},
          {"dump_timeline", timeline_json(r.timeline)}};
+  if (r.container) p["container"] = container::to_json(*r.container);
   return json{{"process", p}};
 }
 
@@ -96,6 +97,8 @@ std::optional<ProcessRecord> from_extra(const json& j) {
       if (r.tcp_established != "closed" && r.tcp_established != "established")
         throw Error(Errc::kCorrupt, "unknown tcp.established mode '" + r.tcp_established + "'");
     }
+    if (p.contains("container"))
+      r.container = container::container_record_from_json(p.at("container"));
     // The dump timeline is informational; it is not read back into r.timeline.
     return r;
   } catch (const json::exception& e) {

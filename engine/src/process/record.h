@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "container/checkpoint.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/timing.h"
 
@@ -42,6 +43,8 @@ struct ProcessRecord {
   std::vector<std::string> unix_listeners;  // listening unix socket paths ("@name": abstract)
   std::string tcp_established = "closed";
   Timeline timeline;  // the dump's stages up to (not including) the write
+  // A whole container (dump --container): its runtime, bundle, spec and mounts.
+  std::optional<container::ContainerRecord> container;
 };
 
 // {"process": {...}}, for PackOptions::extra.

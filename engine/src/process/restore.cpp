@@ -210,7 +210,8 @@ void prepare_criu(RestoreState& r) {
 
 void choose_staging(RestoreState& r) {
   const RestoreOptions& o = r.o;
-  r.stream = o.staging_mode != StagingMode::kStaged;
+  // runc runs CRIU itself, from an images directory.
+  r.stream = o.staging_mode != StagingMode::kStaged && !o.container;
   if (r.stream) {
     const std::string why = criu::stream_unsupported_reason(
         o.staging_root / "gpuckpt-restore-4194304-XXXXXX" / "images", o.criu.extra_args);
@@ -449,6 +450,82 @@ void check_unread(RestoreState& r) {
   }
 }
 
+// --criu-opt arguments as lines of a CRIU configuration file ("--ghost-limit=64M" and
+// "--ghost-limit 64M" are "ghost-limit 64M"): runc passes CRIU no arguments of ours.
+std::vector<std::string> criu_config_lines(const std::vector<std::string>& args) {
+  std::vector<std::string> lines;
+  for (const auto& a : args) {
+    if (a.rfind("--", 0) == 0) {
+      std::string l = a.substr(2);
+      if (const auto eq = l.find('='); eq != std::string::npos) l[eq] = ' ';
+      lines.push_back(l);
+    } else if (!lines.empty()) {
+      lines.back() += " " + a;  // the value of the option before
+    }
+  }
+  return lines;
+}
+
+// A container checkpoint, restored by runc from its unpacked images as a container runc lists.
+void restore_container(RestoreState& r) {
+  const RestoreOptions& o = r.o;
+  const container::ContainerRecord& rec = *r.rec.container;
+  const std::string id = o.container->empty() ? rec.id : *o.container;
+  stage_images(r);
+  r.report_path = r.staging.path() / criu::kRestoreReportName;
+  container::RestoreRequest q;
+  q.record = &rec;
+  q.id = id;
+  q.images = r.images;
+  q.work = r.staging.path() / "work";
+  fs::create_directory(q.work);
+  q.criu = r.inst.binary;
+  if (!r.inst.plugin_dir.empty()) q.criu_config.push_back("libdir " + r.inst.plugin_dir.string());
+  auto args = criu::tcp_args(r.rec.tcp_established == "established");
+  args.insert(args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
+  for (auto& l : criu_config_lines(args)) q.criu_config.push_back(std::move(l));
+  q.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
+           std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
+           std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
+  for (auto& e : plugin_device_env(r.rec.cuda_pids)) q.env.push_back(std::move(e));
+  q.stdio_log = o.container_log;
+  q.timeout = o.criu.timeout;
+  if (o.unpack.progress) o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
+  fault_point("criu_restore");
+  r.run.log = q.work / criu::kRestoreLogName;
+  r.run.start = std::chrono::steady_clock::now();
+  const container::Container c = container::runc_restore(q);
+  r.run.end = std::chrono::steady_clock::now();
+  fault_point("criu_restored");
+  RestoreResult& out = r.out;
+  out.container = c.id;
+  out.pid = c.init_pid;
+  out.ns_pid = 1;
+  try {
+    {
+      auto scope = out.timeline.scope("network");
+      container::restore_loopback(rec, c.init_pid);
+    }
+    out.tree = process_tree(out.pid);
+    for (pid_t p : out.tree) out.huge_page_bytes += huge_page_bytes(p);
+    const auto plugin = criu::read_plugin_report(r.report_path);
+    add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin,
+                       criu::read_fill_stats(r.run.log));
+    out.gpu = plugin && plugin->cuda;
+    if (plugin && !plugin->all_ok())
+      throw Error(Errc::kDevice, "restoring the CUDA state failed (" + plugin->first_error() +
+                                     "); the restored container was removed");
+    if (r.rec.cuda && !out.gpu)
+      throw Error(Errc::kDevice,
+                  "the checkpoint holds CUDA state but the CRIU plugin restored none; the "
+                  "restored container was removed");
+    wait_first_answer(r);
+  } catch (...) {
+    container::destroy(c);
+    throw;
+  }
+}
+
 }  // namespace
 
 void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, bool provisional,
@@ -459,6 +536,29 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   criu::check_extra_args(criu::Op::kRestore, o.criu.extra_args);
   RestoreState r{o, out, guard, provisional, arrival};
   read_record(r);
+  if (o.container) {
+    if (!r.rec.container)
+      throw Error(Errc::kUsage, o.checkpoint.string() +
+                                    " holds no container (it was dumped with --pid): restore "
+                                    "it without --container");
+    if (o.new_pid_ns || provisional)
+      throw Error(Errc::kUsage,
+                  "a container comes back in pid namespaces of its own: --container takes no "
+                  "--new-pidns, --take-endpoints or --await-commit");
+    container::check_restore_target(*r.rec.container,
+                                    o.container->empty() ? r.rec.container->id : *o.container);
+    check_gpu_targets(r);
+    prepare_criu(r);
+    choose_staging(r);
+    preflight.reset();
+    restore_container(r);
+    return;
+  }
+  if (r.rec.container)
+    throw Error(Errc::kUsage, o.checkpoint.string() + " holds the runc container " +
+                                  r.rec.container->id +
+                                  ": restore it with --container [NEW_ID], as a container its "
+                                  "runtime knows");
   if (check_pids_free(r)) {
     // That wait was the previous process's teardown, not this restore: restart the clock.
     preflight.reset();

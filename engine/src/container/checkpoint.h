@@ -1,0 +1,107 @@
+// A whole runc container as one checkpoint: what its dump must tell CRIU beyond a bare tree
+// (its rootfs, the runtime's bind mounts as external mounts, its namespaces, its stdio), what
+// the record keeps of it, and its restore as a container that runc knows again (`runc list`).
+//
+// gpuckpt runs CRIU itself for the dump, with the options runc's own checkpoint would pass
+// (libcontainer/criu_linux.go), so that the images stream and the guard covers the freeze; and
+// it restores through `runc restore`, which recreates what only the runtime may (its state,
+// cgroups, the rootfs mount points) from the same images. docs/PROCESS.md, "Containers".
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "container/runtime.h"
+
+namespace gpuckpt::container {
+
+// runc's file in the images directory: the init's fds 0-2 as runc recorded them at its start,
+// read back by `runc restore` to connect stdio pipes.
+inline constexpr const char* kDescriptorsFile = "descriptors.json";
+
+struct ExternalMount {
+  std::string destination;  // inside the container (CRIU's key)
+  std::string source;       // on the host
+};
+
+// What a container checkpoint records, beside the process record (ProcessRecord::container).
+struct ContainerRecord {
+  Runtime runtime = Runtime::kRunc;
+  std::string root;    // runc's root the container was under
+  std::string id;      // its ID then
+  std::string bundle;  // its bundle directory then
+  std::string rootfs;  // its root filesystem (absolute)
+  // The bundle's config.json (the OCI spec) as it was at the dump: the restore's container is
+  // made from it, wherever that bundle is now.
+  nlohmann::json spec;
+  std::vector<std::string> stdio;      // the init's fds 0-2, as runc recorded them
+  std::vector<ExternalMount> mounts;   // bind mounts and device nodes from the host
+  bool own_network = false;            // a network namespace of its own (no path in the spec)
+  bool loopback_up = false;            // its loopback was up at the dump
+};
+
+nlohmann::json to_json(const ContainerRecord& r);
+// Throws Error(kCorrupt) if `j` is not a container record.
+ContainerRecord container_record_from_json(const nlohmann::json& j);
+
+// The container `id` of a known runtime root (runtime.h) whose init runs. Throws
+// Error(kInvalidInput) naming what was found instead: no such container (with the IDs there
+// are), one that has stopped, one that is paused (frozen by its runtime).
+Container find(const std::string& id);
+
+struct DumpPlan {
+  ContainerRecord record;
+  std::vector<std::string> criu_args;  // beyond gpuckpt's own (criu/criu.h dump_argv)
+};
+
+// Everything a dump of `c` needs, read from runc's state and the bundle, and each refusal that
+// can be known before anything is frozen: a runtime gpuckpt cannot restore into yet, or stdio
+// that CRIU cannot dump (a host file outside the container's mounts), established connections
+// kept in a network namespace of its own. Throws Error.
+DumpPlan plan_dump(const Container& c, bool tcp_established);
+
+// runc's descriptors.json for `r`, into the images directory.
+void write_descriptors(const ContainerRecord& r, const std::filesystem::path& images_dir);
+
+// `runc delete` of a container whose init the dump has ended, so that its ID is free for the
+// restore. Returns why it failed ("" when it did not): the checkpoint is durable either way.
+std::string remove_ended(const Container& c);
+
+// The runc binary: $GPUCKPT_RUNC, else runc on PATH. Throws Error(kInvalidInput).
+std::filesystem::path runc_binary();
+
+struct RestoreRequest {
+  const ContainerRecord* record = nullptr;
+  std::string id;                 // the new container's ID
+  std::filesystem::path images;   // CRIU's images, unpacked (with descriptors.json)
+  std::filesystem::path work;     // runc's work directory (CRIU's restore log goes here)
+  std::filesystem::path criu;     // the CRIU binary runc must run
+  std::vector<std::string> criu_config;  // lines of a CRIU configuration file for this restore
+  std::vector<std::string> env;          // for runc, and so for criu and its plugins
+  std::filesystem::path stdio_log;       // the container's stdout and stderr, appended
+  std::chrono::seconds timeout{1800};
+};
+
+// Before anything runs: the ID is free in the record's runc root, the rootfs and every
+// external mount's source exist here. Throws Error(kInvalidInput / kExists) naming what is
+// missing.
+void check_restore_target(const ContainerRecord& r, const std::string& id);
+
+// `runc restore --detach` of the images as container `id`, from a bundle made of the recorded
+// spec (annotated with the CRIU configuration). Returns the container as runc now knows it.
+// Throws Error(kCriu) with runc's and CRIU's error lines.
+Container runc_restore(const RestoreRequest& q);
+
+// A network namespace of its own comes back empty from runc (it leaves the network to the
+// runtime's caller): its loopback is brought up again here if it was up at the dump.
+void restore_loopback(const ContainerRecord& r, pid_t init);
+
+// `runc kill KILL` and `runc delete --force`: a restore that failed after runc made it.
+void destroy(const Container& c);
+
+}  // namespace gpuckpt::container
