@@ -345,7 +345,7 @@ void add_restore(CLI::App& app, Context& ctx) {
       ->default_str("");
   c->add_option("--container-log", o->container_log,
                 "With --container: file the restored container's stdout and stderr are "
-                "appended to (default /run/gpuckpt/containers/ID/stdio.log)");
+                "appended to (default /var/log/gpuckpt/containers/ID.log)");
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
   c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
   o->probe.add(c);

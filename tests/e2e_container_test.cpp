@@ -51,6 +51,7 @@ class E2eContainer : public ::testing::Test {
     for (const auto& id : started_) {
       std::error_code ec;
       fs::remove_all(fs::path("/run/gpuckpt/containers") / id, ec);
+      fs::remove(fs::path("/var/log/gpuckpt/containers") / (id + ".log"), ec);
     }
   }
 
@@ -330,9 +331,11 @@ TEST_F(E2eContainer, OneCheckpointRestoredTwiceServesTwoReplicasOnTheSamePort) {
   ASSERT_EQ(::stat(("/proc/" + std::to_string(replicas[0]) + "/ns/net").c_str(), &a), 0);
   ASSERT_EQ(::stat(("/proc/" + std::to_string(replicas[1]) + "/ns/net").c_str(), &b), 0);
   EXPECT_NE(a.st_ino, b.st_ino);
-  // Each is its own: a write to one is not in the other.
+  // Each is its own: a write to one is not in the other, which answers.
   EXPECT_EQ(redis(replicas[0], {"SET", "only", "r1"}), "OK");
-  EXPECT_EQ(redis(replicas[1], {"GET", "only"}), "");
+  EXPECT_EQ(redis(replicas[1], {"PING"}), "PONG");
+  EXPECT_EQ(redis(replicas[1], {"EXISTS", "only"}), "0");
+  EXPECT_EQ(redis(replicas[0], {"EXISTS", "only"}), "1");
 }
 
 // gpuckpt killed by any signal at each phase before the checkpoint is durable: the container
@@ -358,6 +361,16 @@ TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToR
       EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
     }
   }
+  // Killed once the checkpoint is durable, before runc forgot the container: it ends as
+  // planned, and its restore under the same ID deletes what runc still lists.
+  Child g =
+      test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, "durable", dir_.path());
+  g.kill(SIGKILL);
+  g.wait();
+  EXPECT_TRUE(test::wait_until([&] { return !process::alive(init); }));
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(pid_of(id), {"DEBUG", "DIGEST"}), digest);
 }
 
 // Each refusal comes before anything is frozen, names what is wrong, and loses nothing.
@@ -402,5 +415,7 @@ TEST_F(E2eContainer, WhatCannotBeDoneIsRefusedBeforeAnythingIsFrozen) {
   expect_refused({"restore", ckpt.string(), "--container", files}, 12,
                  "already has a container " + files);
   expect_refused({"restore", ckpt.string()}, 2, "restore it with --container");
+  expect_refused({"restore", ckpt.string(), "--container", "../../etc"}, 2,
+                 "no container ID runc accepts");
   EXPECT_EQ(pid_of(paused), p);
 }

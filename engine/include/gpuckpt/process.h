@@ -145,8 +145,8 @@ struct RestoreOptions {
   // A container checkpoint restored as a container its runtime knows (`runc list`), under this
   // ID ("" = the one it had). Its images are unpacked to staging_root first: runc reads them.
   std::optional<std::string> container;
-  // The restored container's stdout and stderr (appended); "" = stdio.log beside the bundle
-  // that the restore makes under /run/gpuckpt/containers/ID.
+  // The restored container's stdout and stderr (appended); "" =
+  // /var/log/gpuckpt/containers/ID.log.
   std::filesystem::path container_log;
   // Restore into a fresh pid namespace, so that the checkpointed pid may still be in use on
   // this host (the original runs, or is kept frozen by migrate). The restored process then has

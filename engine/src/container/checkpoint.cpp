@@ -8,9 +8,11 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -33,6 +35,17 @@ namespace {
 // Where a restore keeps the bundle it made of the recorded spec: runc reads it once, but names
 // it as the container's bundle for as long as the container lives.
 constexpr const char* kBundlesDir = "/run/gpuckpt/containers";
+// Where a restored container's stdout and stderr go by default: beside the host's logs, not in
+// a tmpfs, and kept after the container ends.
+constexpr const char* kLogsDir = "/var/log/gpuckpt/containers";
+
+// runc's own rule for IDs; anything else could name a path outside the bundles' directory.
+bool valid_id(const std::string& id) {
+  if (id.empty() || id == "." || id == ".." || id.size() > 1024) return false;
+  return std::all_of(id.begin(), id.end(), [](unsigned char ch) {
+    return std::isalnum(ch) || ch == '_' || ch == '+' || ch == '-' || ch == '.';
+  });
+}
 
 const char* runtime_name(Runtime r) {
   switch (r) {
@@ -132,9 +145,13 @@ bool has_namespace(const json& config, const char* type, std::string* path = nul
 std::string outside_file(pid_t pid, int fd) {
   const std::string link = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   struct stat st {};
-  if (::stat(link.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
+  if (::stat(link.c_str(), &st) != 0) return {};
   std::error_code ec;
   const std::string target = fs::read_symlink(link, ec).string();
+  // The memory devices (/dev/null, /dev/zero...) CRIU opens again by path; a host terminal it
+  // cannot give back to a detached container.
+  if (S_ISCHR(st.st_mode)) return major(st.st_rdev) == 1 ? std::string() : target;
+  if (!S_ISREG(st.st_mode)) return {};
   // The file as the container sees it: reachable if that path names the same inode.
   struct stat inside {};
   const std::string via_root = "/proc/" + std::to_string(pid) + "/root" + target;
@@ -185,13 +202,15 @@ ContainerRecord container_record_from_json(const json& j) {
     r.runtime = runtime_from(j.at("runtime").get<std::string>());
     r.root = j.at("root").get<std::string>();
     r.id = j.at("id").get<std::string>();
+    if (!valid_id(r.id)) throw Error(Errc::kCorrupt, "the container record's ID is no runc ID");
     r.bundle = j.value("bundle", "");
     r.rootfs = j.at("rootfs").get<std::string>();
     r.spec = j.at("spec");
     if (!r.spec.is_object()) throw Error(Errc::kCorrupt, "the container record has no OCI spec");
     r.stdio = j.value("stdio", std::vector<std::string>{});
     for (const auto& m : j.value("mounts", json::array()))
-      r.mounts.push_back({m.at("destination").get<std::string>(), m.at("source").get<std::string>()});
+      r.mounts.push_back(
+          {m.at("destination").get<std::string>(), m.at("source").get<std::string>()});
     if (j.contains("network")) {
       r.own_network = j["network"].value("own", false);
       r.loopback_up = j["network"].value("loopback_up", false);
@@ -213,8 +232,10 @@ Container find(const std::string& id) {
       const std::string v2 = paths.value("", "");
       std::string frozen;
       try {
-        if (!v1.empty()) frozen = read_file(fs::path(v1) / "freezer.state");
-        else if (!v2.empty()) frozen = read_file(fs::path(v2) / "cgroup.freeze");
+        if (!v1.empty())
+          frozen = read_file(fs::path(v1) / "freezer.state");
+        else if (!v2.empty())
+          frozen = read_file(fs::path(v2) / "cgroup.freeze");
       } catch (const Error&) {
       }
       if (frozen.rfind("FROZEN", 0) == 0 || frozen.rfind("1", 0) == 0)
@@ -266,13 +287,17 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
                                          "needs: " +
                                          e.what() + ". Nothing was frozen");
   }
+  if (r.spec.contains("process") && r.spec["process"].value("terminal", false))
+    throw Error(Errc::kUsage, "the " + c.describe() +
+                                  " runs on a terminal (process.terminal in its spec), which "
+                                  "runc cannot restore detached: nothing was frozen");
   const pid_t init = c.init_pid;
   const auto mounts = mounts_of(init);
   for (int fd = 0; fd <= 2; ++fd)
     if (const std::string f = outside_file(init, fd); !f.empty())
       throw Error(Errc::kProcess,
-                  "the init of the " + c.describe() + " has its fd " + std::to_string(fd) +
-                      " on " + f +
+                  "the init of the " + c.describe() + " has its fd " + std::to_string(fd) + " on " +
+                      f +
                       ", a host file outside the container's mounts, which CRIU cannot dump. "
                       "Start it with pipes for its output (as containerd and Docker do) or a "
                       "file inside the container. Nothing was frozen");
@@ -325,7 +350,9 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
                                     "yet keep its established connections (--tcp-established) "
                                     "without leaving it locked on a failed dump. Nothing was "
                                     "frozen");
-    a.insert(a.end(), {"--network-lock", "skip"});
+    // runc restores it empty (the network is its caller's): CRIU need not read it, nor need
+    // `ip` and iptables for that.
+    a.insert(a.end(), {"--network-lock", "skip", "--empty-ns", "net"});
     r.loopback_up = in_network_of(init, [] {
       const UniqueFd s = control_socket();
       return (loopback_flags(s.get()) & IFF_UP) != 0;
@@ -354,10 +381,16 @@ std::string remove_ended(const Container& c) {
   } catch (const Error& e) {
     return e.what();
   }
+  // The bundle a restore made for it, if it was one (its log stays under kLogsDir).
+  if (valid_id(c.id)) {
+    std::error_code ec;
+    fs::remove_all(fs::path(kBundlesDir) / c.id, ec);
+  }
   return {};
 }
 
 void destroy(const Container& c) {
+  if (!state_json(c.root, c.id)) return;  // runc removed it itself
   auto argv = runc_argv(c.root.path.string());
   auto kill = argv;
   kill.insert(kill.end(), {"kill", c.id, "KILL"});
@@ -372,11 +405,31 @@ void destroy(const Container& c) {
 void check_restore_target(const ContainerRecord& r, const std::string& id) {
   if (r.runtime != Runtime::kRunc)
     throw Error(Errc::kUsage, "gpuckpt restores only runc containers yet");
+  if (!valid_id(id))
+    throw Error(Errc::kUsage, "'" + id +
+                                  "' is no container ID runc accepts (letters, digits, _ + - "
+                                  "and .): nothing was restored");
   (void)runc_binary();
-  if (state_json(StateRoot{Runtime::kRunc, r.root, ""}, id))
-    throw Error(Errc::kExists, "runc (root " + r.root + ") already has a container " + id +
-                                   ": restore under another ID (--container NEW_ID), or "
-                                   "`runc delete` it first");
+  const StateRoot root{Runtime::kRunc, r.root, ""};
+  const auto roots = state_roots();
+  if (std::none_of(roots.begin(), roots.end(),
+                   [&](const StateRoot& k) { return k.path == root.path; }))
+    throw Error(Errc::kInvalidInput, "the checkpoint's runc root " + r.root +
+                                         " is none that gpuckpt knows here: name it in "
+                                         "$GPUCKPT_RUNC_ROOTS. Nothing was restored");
+  if (state_json(root, id)) {
+    const auto all = running();
+    if (std::any_of(all.begin(), all.end(),
+                    [&](const Container& c) { return c.id == id && c.root.path == root.path; }))
+      throw Error(Errc::kExists, "runc (root " + r.root + ") already has a container " + id +
+                                     " running: restore under another ID (--container NEW_ID)");
+    // Stopped: a dump that ended it but was itself ended before runc forgot it. Nothing of it
+    // runs, so nothing is lost by forgetting it now.
+    spdlog::info("runc (root {}) still lists the ended container {}: deleting it", r.root, id);
+    if (const std::string why = remove_ended({root, id}); !why.empty())
+      throw Error(Errc::kExists, "runc (root " + r.root + ") has a stopped container " + id +
+                                     " that could not be deleted: " + why);
+  }
   std::error_code ec;
   if (!fs::is_directory(r.rootfs, ec))
     throw Error(Errc::kInvalidInput, "the container's root filesystem " + r.rootfs +
@@ -397,6 +450,15 @@ Container runc_restore(const RestoreRequest& q) {
   write_file_atomic(bundle / "criu.conf", conf);
   json spec = r.spec;
   spec["root"]["path"] = r.rootfs;  // absolute: this bundle is not where the rootfs is
+  // runc takes a relative bind source from the bundle, which was another directory.
+  if (spec.contains("mounts"))
+    for (auto& m : spec["mounts"]) {
+      const std::string src = m.value("source", "");
+      if (!src.empty() && src[0] != '/' && m.value("type", "") == "bind")
+        m["source"] = (fs::path(r.bundle) / src).lexically_normal().string();
+    }
+  // A replica beside the original gets a cgroup of its own (runc's default, named by its ID).
+  if (q.id != r.id && spec.contains("linux")) spec["linux"].erase("cgroupsPath");
   spec["annotations"]["org.criu.config"] = (bundle / "criu.conf").string();
   write_file_atomic(bundle / "config.json", spec.dump(1));
 
@@ -408,7 +470,11 @@ Container runc_restore(const RestoreRequest& q) {
   // runc hands its stdio to the container (CRIU's inherit-fd for the recorded stdio pipes).
   // A pipe, drained into the log by a process of its own that outlives gpuckpt, as a
   // runtime's shim does: a file there would make the container impossible to dump again.
-  const fs::path stdio = q.stdio_log.empty() ? bundle / "stdio.log" : q.stdio_log;
+  fs::path stdio = q.stdio_log;
+  if (stdio.empty()) {
+    fs::create_directories(kLogsDir);
+    stdio = fs::path(kLogsDir) / (q.id + ".log");
+  }
   int ends[2];
   if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe2");
   UniqueFd drain(ends[0]), feed(ends[1]);
@@ -418,9 +484,10 @@ Container runc_restore(const RestoreRequest& q) {
     lo.stdout_file = stdio;
     lo.stderr_file = stdio;
     lo.new_session = true;
-    const auto cat = find_executable("cat");
-    if (!cat) throw Error(Errc::kInvalidInput, "cat was not found on PATH");
-    (void)spawn({cat->string()}, lo).release();
+    // Started by a shell that exits at once: the drain is nobody's child here to reap. (An
+    // asynchronous command's stdin is /dev/null before its own redirections: hence fd 3.)
+    const ExitStatus st = spawn({"/bin/sh", "-c", "exec 3<&0; cat <&3 3<&- &"}, lo).wait();
+    if (!st.ok()) throw Error(Errc::kInternal, "the container's log drain did not start");
   }
   drain.reset();
   SpawnOptions so;
@@ -432,13 +499,21 @@ Container runc_restore(const RestoreRequest& q) {
   Child c = spawn(argv, so);
   feed.reset();
   auto st = c.wait_for(q.timeout);
+  const Container made{StateRoot{Runtime::kRunc, r.root, ""}, q.id};
+  auto undo = [&] {
+    destroy(made);
+    std::error_code ec;
+    fs::remove_all(bundle, ec);
+  };
   if (!st) {
-    c.kill(SIGKILL);
+    ::kill(-c.pid(), SIGKILL);  // runc and the criu it runs: its own process group
     c.wait();
+    undo();
     throw Error(Errc::kTimeout, "runc restore did not finish within " +
                                     std::to_string(q.timeout.count()) + " s and was killed");
   }
   if (!st->ok()) {
+    undo();
     const fs::path kept = criu::preserve_log(q.work / criu::kRestoreLogName, "runc-criu-restore");
     throw Error(Errc::kCriu, "runc restore of container " + q.id + " failed (" + st->describe() +
                                  "):\n" + excerpt(runc_log, 4) + criu::log_excerpt(kept) +
@@ -446,6 +521,7 @@ Container runc_restore(const RestoreRequest& q) {
   }
   for (auto& found : running())
     if (found.id == q.id && found.root.path == r.root) return std::move(found);
+  undo();
   throw Error(Errc::kProcess, "runc restored container " + q.id + ", but runc (root " + r.root +
                                   ") does not list it running");
 }

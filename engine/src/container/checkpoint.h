@@ -39,10 +39,10 @@ struct ContainerRecord {
   // The bundle's config.json (the OCI spec) as it was at the dump: the restore's container is
   // made from it, wherever that bundle is now.
   nlohmann::json spec;
-  std::vector<std::string> stdio;      // the init's fds 0-2, as runc recorded them
-  std::vector<ExternalMount> mounts;   // bind mounts and device nodes from the host
-  bool own_network = false;            // a network namespace of its own (no path in the spec)
-  bool loopback_up = false;            // its loopback was up at the dump
+  std::vector<std::string> stdio;     // the init's fds 0-2, as runc recorded them
+  std::vector<ExternalMount> mounts;  // bind mounts and device nodes from the host
+  bool own_network = false;           // a network namespace of its own (no path in the spec)
+  bool loopback_up = false;           // its loopback was up at the dump
 };
 
 nlohmann::json to_json(const ContainerRecord& r);
@@ -51,7 +51,7 @@ ContainerRecord container_record_from_json(const nlohmann::json& j);
 
 // The container `id` of a known runtime root (runtime.h) whose init runs. Throws
 // Error(kInvalidInput) naming what was found instead: no such container (with the IDs there
-// are), one that has stopped, one that is paused (frozen by its runtime).
+// are), or one that has stopped; Error(kProcess) for one that is paused (frozen by its runtime).
 Container find(const std::string& id);
 
 struct DumpPlan {
@@ -77,19 +77,21 @@ std::filesystem::path runc_binary();
 
 struct RestoreRequest {
   const ContainerRecord* record = nullptr;
-  std::string id;                 // the new container's ID
-  std::filesystem::path images;   // CRIU's images, unpacked (with descriptors.json)
-  std::filesystem::path work;     // runc's work directory (CRIU's restore log goes here)
-  std::filesystem::path criu;     // the CRIU binary runc must run
+  std::string id;                        // the new container's ID
+  std::filesystem::path images;          // CRIU's images, unpacked (with descriptors.json)
+  std::filesystem::path work;            // runc's work directory (CRIU's restore log goes here)
+  std::filesystem::path criu;            // the CRIU binary runc must run
   std::vector<std::string> criu_config;  // lines of a CRIU configuration file for this restore
   std::vector<std::string> env;          // for runc, and so for criu and its plugins
-  std::filesystem::path stdio_log;       // the container's stdout and stderr, appended
+  // The container's stdout and stderr, appended; "" = /var/log/gpuckpt/containers/ID.log.
+  std::filesystem::path stdio_log;
   std::chrono::seconds timeout{1800};
 };
 
-// Before anything runs: the ID is free in the record's runc root, the rootfs and every
-// external mount's source exist here. Throws Error(kInvalidInput / kExists) naming what is
-// missing.
+// Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
+// gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
+// ended before runc forgot it, is deleted), the rootfs and every external mount's source exist
+// (kInvalidInput, naming what is missing).
 void check_restore_target(const ContainerRecord& r, const std::string& id);
 
 // `runc restore --detach` of the images as container `id`, from a bundle made of the recorded
