@@ -67,6 +67,36 @@ TEST(Timeline, ScopeRecordsEvenWhenAnExceptionUnwinds) {
   EXPECT_EQ(t.stages()[0].name, "failing");
 }
 
+// The core's one reader of the timeline shape gives back what the writer wrote, and refuses
+// what a sloppy reader would turn into a stage named "?" or a negative duration.
+TEST(Timeline, TheReaderGivesBackWhatTheWriterWroteAndRefusesTheRest) {
+  Timeline t;
+  const auto o = t.origin();
+  t.add("criu_dump", o + std::chrono::milliseconds(10), o + std::chrono::milliseconds(30), 4096);
+  t.add("compress_write", o + std::chrono::milliseconds(20), o + std::chrono::milliseconds(50));
+  const Timeline back = timeline_from_json(timeline_json(t), "test");
+  ASSERT_EQ(back.stages().size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(back.stages()[i].name, t.stages()[i].name);
+    EXPECT_NEAR(back.stages()[i].seconds, t.stages()[i].seconds, 1e-6);
+    EXPECT_NEAR(back.stages()[i].start_offset, t.stages()[i].start_offset, 1e-6);
+    EXPECT_EQ(back.stages()[i].bytes, t.stages()[i].bytes);
+  }
+  const nlohmann::json bad[] = {
+      {{"stages", {{{"seconds", 1}}}}},
+      {{"stages", {{{"name", "x"}, {"seconds", -1}}}}},
+      {{"stages", {{{"name", "x"}, {"seconds", 1}, {"bytes", -5}}}}},
+      {{"stages", {{{"name", "x"}, {"seconds", "1"}}}}},
+      {{"total_seconds", 1}},
+  };
+  for (const auto& j : bad) {
+    SCOPED_TRACE(j.dump());
+    const Error e = test::error_from([&] { (void)timeline_from_json(j, "the answer"); });
+    EXPECT_EQ(e.code(), Errc::kInvalidInput);
+    EXPECT_EQ(std::string(e.what()).rfind("the answer", 0), 0u) << e.what();
+  }
+}
+
 TEST(Fs, WriteFileAtomicLeavesNoTemporaries) {
   auto dir = test::scratch_dir();
   write_file_atomic(dir.path() / "a.json", "{\"x\":1}");

@@ -1,6 +1,9 @@
 #include "gpuckpt/timing.h"
 
 #include <algorithm>
+#include <cmath>
+
+#include "gpuckpt/error.h"
 
 namespace gpuckpt {
 
@@ -51,6 +54,63 @@ nlohmann::json timeline_json(const Timeline& t) {
                       {"bytes", s.bytes},
                       {"gbps", s.gbps()}});
   return {{"total_seconds", t.total_seconds()}, {"stages", stages}};
+}
+
+namespace {
+
+[[noreturn]] void bad(const std::string& source, const std::string& what) {
+  throw Error(Errc::kInvalidInput, source + ": " + what);
+}
+
+template <typename Json>
+double number(const Json& j, const char* key, const std::string& source, bool required) {
+  if (!j.contains(key) || j[key].is_null()) {
+    if (required) bad(source, std::string("missing number '") + key + "'");
+    return 0;
+  }
+  if (!j[key].is_number() || !std::isfinite(j[key].template get<double>()))
+    bad(source, std::string("'") + key + "' is not a number");
+  return j[key].template get<double>();
+}
+
+template <typename Json>
+Timeline read_timeline(const Json& j, const std::string& source) {
+  if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array())
+    bad(source, "a timeline needs a 'stages' array");
+  Timeline t;
+  using D = Timeline::Clock::duration;
+  const auto at = [&](double s) {
+    return t.origin() + std::chrono::round<D>(std::chrono::duration<double>(s));
+  };
+  for (const auto& s : j["stages"]) {
+    if (!s.is_object() || !s.contains("name") || !s["name"].is_string() ||
+        s["name"].template get<std::string>().empty())
+      bad(source, "every stage needs a non-empty 'name'");
+    const std::string name = s["name"].template get<std::string>();
+    const double seconds = number(s, "seconds", source + " stage " + name, true);
+    if (seconds < 0) bad(source, "stage " + name + " has a negative duration");
+    const double bytes = number(s, "bytes", source, false);
+    if (bytes < 0) bad(source, "stage " + name + " has negative bytes");
+    const auto b = static_cast<std::uint64_t>(bytes);
+    if (s.contains("start") && !s["start"].is_null()) {
+      const double start = number(s, "start", source + " stage " + name, true);
+      if (start < 0) bad(source, "stage " + name + " starts before the timeline");
+      t.add(name, at(start), at(start + seconds), b);
+    } else {
+      t.add_measured(name, seconds, b);  // no offset given: after the previous stages
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+Timeline timeline_from_json(const nlohmann::json& j, const std::string& source) {
+  return read_timeline(j, source);
+}
+
+Timeline timeline_from_json(const nlohmann::ordered_json& j, const std::string& source) {
+  return read_timeline(j, source);
 }
 
 }  // namespace gpuckpt

@@ -65,4 +65,10 @@ class Timeline {
 // {"total_seconds", "stages": [{"name", "seconds", "start", "bytes", "gbps"}, ...]}.
 nlohmann::json timeline_json(const Timeline& t);
 
+// The one reader of that shape, strict: a stage without a name, a duration that is not a
+// finite non-negative number, or negative bytes is refused as Error(kInvalidInput) whose
+// message starts with `source`. A stage without "start" follows the ones before it.
+Timeline timeline_from_json(const nlohmann::json& j, const std::string& source);
+Timeline timeline_from_json(const nlohmann::ordered_json& j, const std::string& source);
+
 }  // namespace gpuckpt

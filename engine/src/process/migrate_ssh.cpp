@@ -177,19 +177,21 @@ std::string remote_restore_command(const MigrateOptions& o, bool release) {
 // beside the stages; its start is not known here as well: ssh's handshake precedes it).
 void add_target_stages(Timeline& tl, const json& answer, Timeline::Clock::time_point answered) {
   if (!answer.contains("timeline")) return;
-  const json stages = answer.at("timeline").value("stages", json::array());
-  double total = 0;
-  for (const auto& s : stages)
-    total = std::max(total, s.value("start", 0.0) + s.value("seconds", 0.0));
+  Timeline target;
+  try {
+    target = timeline_from_json(answer.at("timeline"), "the target's timeline");
+  } catch (const Error& e) {
+    // The copy runs and answered: only its report of how long it took is bad.
+    spdlog::warn("{}; the migration's timeline leaves the target's stages out", e.what());
+    return;
+  }
+  const double total = target.total_seconds();
   auto at = [&](double seconds) {
     return answered - std::chrono::duration_cast<Timeline::Clock::duration>(
                           std::chrono::duration<double>(total - seconds));
   };
-  for (const auto& s : stages) {
-    const double start = s.value("start", 0.0);
-    tl.add("target:" + s.value("name", std::string("?")), at(start),
-           at(start + s.value("seconds", 0.0)), s.value("bytes", std::uint64_t{0}));
-  }
+  for (const Stage& s : target.stages())
+    tl.add("target:" + s.name, at(s.start_offset), at(s.start_offset + s.seconds), s.bytes);
 }
 
 // The ssh connection carrying the checkpoint out and the target's answers back.

@@ -59,35 +59,6 @@ std::string string(const Json& j, const char* key) {
   return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
 }
 
-Timeline timeline_from_json(const Json& j, const std::string& source) {
-  if (!j.is_object() || !j.contains("stages") || !j["stages"].is_array())
-    bad(source, "a timeline needs a 'stages' array");
-  Timeline t;
-  using D = Timeline::Clock::duration;
-  const auto at = [&](double s) {
-    return t.origin() + std::chrono::round<D>(std::chrono::duration<double>(s));
-  };
-  for (const auto& s : j["stages"]) {
-    if (!s.is_object() || !s.contains("name") || !s["name"].is_string() ||
-        s["name"].get<std::string>().empty())
-      bad(source, "every stage needs a non-empty 'name'");
-    const std::string name = s["name"].get<std::string>();
-    const double seconds = number(s, "seconds", source + " stage " + name);
-    if (seconds < 0) bad(source, "stage " + name + " has a negative duration");
-    double bytes = number(s, "bytes", source, false, 0);
-    if (bytes < 0) bad(source, "stage " + name + " has negative bytes");
-    const auto b = static_cast<std::uint64_t>(bytes);
-    if (s.contains("start") && !s["start"].is_null()) {
-      const double start = number(s, "start", source + " stage " + name);
-      if (start < 0) bad(source, "stage " + name + " starts before the timeline");
-      t.add(name, at(start), at(start + seconds), b);
-    } else {
-      t.add_measured(name, seconds, b);  // no offset given: after the previous stages
-    }
-  }
-  return t;
-}
-
 Json ceilings_to_json(const Ceilings& c) {
   const Json details(c.details);
   return {{"target", c.target},
