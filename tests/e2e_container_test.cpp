@@ -400,6 +400,29 @@ TEST_F(E2eContainer, WhatCannotBeDoneIsRefusedBeforeAnythingIsFrozen) {
   EXPECT_EQ(state.value("status", ""), "paused");
   ASSERT_TRUE(runc({"resume", paused}).status.ok());
 
+  // A `runc exec` still attached: its process is in the container, its parent runc is not.
+  {
+    SpawnOptions o;
+    o.stdout_file = dir_.path() / "exec.out";
+    o.stderr_file = dir_.path() / "exec.err";
+    Child exec =
+        spawn({runc_, "--root", root_.string(), "exec", paused, "/usr/bin/sleep", "997"}, o);
+    pid_t inner = 0;
+    ASSERT_TRUE(test::wait_until([&] {
+      for (pid_t q : process::live_pids_where([&](const process::ProcInfo& i) {
+             return i.comm == "sleep" &&
+                    process::pid_namespace_inode(i.pid) == process::pid_namespace_inode(p);
+           }))
+        inner = q;
+      return inner > 0;
+    }));
+    expect_refused({"dump", "--container", paused, "-o", ckpt.string()}, 10,
+                   "but not under its init");
+    EXPECT_EQ(test::process_state(inner), 'S');
+    ::kill(inner, SIGKILL);
+    exec.wait();
+  }
+
   // Its output into a host file, which CRIU cannot dump: it keeps running.
   const std::string files = unique_id("files");
   const pid_t f = run_container(files, /*files=*/true);

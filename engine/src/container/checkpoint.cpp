@@ -21,6 +21,7 @@
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
+#include "process/proc_info.h"
 #include "util/fs.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
@@ -293,6 +294,18 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
                                   "runc cannot restore detached: nothing was frozen");
   const pid_t init = c.init_pid;
   const auto mounts = mounts_of(init);
+  // CRIU dumps a pid namespace from its init's tree: a process of the namespace outside that
+  // tree (what a `runc exec` still attached runs, its parent being runc on the host) would fail
+  // the dump once frozen, or be left running in a namespace the dump ends.
+  const auto tree = process::process_tree(init);
+  for (const pid_t q : process::live_pids_where([&](const process::ProcInfo& i) {
+         return i.pid != init && process::pid_namespace_inode(i.pid) == c.pid_namespace;
+       }))
+    if (std::find(tree.begin(), tree.end(), q) == tree.end())
+      throw Error(Errc::kProcess, "process " + std::to_string(q) + " runs in the " + c.describe() +
+                                      " but not under its init (a `runc exec` still attached?): "
+                                      "CRIU could not dump it with the container. Nothing was "
+                                      "frozen");
   for (int fd = 0; fd <= 2; ++fd)
     if (const std::string f = outside_file(init, fd); !f.empty())
       throw Error(Errc::kProcess,

@@ -135,6 +135,7 @@ struct RestoreState {
   ProcessRecord rec;
   criu::Installation inst;
   bool stream = false;
+  fs::path staging_root;  // where this restore stages (RestoreOptions::staging_root, mostly)
   TempDir staging;
   fs::path images;
   std::optional<image::CheckpointSource> source;
@@ -143,6 +144,9 @@ struct RestoreState {
   fs::path report_path;
   criu::Run run;
 };
+
+// A container restore's staging by default (choose_staging).
+constexpr const char* kDiskStaging = "/var/tmp";
 
 Guard::Copy fate(const RestoreState& r) {
   return r.provisional ? Guard::Copy::kKill : Guard::Copy::kLeave;
@@ -212,24 +216,28 @@ void choose_staging(RestoreState& r) {
   const RestoreOptions& o = r.o;
   // runc runs CRIU itself, from an images directory.
   r.stream = o.staging_mode != StagingMode::kStaged && !o.container;
+  // A container's images are unpacked whole for runc: into a tmpfs they would take as much
+  // memory again as the container, so they go to disk unless a directory was asked for.
+  r.staging_root =
+      o.container && o.staging_mode == StagingMode::kAuto ? fs::path(kDiskStaging) : o.staging_root;
   if (r.stream) {
     const std::string why = criu::stream_unsupported_reason(
-        o.staging_root / "gpuckpt-restore-4194304-XXXXXX" / "images", o.criu.extra_args);
+        r.staging_root / "gpuckpt-restore-4194304-XXXXXX" / "images", o.criu.extra_args);
     if (!why.empty()) {
       spdlog::warn("cannot stream the checkpoint into CRIU ({}): unpacking it to {} first", why,
-                   o.staging_root.string());
+                   r.staging_root.string());
       r.stream = false;
     }
   }
   r.out.staging_mode = r.stream ? StagingMode::kStream : StagingMode::kStaged;
   std::error_code ec;
-  const auto space = fs::space(o.staging_root, ec);
-  if (ec || !fs::is_directory(o.staging_root, ec))
+  const auto space = fs::space(r.staging_root, ec);
+  if (ec || !fs::is_directory(r.staging_root, ec))
     throw Error(Errc::kInvalidInput,
-                "staging directory " + o.staging_root.string() + " does not exist");
+                "staging directory " + r.staging_root.string() + " does not exist");
   // Streaming stages nothing but CRIU's log and stats.
   if (!r.stream && r.info.raw_bytes > space.available)
-    throw Error(Errc::kIo, "the staging directory " + o.staging_root.string() + " has " +
+    throw Error(Errc::kIo, "the staging directory " + r.staging_root.string() + " has " +
                                std::to_string(space.available >> 20) +
                                " MiB free, but the checkpoint unpacks to " +
                                std::to_string(r.info.raw_bytes >> 20) +
@@ -238,7 +246,7 @@ void choose_staging(RestoreState& r) {
 
 void stage_images(RestoreState& r) {
   const RestoreOptions& o = r.o;
-  r.staging = make_staging(o.staging_root, "gpuckpt-restore");
+  r.staging = make_staging(r.staging_root, "gpuckpt-restore");
   if (r.guard) r.guard->remove_on_recovery(r.staging.path());
   r.images = r.staging.path() / "images";
   // Streaming: CRIU asks for each image as it needs it, and gets it from the checkpoint
