@@ -394,10 +394,10 @@ void finish_streaming(RestoreState& r) {
   r.streamer.reset();
 }
 
-void check_restored(RestoreState& r) {
+// What CRIU restored, into the result and its timeline. Returns why its CUDA state did not come
+// back, or "": the caller ends the restored tree its own way and says so.
+std::string collect_restored(RestoreState& r) {
   RestoreResult& out = r.out;
-  if (r.guard) r.guard->criu_finished();
-  if (r.guard) r.guard->copy_on_recovery(out.pid, out.pidns_init, fate(r));
   out.tree = process_tree(out.pid);
   for (pid_t p : out.tree) out.huge_page_bytes += huge_page_bytes(p);
   const auto plugin = criu::read_plugin_report(r.report_path);
@@ -405,18 +405,21 @@ void check_restored(RestoreState& r) {
                      criu::read_fill_stats(r.run.log));
   out.gpu = plugin && plugin->cuda;
   // CRIU ignores errors of the late device hook (it only logs them), so a failed CUDA restore
-  // would leave a process that hangs on its first CUDA call: end it and say why.
-  if (plugin && !plugin->all_ok()) {
+  // would leave a process that hangs on its first CUDA call.
+  if (plugin && !plugin->all_ok())
+    return "restoring the CUDA state failed (" + plugin->first_error() + ")";
+  if (r.rec.cuda && !out.gpu)
+    return "the checkpoint holds CUDA state but the CRIU plugin restored none";
+  return {};
+}
+
+void check_restored(RestoreState& r) {
+  RestoreResult& out = r.out;
+  if (r.guard) r.guard->criu_finished();
+  if (r.guard) r.guard->copy_on_recovery(out.pid, out.pidns_init, fate(r));
+  if (const std::string why = collect_restored(r); !why.empty()) {
     kill_restored(out);
-    const std::string why = plugin->first_error();
-    throw Error(Errc::kDevice,
-                "restoring the CUDA state failed (" + why + "); the restored process was killed");
-  }
-  if (r.rec.cuda && !(plugin && plugin->cuda)) {
-    kill_restored(out);
-    throw Error(Errc::kDevice,
-                "the checkpoint holds CUDA state but the CRIU plugin restored none; the restored "
-                "process was killed");
+    throw Error(Errc::kDevice, why + "; the restored process was killed");
   }
 }
 
@@ -514,19 +517,8 @@ void restore_container(RestoreState& r) {
       auto scope = out.timeline.scope("network");
       container::restore_loopback(rec, c.init_pid);
     }
-    out.tree = process_tree(out.pid);
-    for (pid_t p : out.tree) out.huge_page_bytes += huge_page_bytes(p);
-    const auto plugin = criu::read_plugin_report(r.report_path);
-    add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin,
-                       criu::read_fill_stats(r.run.log));
-    out.gpu = plugin && plugin->cuda;
-    if (plugin && !plugin->all_ok())
-      throw Error(Errc::kDevice, "restoring the CUDA state failed (" + plugin->first_error() +
-                                     "); the restored container was removed");
-    if (r.rec.cuda && !out.gpu)
-      throw Error(Errc::kDevice,
-                  "the checkpoint holds CUDA state but the CRIU plugin restored none; the "
-                  "restored container was removed");
+    if (const std::string why = collect_restored(r); !why.empty())
+      throw Error(Errc::kDevice, why + "; the restored container was removed");
     wait_first_answer(r);
   } catch (...) {
     container::destroy(c);
