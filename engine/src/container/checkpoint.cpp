@@ -162,20 +162,6 @@ std::string outside_file(pid_t pid, int fd) {
   return target;
 }
 
-std::string excerpt(const fs::path& file, std::size_t lines = 6) {
-  std::error_code ec;
-  if (!fs::exists(file, ec)) return {};
-  std::ifstream in(file);
-  std::vector<std::string> last;
-  for (std::string l; std::getline(in, l);) {
-    last.push_back(l);
-    if (last.size() > lines) last.erase(last.begin());
-  }
-  std::string out;
-  for (const auto& l : last) out += "  " + l + "\n";
-  return out;
-}
-
 std::vector<std::string> runc_argv(const std::string& root) {
   return {runc_binary().string(), "--root", root};
 }
@@ -529,7 +515,7 @@ Container runc_restore(const RestoreRequest& q) {
     undo();
     const fs::path kept = criu::preserve_log(q.work / criu::kRestoreLogName, "runc-criu-restore");
     throw Error(Errc::kCriu, "runc restore of container " + q.id + " failed (" + st->describe() +
-                                 "):\n" + excerpt(runc_log, 4) + criu::log_excerpt(kept) +
+                                 "):\n" + criu::log_tail(runc_log, 4) + criu::log_excerpt(kept) +
                                  "CRIU's log: " + kept.string());
   }
   for (auto& found : running())

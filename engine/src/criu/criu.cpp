@@ -42,18 +42,6 @@ fs::path find_plugin_dir() {
   return {};
 }
 
-std::string tail_of(const fs::path& file, std::size_t max_lines) {
-  std::ifstream in(file);
-  std::deque<std::string> last;
-  for (std::string line; std::getline(in, line);) {
-    last.push_back(line);
-    if (last.size() > max_lines) last.pop_front();
-  }
-  std::string out;
-  for (const auto& l : last) out += "  " + l + "\n";
-  return out;
-}
-
 // Runs argv with stdout and stderr appended to `out_file`, killing it past `timeout`.
 ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_file,
                       const std::vector<std::string>& env, std::chrono::seconds timeout,
@@ -83,6 +71,18 @@ ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_
 }
 
 }  // namespace
+
+std::string log_tail(const fs::path& file, std::size_t max_lines) {
+  std::ifstream in(file);
+  std::deque<std::string> last;
+  for (std::string line; std::getline(in, line);) {
+    last.push_back(line);
+    if (last.size() > max_lines) last.pop_front();
+  }
+  std::string out;
+  for (const auto& l : last) out += "  " + l + "\n";
+  return out;
+}
 
 Installation locate(const fs::path& override_binary) {
   Installation inst;
@@ -140,15 +140,7 @@ void check(const Installation& inst, std::chrono::seconds timeout) {
                 "criu check did not finish within " + std::to_string(timeout.count()) + " s");
   }
   if (!st->ok()) {
-    const std::string text = read_file("/proc/self/fd/" + std::to_string(out.get()));
-    std::istringstream in(text);
-    std::deque<std::string> last;
-    for (std::string line; std::getline(in, line);) {
-      last.push_back(line);
-      if (last.size() > 12) last.pop_front();
-    }
-    std::string tail;
-    for (const auto& l : last) tail += "  " + l + "\n";
+    const std::string tail = log_tail("/proc/self/fd/" + std::to_string(out.get()), 12);
     throw Error(Errc::kCriu, "criu check failed (" + st->describe() +
                                  "): this kernel or CRIU "
                                  "installation cannot checkpoint processes:\n" +
@@ -210,7 +202,7 @@ std::string log_excerpt(const fs::path& log, std::size_t max_lines) {
       if (errors.size() > max_lines) errors.pop_front();
     }
   }
-  if (errors.empty()) return tail_of(log, max_lines);
+  if (errors.empty()) return log_tail(log, max_lines);
   std::string out;
   for (const auto& l : errors) out += "  " + l + "\n";
   return out;
@@ -274,7 +266,7 @@ Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs
     if (on_end) on_end(st, kept);
     std::string msg = "criu " + op + " failed (" + st.describe() + "):\n" + log_excerpt(kept);
     std::error_code ec;
-    if (fs::file_size(out, ec) > 0 && !ec) msg += "criu output:\n" + tail_of(out, 5);
+    if (fs::file_size(out, ec) > 0 && !ec) msg += "criu output:\n" + log_tail(out, 5);
     throw Error(Errc::kCriu, msg + "full log: " + kept.string());
   }
   return r;

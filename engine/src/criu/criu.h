@@ -105,6 +105,9 @@ Run restore(const Installation& inst, const RestoreArgs& a);
 // Turns a finished criu run into success or the Error described above. `what` = "criu dump".
 void check_exit(const std::string& what, const ExitStatus& st, const std::filesystem::path& log);
 
+// The last `max_lines` lines of a file, each indented by two spaces ("" if it cannot be read).
+std::string log_tail(const std::filesystem::path& file, std::size_t max_lines);
+
 // The log's error lines (at most `max_lines`, the last ones), or its last lines if it has none.
 std::string log_excerpt(const std::filesystem::path& log, std::size_t max_lines = 8);
 
