@@ -11,6 +11,7 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "gpuckpt/error.h"
 #include "process/pidns.h"
@@ -38,6 +39,7 @@ class E2eContainer : public ::testing::Test {
     root_ = dir_.path() / "runc-root";
     bundle_ = dir_.path() / "bundle";
     make_bundle();
+    roots_.emplace("GPUCKPT_RUNC_ROOTS", root_.string());  // gpuckpt finds the test's runc
   }
   void TearDown() override {
     for (const auto& id : started_) {
@@ -164,11 +166,25 @@ class E2eContainer : public ::testing::Test {
     return "gk-" + tag + "-" + std::to_string(::getpid());
   }
 
+  // A container named after `tag`, serving redis with some data: its ID, init, data's digest.
+  struct Serving {
+    std::string id;
+    pid_t init = 0;
+    std::string digest;
+  };
+  Serving serving(const std::string& tag) {
+    Serving s{unique_id(tag)};
+    s.init = run_container(s.id);
+    if (s.init > 0) s.digest = fill(s.init);
+    return s;
+  }
+
   TempDir dir_ = test::scratch_dir("gpuckpt-e2e-container");
   std::string runc_;
   fs::path root_, bundle_;
   std::vector<std::string> started_;
   std::vector<Child> drains_;
+  std::optional<test::ScopedEnv> roots_;
 };
 
 }  // namespace
@@ -176,7 +192,6 @@ class E2eContainer : public ::testing::Test {
 // The issue's first report: a redis in a plain runc container was refused as a process "a
 // `restore --new-pidns` or a frozen-handoff migration put there", which nobody had run.
 TEST_F(E2eContainer, ADumpOfAProcessInAContainerNamesTheContainerAndFreezesNothing) {
-  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
   const std::string id = "gk-" + std::to_string(::getpid());
   const pid_t init = run_container(id);
   ASSERT_GT(init, 0);
@@ -251,11 +266,8 @@ TEST_F(E2eContainer, AProcessInAPidNamespaceNoRuntimeMadeIsNamedAsSuch) {
 // container runc lists under the same ID, with its data; and the restored one is a container
 // that can be dumped again.
 TEST_F(E2eContainer, AContainerComesBackAsARuncContainerWithItsData) {
-  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
-  const std::string id = unique_id("whole");
-  const pid_t init = run_container(id);
+  const auto [id, init, digest] = serving("whole");
   ASSERT_GT(init, 0);
-  const std::string digest = fill(init);
   ASSERT_EQ(digest.size(), 40u) << digest;
   const fs::path ckpt = dir_.path() / "c.ckpt";
   auto d = test::run_cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
@@ -306,11 +318,8 @@ TEST_F(E2eContainer, AContainerComesBackAsARuncContainerWithItsData) {
 // A warm snapshot scaled out: one checkpoint, two containers beside each other, each in a
 // network namespace of its own, both serving the same port with the same data.
 TEST_F(E2eContainer, OneCheckpointRestoredTwiceServesTwoReplicasOnTheSamePort) {
-  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
-  const std::string id = unique_id("snap");
-  const pid_t init = run_container(id);
+  const auto [id, init, digest] = serving("snap");
   ASSERT_GT(init, 0);
-  const std::string digest = fill(init);
   const fs::path ckpt = dir_.path() / "snap.ckpt";
   const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
   ASSERT_EQ(d.exit_code, 0) << d.err;
@@ -341,11 +350,8 @@ TEST_F(E2eContainer, OneCheckpointRestoredTwiceServesTwoReplicasOnTheSamePort) {
 // gpuckpt killed by any signal at each phase before the checkpoint is durable: the container
 // runs again with its data, and runc still lists it as running.
 TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToRunc) {
-  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
-  const std::string id = unique_id("fault");
-  const pid_t init = run_container(id);
+  const auto [id, init, digest] = serving("fault");
   ASSERT_GT(init, 0);
-  const std::string digest = fill(init);
   const fs::path ckpt = dir_.path() / "f.ckpt";
   for (const std::string point : {"criu_dump", "compress_write"}) {
     for (const int sig : {SIGINT, SIGKILL}) {
@@ -375,7 +381,6 @@ TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToR
 
 // Each refusal comes before anything is frozen, names what is wrong, and loses nothing.
 TEST_F(E2eContainer, WhatCannotBeDoneIsRefusedBeforeAnythingIsFrozen) {
-  const test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", root_.string());
   const fs::path ckpt = dir_.path() / "x.ckpt";
   auto expect_refused = [&](const std::vector<std::string>& args, int code,
                             const std::string& says) {
