@@ -356,6 +356,7 @@ void add_restore(CLI::App& app, Context& ctx) {
 
 struct MigrateArgs {
   int pid = 0;
+  std::string container, new_id;
   std::string to, gpu_map, handoff = "auto", ssh_config, remote_gpuckpt = "gpuckpt", spool,
                            remote_spool;
   StagingFlags staging;
@@ -372,8 +373,12 @@ struct MigrateArgs {
 };
 
 void run_migrate(const MigrateArgs& o, Context& ctx) {
+  if (o.pid <= 0 && o.container.empty())
+    throw Error(Errc::kUsage, "migrate needs --pid PID or --container ID");
   MigrateOptions m;
   m.pid = o.pid;
+  m.container = o.container;
+  m.new_container_id = o.new_id;
   m.to_dir = o.to;
   m.ssh_config = o.ssh_config;
   m.remote_gpuckpt = o.remote_gpuckpt;
@@ -408,6 +413,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
                      {"handoff", handoff_name(res.handoff)},
                      {"target", res.target},
                      {"skipped_compression_bytes", res.skipped_compression_bytes},
+                     {"container", res.container},
                      {"timeline", to_json(res.timeline)}};
     if (!res.target_result.is_null()) j["target_result"] = res.target_result;
     if (o.keep) j["checkpoint"] = res.checkpoint;
@@ -415,8 +421,11 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
     ctx.emit(j);
     return;
   }
-  print_header("migrated pid %d -> pid %d on %s (%s handoff)%s", res.old_pid, res.new_pid,
-               res.target.c_str(), handoff_name(res.handoff),
+  print_header("migrated %spid %d -> pid %d on %s (%s handoff)%s",
+               res.container.empty()
+                   ? ""
+                   : ("container " + o.container + " as " + res.container + ", init ").c_str(),
+               res.old_pid, res.new_pid, res.target.c_str(), handoff_name(res.handoff),
                o.keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
   if (m.probe.kind != ReadinessProbe::Kind::kNone)
     print_header("first answer: %s", res.first_answer.c_str());
@@ -432,15 +441,25 @@ void add_migrate(CLI::App& app, Context& ctx) {
       "Move a process through a checkpoint in DIR; the old one ends only after the "
       "new one answers, and is resumed if anything fails");
   auto o = std::make_shared<MigrateArgs>();
-  c->add_option("--pid", o->pid, "Root of the process tree to migrate")
-      ->required()
-      ->check(CLI::PositiveNumber);
+  auto* pid = c->add_option("--pid", o->pid, "Root of the process tree to migrate")
+                  ->check(CLI::PositiveNumber);
+  auto* box = c->add_option("--container", o->container,
+                            "A whole runc container, by ID (as dump --container), which comes "
+                            "back on the target as a container runc lists; the original ends "
+                            "and runc forgets it once the copy answers");
+  box->excludes(pid);
+  c->add_option("--new-id", o->new_id,
+                "With --container: the copy's container ID (default: the original's). On this "
+                "host a frozen handoff needs one, for the frozen original keeps its ID until "
+                "the copy answers")
+      ->needs(box);
   c->add_option("--handoff", o->handoff,
                 "auto|frozen|release: frozen keeps the original frozen until the copy (in a new "
                 "pid namespace) answers; release ends the original once the checkpoint is "
                 "durable and restores the copy in place (needed for TCP listeners; a "
                 "rollback restores the original). auto: release for TCP or abstract-socket "
-                "listeners, else frozen")
+                "listeners, else frozen; a container: release for a copy under its own ID, or "
+                "for host-network listeners, else frozen")
       ->check(CLI::IsMember({"auto", "frozen", "release"}));
   c->add_flag("--tcp-established", o->tcp_established,
               "Carry established TCP connections over (see dump --tcp-established)");

@@ -447,3 +447,138 @@ TEST_F(E2eContainer, WhatCannotBeDoneIsRefusedBeforeAnythingIsFrozen) {
                  "no container ID runc accepts");
   EXPECT_EQ(pid_of(paused), p);
 }
+
+// A container moved on this host: to a copy under a new ID beside the frozen original (the
+// frozen handoff), then back under its first ID, which the original's end frees (the release
+// handoff). Each copy is a container runc lists, with the data, answering a probe made inside
+// its own network namespace; the original is gone from runc's list.
+TEST_F(E2eContainer, AContainerMigratedOnThisHostServesAsARuncContainerAndTheOriginalIsForgotten) {
+  const auto [id, init, digest] = serving("move");
+  ASSERT_GT(init, 0);
+  const std::string copy = unique_id("moved");
+  started_.push_back(copy);
+  const std::string probe = "tcp:127.0.0.1:" + std::to_string(kRedisPort);
+  auto m = test::run_cli({"--json", "migrate", "--container", id, "--new-id", copy, "--to",
+                          (dir_.path() / "to").string(), "--probe", probe});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  json j = json::parse(m.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << m.out;
+  EXPECT_EQ(j.value("handoff", ""), "frozen");
+  EXPECT_EQ(j.value("container", ""), copy);
+  const pid_t moved = pid_of(copy);
+  ASSERT_GT(moved, 0) << "runc does not list the copy as running";
+  EXPECT_EQ(j.value("pid", 0), moved);
+  EXPECT_EQ(redis(moved, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_FALSE(runc({"state", id}).status.ok()) << "runc still lists the original";
+
+  // Back under the copy's own ID: the original must end first, so the handoff is a release.
+  m = test::run_cli({"--json", "migrate", "--container", copy, "--to",
+                     (dir_.path() / "back").string(), "--probe", probe});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  j = json::parse(m.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << m.out;
+  EXPECT_EQ(j.value("handoff", ""), "release");
+  const pid_t back = pid_of(copy);
+  ASSERT_GT(back, 0);
+  EXPECT_NE(back, moved);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_FALSE(process::alive(moved));
+  // A frozen handoff under the original's own ID is refused before anything is frozen.
+  m = test::run_cli({"--json", "migrate", "--container", copy, "--handoff", "frozen", "--to",
+                     (dir_.path() / "again").string()});
+  EXPECT_EQ(m.exit_code, 2) << m.out << m.err;
+  EXPECT_NE(m.out.find("--new-id"), std::string::npos) << m.out;
+  EXPECT_EQ(pid_of(copy), back);
+  EXPECT_EQ(redis(back, {"PING"}), "PONG");
+}
+
+// gpuckpt killed while runc restores a container, or just after: no half-made container stays
+// in runc's list to hold the ID, and the restore runs again. In a migration the original runs
+// again too, with its data, and runc still lists it.
+TEST_F(E2eContainer, AContainerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
+  const auto [id, init, digest] = serving("halfway");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "h.ckpt";
+  ASSERT_EQ(
+      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
+      0);
+  const std::string copy = unique_id("half");
+  started_.push_back(copy);
+  for (const std::string point : {"criu_restore", "criu_restored"}) {
+    SCOPED_TRACE(point);
+    Child g = test::paused_cli({"restore", ckpt.string(), "--container", copy}, point, dir_.path());
+    g.kill(SIGKILL);
+    g.wait();
+    EXPECT_TRUE(test::wait_until([&] {
+      return !runc({"state", copy}).status.ok();
+    })) << "runc still lists the half-made container";
+    EXPECT_TRUE(
+        test::wait_until([&] { return !fs::exists(fs::path("/run/gpuckpt/containers") / copy); }));
+  }
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(pid_of(copy), {"DEBUG", "DIGEST"}), digest);
+  runc({"kill", copy, "KILL"});
+  ASSERT_TRUE(test::wait_until([&] { return pid_of(copy) == 0; }));
+  runc({"delete", "--force", copy});
+
+  // A migration killed once its copy runs, before that answered.
+  Child g = test::paused_cli(
+      {"migrate", "--container", id, "--new-id", copy, "--to", (dir_.path() / "to").string()},
+      "criu_restored", dir_.path());
+  g.kill(SIGKILL);
+  g.wait();
+  EXPECT_TRUE(test::runs_again(init)) << "the original was left frozen";
+  EXPECT_EQ(pid_of(id), init);
+  EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
+  EXPECT_TRUE(test::wait_until([&] {
+    return !runc({"state", copy}).status.ok();
+  })) << "the migration's copy was left";
+}
+
+// Failover to a spare host: a container migrated over ssh (the other host is a network
+// namespace with its own sshd, whose operator configured the same runc root) comes back there
+// as a container runc lists, answering inside its own network namespace, and ends here. A
+// checkpoint of it in object storage (a store on loopback) comes back as another container.
+TEST_F(E2eContainer, AContainerMovesToAnotherHostOverSshAndComesBackFromObjectStorage) {
+  const auto [id, init, digest] = serving("ssh");
+  ASSERT_GT(init, 0);
+  test::close_inherited_fds();
+  const test::NetNs host("ctrhost");
+  const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
+                          {"GPUCKPT_RUNC_ROOTS=" + root_.string()});
+  const fs::path remote_spool = dir_.path() / "remote-spool";
+  fs::create_directories(remote_spool);
+  const std::string copy = unique_id("there");
+  started_.push_back(copy);
+  const auto m = test::run_cli(
+      {"--json", "migrate", "--container", id, "--new-id", copy, "--to", ssh.url(), "--ssh-config",
+       ssh.config().string(), "--remote-gpuckpt", test::gpuckpt_binary().string(), "--remote-spool",
+       remote_spool.string(), "--spool", dir_.path().string(), "--probe",
+       "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
+  ASSERT_EQ(m.exit_code, 0) << m.err << m.out;
+  const json j = json::parse(m.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << m.out;
+  EXPECT_EQ(j.value("target", ""), "ssh://spare");
+  EXPECT_EQ(j["target_result"].value("container", ""), copy);
+  const pid_t there = pid_of(copy);
+  ASSERT_GT(there, 0) << "runc on the other host does not list the copy";
+  EXPECT_EQ(j.value("pid", 0), there);
+  EXPECT_EQ(redis(there, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_FALSE(runc({"state", id}).status.ok()) << "runc here still lists the original";
+
+  // Its checkpoint in a store, restored under yet another ID.
+  test::S3Server s3;
+  s3.export_environment();
+  const auto d = test::run_cli({"dump", "--container", copy, "-o", "s3://ckpts/ctr/a", "--spool",
+                                dir_.path().string(), "--leave-running"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const std::string replica = unique_id("fromstore");
+  started_.push_back(replica);
+  const auto r = test::run_cli({"--json", "restore", "s3://ckpts/ctr/a", "--container", replica,
+                                "--spool", remote_spool.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(pid_of(replica), {"DEBUG", "DIGEST"}), digest);
+}

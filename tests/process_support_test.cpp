@@ -957,3 +957,67 @@ TEST(EndTree, WhatTheTreeStartsDuringTheGraceIsEndedWithIt) {
   ASSERT_TRUE(in >> started) << "the handler did not start its sleep within the grace";
   EXPECT_FALSE(process::alive(started)) << "the sleep the handler started outlived its parent";
 }
+
+// A later run undoes a killed migration long after the kill: a container of the copy's ID may
+// be someone else's by then. The replay kills and deletes only the container whose init it was
+// told (same start tick); one it cannot name so is left running, and the summary says so. The
+// frozen original is resumed either way.
+TEST(Journal, AReplayLeavesAContainerItCannotNameAsTheCopyItMade) {
+  auto dir = test::scratch_dir();
+  const fs::path run = dir.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  Child original = spawn({"sleep", "600"});
+  ASSERT_EQ(::kill(original.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(original.pid()) == 'T'; }));
+  Child other = spawn({"sleep", "600"});  // a container someone made since, under the copy's ID
+  const auto ticks = process::start_ticks(original.pid());
+  const auto other_ticks = process::start_ticks(other.pid());
+  ASSERT_TRUE(ticks && other_ticks);
+  // runc's state of it, as runc writes it under its root.
+  const fs::path root = dir.path() / "runc-root";
+  for (const char* id : {"told-init", "no-init"}) {
+    fs::create_directories(root / id);
+    std::ofstream(root / id / "state.json") << nlohmann::json{
+        {"id", id},
+        {"init_process_pid", other.pid()},
+        {"init_process_start", *other_ticks}}.dump();
+  }
+  fs::create_directories(run);
+  {
+    std::ofstream out(run / ".migrate-1234.journal-0123456789abcdef");
+    out << journal_head("migrate", 1234, this_boot(), original.pid(), *ticks);
+    // The copy gpuckpt restored as told-init (its init then, another process than now), and one
+    // whose restore it never saw end.
+    out << nlohmann::json{{"op", "container"},
+                          {"root", root.string()},
+                          {"id", "told-init"},
+                          {"after", 0},
+                          {"kill", true}}
+               .dump()
+        << "\n"
+        << nlohmann::json{{"op", "container_init"}, {"started", *other_ticks + 1}}.dump() << "\n"
+        << nlohmann::json{{"op", "container"},
+                          {"root", root.string()},
+                          {"id", "no-init"},
+                          {"after", 0},
+                          {"kill", true}}
+               .dump()
+        << "\n";
+  }
+  const auto done = recover_abandoned_operations();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].failures.empty()) << done[0].summary;
+  for (const char* id : {"told-init", "no-init"})
+    EXPECT_NE(done[0].summary.find("container " + std::string(id) + " (runc root " + root.string() +
+                                   ") is not the one this restore made"),
+              std::string::npos)
+        << done[0].summary;
+  EXPECT_TRUE(process::alive(other.pid())) << "someone else's container was killed";
+  EXPECT_TRUE(fs::exists(root / "told-init" / "state.json"));
+  EXPECT_TRUE(test::wait_until([&] { return test::process_state(original.pid()) != 'T'; }))
+      << "the original was left frozen";
+  original.kill(SIGKILL);
+  original.wait();
+  other.kill(SIGKILL);
+  other.wait();
+}

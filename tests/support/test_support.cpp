@@ -550,7 +550,7 @@ void NetNs::link(const NetNs& other, const std::string& mine, const std::string&
 }
 
 SshHost::SshHost(const NetNs& ns, const fs::path& dir, const std::string& alias,
-                 const std::string& proxy_prefix)
+                 const std::string& proxy_prefix, const std::vector<std::string>& env)
     : config_(dir / "ssh_config"), alias_(alias) {
   fs::create_directories(dir);
   ::chmod(dir.c_str(), 0700);
@@ -563,13 +563,16 @@ SshHost::SshHost(const NetNs& ns, const fs::path& dir, const std::string& alias,
   }
   fs::copy_file(dir / "client_key.pub", dir / "authorized_keys",
                 fs::copy_options::overwrite_existing);
+  std::string set_env;
+  for (const auto& e : env) set_env += " " + e;
   std::ofstream(dir / "sshd_config")
       << "HostKey " << (dir / "host_key").string() << "\n"
       << "AuthorizedKeysFile " << (dir / "authorized_keys").string() << "\n"
       << "PermitRootLogin prohibit-password\nPasswordAuthentication no\n"
          "KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPidFile none\n"
          "LogLevel ERROR\n"
-         "SetEnv PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin\n";
+         "SetEnv PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+      << set_env << "\n";
   const std::string host_pub = read_file(dir / "host_key.pub");
   std::ofstream(dir / "known_hosts")
       << alias << " " << host_pub.substr(0, host_pub.rfind(' ')) << "\n";

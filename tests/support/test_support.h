@@ -235,8 +235,9 @@ class NetNs {
 // iflag=count_bytes status=none |" to cut it after N bytes; dd, which passes each read on at once).
 class SshHost {
  public:
+  // `env`: NAME=VALUE settings of the other host's sessions (its operator's configuration).
   SshHost(const NetNs& ns, const std::filesystem::path& dir, const std::string& alias,
-          const std::string& proxy_prefix = "");
+          const std::string& proxy_prefix = "", const std::vector<std::string>& env = {});
   const std::filesystem::path& config() const { return config_; }
   std::string url() const { return "ssh://" + alias_; }
 

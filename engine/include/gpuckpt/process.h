@@ -211,6 +211,10 @@ const char* handoff_name(MigrateHandoff h);
 
 struct MigrateOptions {
   pid_t pid = 0;
+  // A whole runc container, by ID, instead of pid (as DumpOptions::container), which comes back
+  // as a container its runtime lists, under `new_container_id` ("" = its own ID). On this host
+  // a frozen handoff needs a new ID: the frozen original holds its own until the copy answers.
+  std::string container, new_container_id;
   // Where the checkpoint is written and restored from: a directory on this host, or
   // ssh://[USER@]HOST[:PORT], another host running gpuckpt (docs/PROCESS.md, "migrate to
   // another host").
@@ -243,6 +247,7 @@ class CommitScope;
 
 struct MigrateResult {
   pid_t old_pid = 0, new_pid = 0;                  // new_pid: on the target host for ssh://
+  std::string container;                           // the copy's container ID, if one was moved
   std::string target;                              // "this host", or the ssh:// URL
   nlohmann::json target_result;                    // ssh://: the target's `restore --json` result
   MigrateHandoff handoff = MigrateHandoff::kAuto;  // the one used (never kAuto)

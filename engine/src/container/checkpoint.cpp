@@ -381,11 +381,14 @@ std::string remove_ended(const Container& c) {
     return e.what();
   }
   // The bundle a restore made for it, if it was one (its log stays under kLogsDir).
-  if (valid_id(c.id)) {
-    std::error_code ec;
-    fs::remove_all(fs::path(kBundlesDir) / c.id, ec);
-  }
+  remove_restore_bundle(c.id);
   return {};
+}
+
+void remove_restore_bundle(const std::string& id) {
+  if (!valid_id(id)) return;
+  std::error_code ec;
+  fs::remove_all(fs::path(kBundlesDir) / id, ec);
 }
 
 void destroy(const Container& c) {
@@ -497,13 +500,22 @@ Container runc_restore(const RestoreRequest& q) {
   so.cwd = bundle;
   Child c = spawn(argv, so);
   feed.reset();
-  auto st = c.wait_for(q.timeout);
   const Container made{StateRoot{Runtime::kRunc, r.root, ""}, q.id};
   auto undo = [&] {
     destroy(made);
-    std::error_code ec;
-    fs::remove_all(bundle, ec);
+    remove_restore_bundle(q.id);
   };
+  if (q.on_runc_started) {
+    try {
+      q.on_runc_started(c.pid());
+    } catch (...) {
+      ::kill(-c.pid(), SIGKILL);
+      c.wait();
+      undo();
+      throw;
+    }
+  }
+  auto st = c.wait_for(q.timeout);
   if (!st) {
     ::kill(-c.pid(), SIGKILL);  // runc and the criu it runs: its own process group
     c.wait();
@@ -523,6 +535,11 @@ Container runc_restore(const RestoreRequest& q) {
   undo();
   throw Error(Errc::kProcess, "runc restored container " + q.id + ", but runc (root " + r.root +
                                   ") does not list it running");
+}
+
+std::string in_container_network(const ContainerRecord& r, pid_t init,
+                                 const std::function<std::string()>& fn) {
+  return r.own_network ? in_network_of(init, fn) : fn();
 }
 
 void restore_loopback(const ContainerRecord& r, pid_t init) {

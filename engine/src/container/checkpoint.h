@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -86,6 +87,9 @@ struct RestoreRequest {
   // The container's stdout and stderr, appended; "" = /var/log/gpuckpt/containers/ID.log.
   std::filesystem::path stdio_log;
   std::chrono::seconds timeout{1800};
+  // Called with runc's pid as soon as it runs (it leads its own process group, its criu in it),
+  // before it has restored anything: for the guard, which must wait for it.
+  std::function<void(pid_t)> on_runc_started;
 };
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
@@ -103,6 +107,14 @@ Container runc_restore(const RestoreRequest& q);
 // runtime's caller): its loopback is brought up again here if it was up at the dump.
 void restore_loopback(const ContainerRecord& r, pid_t init);
 
+// Removes the bundle that runc_restore wrote for container `id`, if any: a restore that runc
+// left unmade (the container's own deletion, remove_ended, removes it with it).
+void remove_restore_bundle(const std::string& id);
+// Runs `fn` where the container's network is: on a thread that has entered its own network
+// namespace (that of `init`), else on this one. A readiness probe's 127.0.0.1 is then the
+// container's loopback.
+std::string in_container_network(const ContainerRecord& r, pid_t init,
+                                 const std::function<std::string()>& fn);
 // `runc kill KILL` and `runc delete --force`: a restore that failed after runc made it.
 void destroy(const Container& c);
 

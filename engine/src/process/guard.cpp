@@ -23,6 +23,8 @@
 #include <set>
 #include <utility>
 
+#include "container/checkpoint.h"
+#include "container/runtime.h"
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
 #include "gpuckpt/device.h"
@@ -83,9 +85,23 @@ struct GuardPlan {
     bool criu_clean = false;  // criu exited by itself: it ended what it had restored
   };
   std::vector<NamedCopy> copy_pidfiles;
+  // Containers that `runc restore` makes for this operation, to kill and delete from runc's
+  // state on recovery (or leave): each known by its runc root and ID, the tick before runc
+  // started, the runc in flight, and, once restored, its init's start tick.
+  struct ContainerCopy {
+    fs::path root;
+    std::string id;
+    std::uint64_t after = 0;
+    bool kill = true;
+    pid_t runc = 0;  // the leader of its own process group (criu runs in it)
+    std::uint64_t runc_started = 0;
+    std::uint64_t init_started = 0;
+  };
+  std::vector<ContainerCopy> containers;
   std::vector<std::pair<fs::path, fs::path>> renames;
   std::vector<fs::path> remove;
   fs::path restore_from, restore_staging, restore_criu;
+  std::string restore_container;  // restore_from holds this runc container: restored as one
   // The spool that holds restore_from: kept from other runs' sweeps once gpuckpt (whose
   // TempDir held it) is gone and this guard may still restore from it.
   UniqueFd restore_hold;
@@ -99,23 +115,26 @@ namespace {
 // The commands gpuckpt gives its guard, one JSON object a line ({"op": NAME, ...}), which the
 // journal keeps too. The names are the protocol: never rename one.
 enum class GuardOp {
-  kProtect,      // the trees to resume (root, pids, their start ticks)
-  kCuda,         // their processes whose CUDA state is locked and checkpointed
-  kCudaReport,   // where the dump's CRIU plugin reports the tasks it locks
-  kCriu,         // the criu in flight (pid 0: none any more)
-  kCriuExit,     // how the restore's criu ended, and where its log is
-  kDurable,      // the checkpoint is durable (and whether the trees end)
-  kCopy,         // a restored copy (or its pid namespace's init)
-  kCopyPidfile,  // a copy that criu's pidfile will name
-  kKeepCopy,     // commit: the copies stay
-  kHandOver,     // commit: a migration's copy is the service
-  kRemove,       // a path to remove in recovery
-  kKeep,         // ... no longer
-  kRename,       // an entry moved aside, to put back
-  kRestoreFrom,  // a release migration's original, to restore from this checkpoint
-  kLocks,        // process locks (file descriptors) come with this line; not journalled
-  kAbort,        // recover now
-  kDone,         // the operation is over: exit without touching anything
+  kProtect,        // the trees to resume (root, pids, their start ticks)
+  kCuda,           // their processes whose CUDA state is locked and checkpointed
+  kCudaReport,     // where the dump's CRIU plugin reports the tasks it locks
+  kCriu,           // the criu in flight (pid 0: none any more)
+  kCriuExit,       // how the restore's criu ended, and where its log is
+  kDurable,        // the checkpoint is durable (and whether the trees end)
+  kCopy,           // a restored copy (or its pid namespace's init)
+  kCopyPidfile,    // a copy that criu's pidfile will name
+  kContainer,      // a container that runc restores (root, ID), to kill or leave
+  kContainerRunc,  // ... the runc restoring it
+  kContainerInit,  // ... its init, restored
+  kKeepCopy,       // commit: the copies stay
+  kHandOver,       // commit: a migration's copy is the service
+  kRemove,         // a path to remove in recovery
+  kKeep,           // ... no longer
+  kRename,         // an entry moved aside, to put back
+  kRestoreFrom,    // a release migration's original, to restore from this checkpoint
+  kLocks,          // process locks (file descriptors) come with this line; not journalled
+  kAbort,          // recover now
+  kDone,           // the operation is over: exit without touching anything
 };
 
 struct GuardOpName {
@@ -131,6 +150,9 @@ constexpr GuardOpName kGuardOps[] = {
     {GuardOp::kDurable, "durable"},
     {GuardOp::kCopy, "copy"},
     {GuardOp::kCopyPidfile, "copy_pidfile"},
+    {GuardOp::kContainer, "container"},
+    {GuardOp::kContainerRunc, "container_runc"},
+    {GuardOp::kContainerInit, "container_init"},
     {GuardOp::kKeepCopy, "keep_copy"},
     {GuardOp::kHandOver, "hand_over"},
     {GuardOp::kRemove, "remove"},
@@ -434,6 +456,20 @@ void Guard::copy_named_in(const fs::path& pidfile, Copy what, const std::vector<
                                        {"pids", pids},
                                        {"log", log.string()}}));
 }
+void Guard::container_on_recovery(const fs::path& runc_root, const std::string& id, Copy what) {
+  // The tick before runc starts, as copy_named_in's: its container's init starts after it.
+  send(command(GuardOp::kContainer, {{"root", runc_root.string()},
+                                     {"id", id},
+                                     {"after", boot_ticks_now()},
+                                     {"kill", what == Copy::kKill}}));
+}
+void Guard::container_runc(pid_t runc) {
+  send(command(GuardOp::kContainerRunc,
+               {{"pid", runc}, {"started", start_ticks(runc).value_or(0)}}));
+}
+void Guard::container_init(pid_t init) {
+  send(command(GuardOp::kContainerInit, {{"started", start_ticks(init).value_or(0)}}));
+}
 void Guard::keep_copy() {
   commit(command(GuardOp::kKeepCopy));
 }
@@ -496,10 +532,12 @@ fs::path Guard::move_aside(const fs::path& path, const std::string& aside_name) 
   return aside;
 }
 void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& staging_root,
-                                const fs::path& criu_binary) {
-  send(command(GuardOp::kRestoreFrom, {{"checkpoint", checkpoint.string()},
-                                       {"staging", staging_root.string()},
-                                       {"criu", criu_binary.string()}}));
+                                const fs::path& criu_binary, const std::string& container) {
+  json m{{"checkpoint", checkpoint.string()},
+         {"staging", staging_root.string()},
+         {"criu", criu_binary.string()}};
+  if (!container.empty()) m["container"] = container;
+  send(command(GuardOp::kRestoreFrom, std::move(m)));
 }
 
 std::string Guard::abort(std::chrono::milliseconds timeout) {
@@ -756,6 +794,14 @@ std::string changed_since_the_kill(const Plan& p, const std::map<pid_t, Plan::Co
       if (is(c.pid, c.pid_started))
         return "the copy " + std::to_string(c.pid) + ", restored from " + p.restore_from.string() +
                ", serves in place of the original, which has ended";
+  if (!p.restore_from.empty() && !original_lives)
+    for (const auto& c : p.containers) {
+      const auto state = container::state_json({container::Runtime::kRunc, c.root, ""}, c.id);
+      const pid_t init = state ? state->value("init_process_pid", 0) : 0;
+      if (c.init_started > 0 && is(init, c.init_started))
+        return "the container " + c.id + ", restored from " + p.restore_from.string() +
+               ", serves in place of the original, which has ended";
+    }
   return {};
 }
 
@@ -895,6 +941,55 @@ void end_half_restored(const Plan::NamedCopy& n, RecoveryLog& log) {
   if (!removed.empty()) say(log, "removed the ghost files criu had made: " + join(removed, ", "));
 }
 
+// Step 2b: the containers runc restores for this operation. Its runc first (it writes runc's
+// state once criu is done), then what runc lists under the ID, if this restore made it: killed
+// and deleted from runc's state, so that the ID is free again (or left, if it was to stay). A
+// replay knows the container by its init alone: an ID taken since is someone else's.
+void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
+  for (const auto& c : p.containers) {
+    if (is(c.runc, c.runc_started) && alive(c.runc) &&
+        !wait_ended(c.runc, std::chrono::seconds(60))) {
+      ::kill(-c.runc, SIGKILL);  // runc and its criu: runc leads their process group
+      if (wait_ended(c.runc, std::chrono::seconds(10)))
+        say(log, "runc restore (pid " + std::to_string(c.runc) + ") was killed");
+    }
+    const container::Container box{{container::Runtime::kRunc, c.root, ""}, c.id};
+    const auto state = container::state_json(box.root, c.id);
+    const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
+    const bool ours =
+        state && (c.init_started > 0 ? start == c.init_started : !p.replay && start >= c.after);
+    if (state && !ours) {
+      say(log, "container " + c.id + " (runc root " + c.root.string() +
+                   ") is not the one this restore made, and was left as it is");
+      continue;
+    }
+    if (!state) {
+      // runc made nothing it still lists: only the bundle gpuckpt wrote for it may be left.
+      if (!p.replay) container::remove_restore_bundle(c.id);
+      continue;
+    }
+    const pid_t init = state->value("init_process_pid", 0);
+    const bool runs = init > 0 && is(init, start) && alive(init);
+    if (!c.kill) {
+      if (runs) say(log, "the restored container " + c.id + " is left running");
+      continue;
+    }
+    // end_tree locks restored CUDA processes before it kills them (cuda-checkpoint#53).
+    if (runs)
+      if (const auto left = end_tree(process_tree(init), 10000); !left.empty()) {
+        fail(log, Errc::kProcess,
+             "the restored container " + c.id + " did not end (still alive: " + pid_list(left) +
+                 "), so two copies may serve");
+        continue;
+      }
+    if (const std::string why = container::remove_ended(box); !why.empty())
+      fail(log, Errc::kProcess,
+           "the restored container " + c.id + " ended, but runc still lists it: " + why);
+    else
+      say(log, "the restored container " + c.id + " was killed and deleted from runc");
+  }
+}
+
 Recovery recover(const Plan& p) {
   RecoveryLog log;
   // A pid counts only while it is the process gpuckpt named (same start tick): one reused
@@ -1014,6 +1109,7 @@ Recovery recover(const Plan& p) {
                  "so that namespace (init " +
                      std::to_string(c.pidns_init) + ") was killed");
   }
+  end_restored_containers(p, log, is);
   // 3. paths a rollback must put back.
   for (const auto& [from, to] : p.renames) {
     if (::rename(from.c_str(), to.c_str()) == 0) {
@@ -1038,11 +1134,13 @@ Recovery recover(const Plan& p) {
       ro.staging_root = p.restore_staging;
       ro.criu.binary = p.restore_criu;
       ro.criu.check = false;
+      if (!p.restore_container.empty()) ro.container = p.restore_container;
       RestoreResult rr;
       try {
         restore_into(ro, rr, nullptr);
-        say(log, "the original was restored from " + p.restore_from.string() + " as pid " +
-                     std::to_string(rr.pid));
+        say(log, "the original was restored from " + p.restore_from.string() +
+                     (rr.container.empty() ? "" : " as container " + rr.container + ",") +
+                     " as pid " + std::to_string(rr.pid));
       } catch (const std::exception& e) {
         const auto* err = dynamic_cast<const Error*>(&e);
         fail(log, err ? err->code() : Errc::kInternal,
@@ -1146,6 +1244,22 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
                                  m.value("log", std::string())});
       break;
     }
+    case GuardOp::kContainer: {
+      p.containers.push_back({m.at("root").get<std::string>(), m.at("id").get<std::string>(),
+                              m.at("after").get<std::uint64_t>(), m.at("kill").get<bool>()});
+      break;
+    }
+    case GuardOp::kContainerRunc: {
+      if (p.containers.empty()) throw Error(Errc::kCorrupt, "container_runc before container");
+      p.containers.back().runc = m.at("pid").get<pid_t>();
+      p.containers.back().runc_started = m.at("started").get<std::uint64_t>();
+      break;
+    }
+    case GuardOp::kContainerInit: {
+      if (p.containers.empty()) throw Error(Errc::kCorrupt, "container_init before container");
+      p.containers.back().init_started = m.at("started").get<std::uint64_t>();
+      break;
+    }
     case GuardOp::kCriuExit: {
       if (!p.copy_pidfiles.empty()) {
         auto& n = p.copy_pidfiles.back();
@@ -1157,6 +1271,7 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
     case GuardOp::kKeepCopy: {
       p.copies.clear();
       p.copy_pidfiles.clear();
+      p.containers.clear();
       forget_renames(p);
       break;
     }
@@ -1184,11 +1299,13 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
       }
       p.restore_staging = m.at("staging").get<std::string>();
       p.restore_criu = m.at("criu").get<std::string>();
+      p.restore_container = m.value("container", std::string());
       break;
     }
     case GuardOp::kHandOver: {
       p.copies.clear();
       p.copy_pidfiles.clear();
+      p.containers.clear();
       forget_renames(p);
       p.restore_from.clear();
       p.restore_hold.reset();

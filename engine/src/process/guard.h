@@ -10,7 +10,8 @@
 // "abort" (gpuckpt failed or was interrupted and asks for the rollback), the guard recovers:
 //   1. waits for criu to finish (criu leaves its tasks in a clean state; killing it while its
 //      parasite code runs inside a task could kill that task), SIGKILL past a bound;
-//   2. kills the restored copies (they may own the service's endpoints);
+//   2. kills the restored copies (they may own the service's endpoints), and deletes the
+//      containers that runc restored for them from runc's state, once their runc has ended;
 //   3. puts renamed paths back (a unix socket path that a rollback must restore);
 //   4. resumes every process of the target trees (SIGCONT, then the CUDA restore and unlock of
 //      those that were checkpointed), or ends them once the checkpoint is durable and they were
@@ -100,6 +101,17 @@ class Guard {
   // of the same checkpoint would find in its way.
   void copy_named_in(const std::filesystem::path& pidfile, Copy what,
                      const std::vector<pid_t>& pids = {}, const std::filesystem::path& log = {});
+  // A container that `runc restore` is about to make as `id` under the runc root `runc_root`:
+  // recovery waits for that runc (container_runc), then, if runc lists a container of that ID
+  // that it made (its init started since this call, or is the one container_init named), kills
+  // it and deletes it from runc's state (kKill), or leaves it running (kLeave); with nothing
+  // listed, the bundle gpuckpt wrote for it goes. keep_copy() and hand_over() forget it.
+  void container_on_recovery(const std::filesystem::path& runc_root, const std::string& id,
+                             Copy what);
+  // ... the `runc restore` making it runs as `runc` (which leads its own process group, criu in
+  // it); and, restored, its init is `init` (what a later run's replay knows it by).
+  void container_runc(pid_t runc);
+  void container_init(pid_t init);
   // The copy is the service now (a restore's commit): it is left on recovery, and the paths
   // renamed aside for a rollback are removed (as hand_over). Done even with the guard dead.
   void keep_copy();
@@ -113,9 +125,11 @@ class Guard {
   void keep(const std::filesystem::path& path);
   // The original tree has ended and lives only in `checkpoint`: recovery restores it from
   // there, in place, if no copy is kept (a release-handoff migration).
+  // `container`: the checkpoint is of this runc container, restored as one.
   void restore_on_recovery(const std::filesystem::path& checkpoint,
                            const std::filesystem::path& staging_root,
-                           const std::filesystem::path& criu_binary);
+                           const std::filesystem::path& criu_binary,
+                           const std::string& container = {});
   // Renames `path` beside itself, to `aside_name` (or, if that is taken, `aside_name`-N), now,
   // and back on recovery: a rollback puts back the very entry (the same dentry). A commit
   // (keep_copy, hand_over) removes it instead. Returns the name it took; throws Error(kIo) when

@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include <cctype>
 
+#include "container/checkpoint.h"
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
@@ -45,11 +46,20 @@ const char* handoff_name(MigrateHandoff h) {
 
 namespace {
 
-MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& info) {
+MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& info,
+                              const process::ContainerMove* c) {
   bool release_needed = false;
   std::string why;
+  // A container's copy gets a network namespace of its own if the original has one: its ports
+  // and abstract names cannot clash there. But it shares the original's root filesystem, and
+  // its runtime lists the frozen original under its ID until the copy answers.
+  const bool own_network = c && c->plan.record.own_network;
+  if (c && c->copy_id == c->box.id) {
+    release_needed = true;
+    why = "the copy takes the container's own ID, " + c->box.id;
+  }
   for (pid_t q : process::process_tree(o.pid)) {
-    if (process::has_tcp_listener(q)) {
+    if (!own_network && process::has_tcp_listener(q)) {
       release_needed = true;
       why = "process " + std::to_string(q) + " listens on a TCP port";
     }
@@ -62,7 +72,12 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
                         " listens on a unix socket whose path is not "
                         "UTF-8, which a rollback could not put back (the guard names paths in "
                         "JSON); nothing was frozen. Dump and restore it instead");
-      if (!l.abstract) continue;
+      if (c && !l.abstract) {
+        release_needed = true;
+        why = "process " + std::to_string(q) + " listens on the unix socket " + l.path +
+              " in the container's root filesystem, which its copy shares";
+      }
+      if (!l.abstract || own_network) continue;
       release_needed = true;
       why = "process " + std::to_string(q) + " listens on the abstract unix socket " + l.path;
     }
@@ -70,8 +85,9 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
   if (o.handoff == MigrateHandoff::kFrozen && release_needed)
     throw Error(Errc::kUsage, "--handoff frozen is impossible for the tree of " +
                                   std::to_string(o.pid) + " (" + info.comm + "): " + why +
-                                  ", which a copy beside the frozen original could not bind. "
-                                  "Use --handoff release (the default for it)");
+                                  ", which a copy beside the frozen original could not take. "
+                                  "Use --handoff release (the default for it)" +
+                                  (c ? std::string(", or a new ID for the copy (--new-id)") : ""));
   if (o.handoff != MigrateHandoff::kAuto) return o.handoff;
   if (release_needed) spdlog::info("handoff: release ({})", why);
   return release_needed ? MigrateHandoff::kRelease : MigrateHandoff::kFrozen;
@@ -94,7 +110,7 @@ std::string checkpoint_name(const std::string& comm, pid_t pid) {
 
 DumpOptions migration_dump(const MigrateOptions& o, const fs::path& output) {
   DumpOptions d;
-  d.pid = o.pid;
+  d.pid = o.pid;  // a container's init (migrate() resolved it)
   d.output = output;
   d.leave_running = false;  // kept stopped: dump_keep_stopped does not end it
   d.staging_root = o.staging_root;
@@ -106,23 +122,76 @@ DumpOptions migration_dump(const MigrateOptions& o, const fs::path& output) {
   return d;
 }
 
+namespace {
+
+// The original container has ended: its runtime forgets it (runc delete). Said, not thrown: the
+// copy serves, or the checkpoint is durable, either way.
+void forget_original(const ContainerMove* c) {
+  if (!c) return;
+  if (const std::string why = container::remove_ended(c->box); !why.empty())
+    spdlog::warn("the original container ended, but runc still lists it: {}", why);
+}
+
+}  // namespace
+
 void release_original(const MigrateOptions& o, const DumpOutcome& dumped,
-                      const fs::path& checkpoint, Guard& guard, Timeline& tl) {
-  guard.restore_on_recovery(checkpoint, o.staging_root, o.criu.binary);
+                      const fs::path& checkpoint, Guard& guard, Timeline& tl,
+                      const ContainerMove* c) {
+  guard.restore_on_recovery(checkpoint, o.staging_root, o.criu.binary, c ? c->box.id : "");
   auto scope = tl.scope("end_original");
   if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
     const std::string undone = guard.abort();
     throw Error(Errc::kProcess, "migration failed: process " + std::to_string(left.front()) +
                                     " of the original tree did not end after SIGKILL; " + undone);
   }
+  // Its ID is free for the copy, or for the rollback's restore of the original (which would
+  // delete a stopped entry itself).
+  forget_original(c);
+}
+
+void end_original(const DumpOutcome& dumped, const ContainerMove* c, Timeline& tl) {
+  auto scope = tl.scope("end_original");
+  if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
+    spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
+    return;
+  }
+  forget_original(c);
 }
 
 }  // namespace process
 
-MigrateResult migrate(const MigrateOptions& o) {
+namespace {
+
+MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove* c);
+
+}  // namespace
+
+MigrateResult migrate(const MigrateOptions& opts) {
   using namespace process;
-  if (o.pid <= 0) throw Error(Errc::kUsage, "no pid given");
-  if (o.to_dir.empty()) throw Error(Errc::kUsage, "no target directory given");
+  if (opts.to_dir.empty()) throw Error(Errc::kUsage, "no target directory given");
+  if (opts.container.empty()) {
+    if (opts.pid <= 0) throw Error(Errc::kUsage, "no pid given");
+    if (!opts.new_container_id.empty())
+      throw Error(Errc::kUsage, "a new container ID is for a container (--container)");
+    return migrate_tree(opts, nullptr);
+  }
+  if (opts.pid > 0) throw Error(Errc::kUsage, "give --pid or --container, not both");
+  // The container's init is the tree's root from here on.
+  ContainerMove c;
+  c.box = container::find(opts.container);
+  c.plan = container::plan_dump(c.box, opts.tcp_established);
+  c.copy_id = opts.new_container_id.empty() ? c.box.id : opts.new_container_id;
+  MigrateOptions o = opts;
+  o.pid = c.box.init_pid;
+  MigrateResult res = migrate_tree(o, &c);
+  res.container = c.copy_id;
+  return res;
+}
+
+namespace {
+
+MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove* c) {
+  using namespace process;
   require_socket_probe(o.probe);
   const auto info = read_proc(o.pid);
   require_live(o.pid, info);
@@ -131,11 +200,14 @@ MigrateResult migrate(const MigrateOptions& o) {
   const bool over_ssh = remote::is_ssh_url(o.to_dir.string());
   criu::check_extra_args(criu::Op::kDump, o.criu.extra_args);
   if (!over_ssh) criu::check_extra_args(criu::Op::kRestore, o.criu.extra_args);
-  if (over_ssh) return migrate_over_ssh(o);
+  if (over_ssh) return migrate_over_ssh(o, c);
   MigrateResult res;
   res.old_pid = o.pid;
   res.target = "this host";
-  res.handoff = choose_handoff(o, *info);
+  res.handoff = choose_handoff(o, *info, c);
+  // A new ID for the copy must be free before the freeze (the original's own is freed by the
+  // release; its rootfs and mounts are here, as the original runs).
+  if (c && c->copy_id != c->box.id) container::check_restore_target(c->plan.record, c->copy_id);
   require_utf8_path(fs::absolute(o.to_dir), "--to directory");
   std::error_code ec;
   fs::create_directories(o.to_dir, ec);
@@ -144,7 +216,8 @@ MigrateResult migrate(const MigrateOptions& o) {
 
   Guard guard("migrate");
   // On failure the original already runs again.
-  DumpOutcome dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard);
+  DumpOutcome dumped =
+      dump_keep_stopped(migration_dump(o, res.checkpoint), guard, {}, c ? &c->plan : nullptr);
   res.timeline = dumped.result.timeline;
   res.image_bytes = dumped.result.image_bytes;
   res.checkpoint_bytes = dumped.result.checkpoint_bytes;
@@ -153,7 +226,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   const bool release = res.handoff == MigrateHandoff::kRelease;
   // The ports and pids pass to the copy. Frozen, the original's socket paths are moved aside
   // for the copy (restore_into), and put back by a rollback.
-  if (release) release_original(o, dumped, res.checkpoint, guard, res.timeline);
+  if (release) release_original(o, dumped, res.checkpoint, guard, res.timeline, c);
 
   RestoreOptions r;
   r.checkpoint = res.checkpoint;
@@ -163,8 +236,12 @@ MigrateResult migrate(const MigrateOptions& o) {
   r.unpack.progress = o.pack.progress;
   r.unpack.threads = o.pack.threads;
   r.probe = o.probe;
-  r.new_pid_ns = !release;
-  r.take_endpoints = true;  // the copy is meant to take the original's socket paths
+  if (c) {
+    r.container = c->copy_id;  // namespaces of its own, made by runc
+  } else {
+    r.new_pid_ns = !release;
+    r.take_endpoints = true;  // the copy is meant to take the original's socket paths
+  }
   r.huge_pages = o.huge_pages;
   r.criu = o.criu;
   r.criu.check = false;  // checked by the dump a moment ago
@@ -192,9 +269,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   guard.hand_over(/*end_original=*/!release);
   if (!release) {
     fault_point("end_original");
-    auto scope = res.timeline.scope("end_original");
-    if (const auto left = end_tree(dumped.record.tree); !left.empty())
-      spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
+    end_original(dumped, c, res.timeline);
   }
   guard.disarm();
   if (!o.keep_checkpoint) {
@@ -207,5 +282,7 @@ MigrateResult migrate(const MigrateOptions& o) {
   }
   return res;
 }
+
+}  // namespace
 
 }  // namespace gpuckpt

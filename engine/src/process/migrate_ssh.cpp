@@ -151,11 +151,15 @@ void check_target_gpus(const std::set<std::string>& used, const json& devices, c
 
 namespace {
 
-std::string remote_restore_command(const MigrateOptions& o, bool release) {
+std::string remote_restore_command(const MigrateOptions& o, bool release,
+                                   const ContainerMove* box) {
   std::string c = shell_quote(o.remote_gpuckpt) + " --json restore - --await-commit";
   // Beside a frozen original (a real other host has its pids free, a host sharing our pid
-  // space does not), the copy gets its own pid namespace.
-  if (!release) c += " --new-pidns --take-endpoints";
+  // space does not), the copy gets its own pid namespace; a container's copy has its own.
+  if (box)
+    c += " --container " + shell_quote(box->copy_id);
+  else if (!release)
+    c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());
   if (!o.gpu_map.empty()) c += " --gpu-map " + shell_quote(o.gpu_map.to_string());
   if (o.staging_mode != StagingMode::kAuto)
@@ -270,7 +274,7 @@ json await_receiving(Connection& c, const MigrateOptions& o, const std::string& 
 
 }  // namespace
 
-MigrateResult migrate_over_ssh(const MigrateOptions& o) {
+MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box) {
   const remote::SshTarget t = remote::parse_ssh_url(o.to_dir.string());
   const std::string where = t.str();
   const auto ssh = remote::ssh_command(t, o.ssh_config);
@@ -288,7 +292,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   for (pid_t q : process_tree(o.pid))
     for (auto& u : nvidia_gpu_uuids(q)) used.insert(std::move(u));
   auto argv = ssh;
-  argv.push_back(remote_restore_command(o, release));
+  argv.push_back(remote_restore_command(o, release, box));
   std::optional<Connection> conn;
   {
     auto scope = res.timeline.scope("target_preflight");
@@ -312,7 +316,8 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   std::optional<DumpOutcome> dumped;
   try {
     // On failure the original already runs again; the target sees its stream end early.
-    dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard, copy);
+    dumped = dump_keep_stopped(migration_dump(o, res.checkpoint), guard, copy,
+                               box ? &box->plan : nullptr);
   } catch (...) {
     // A target whose restore failed stopped reading, which failed the dump: its answer says why.
     // A dump that failed here (CRIU, the disk) has nothing to wait for there.
@@ -330,7 +335,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
 
   json answer;
   try {
-    if (release) release_original(o, *dumped, res.checkpoint, guard, res.timeline);
+    if (release) release_original(o, *dumped, res.checkpoint, guard, res.timeline, box);
     fault_point("transfer");
     // The manifest, then what is still unsent (all of it, if the dump was staged).
     std::uint64_t sent = 0;
@@ -394,11 +399,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o) {
   // The copy serves on the target: the original may end, and the guard is told so first, so that
   // gpuckpt stopped from here on ends it too (or, released already, does not restore it).
   guard.hand_over(/*end_original=*/!release);
-  if (!release) {
-    auto scope = res.timeline.scope("end_original");
-    if (const auto left = end_tree(dumped->record.tree); !left.empty())
-      spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
-  }
+  if (!release) end_original(*dumped, box, res.timeline);
   guard.disarm();
   if (o.keep_checkpoint) {
     // Out of the spool, which the next run would sweep: beside it, under --spool.

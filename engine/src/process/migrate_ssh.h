@@ -11,13 +11,24 @@
 #include <set>
 #include <string>
 
+#include "container/checkpoint.h"
+#include "container/runtime.h"
 #include "gpuckpt/process.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
 
 namespace gpuckpt::process {
 
-MigrateResult migrate_over_ssh(const MigrateOptions& o);
+// What a container's migration adds to a tree's: the container as its runtime lists it, what
+// its dump tells CRIU, and the ID its copy takes.
+struct ContainerMove {
+  container::Container box;
+  container::DumpPlan plan;
+  std::string copy_id;
+};
+
+// `c`: the container moved whole, or null for a bare tree.
+MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* c);
 
 // Before anything is frozen: every GPU in `used` (UUIDs the tree has open) must map (`map`, else
 // the same UUID) to a GPU of the same chip among the target's (`devices`, its `gpuckpt --json
@@ -36,7 +47,12 @@ std::string checkpoint_name(const std::string& comm, pid_t pid);
 DumpOptions migration_dump(const MigrateOptions& o, const std::filesystem::path& output);
 // A release handoff: the original tree ends now that `checkpoint` is durable, and from here on
 // the guard's rollback restores it from there. Timed as "end_original".
+// A container's runtime forgets it (runc delete) and a rollback restores it as that container.
 void release_original(const MigrateOptions& o, const DumpOutcome& dumped,
-                      const std::filesystem::path& checkpoint, Guard& guard, Timeline& tl);
+                      const std::filesystem::path& checkpoint, Guard& guard, Timeline& tl,
+                      const ContainerMove* c);
+// After the handover (the guard told), a frozen original ends, and a container's runtime forgets
+// it. Timed as "end_original"; what fails is said, for the copy serves either way.
+void end_original(const DumpOutcome& dumped, const ContainerMove* c, Timeline& tl);
 
 }  // namespace gpuckpt::process

@@ -502,28 +502,43 @@ void restore_container(RestoreState& r) {
   q.stdio_log = o.container_log;
   q.timeout = o.criu.timeout;
   if (o.unpack.progress) o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
+  // Until it answers, a container that gpuckpt stops restoring (an error, a signal, its death)
+  // is killed and deleted from runc's state by the guard: a half-made one, its loopback still
+  // down, would only hold the ID. The checkpoint is untouched, and the restore can run again.
+  if (r.guard) {
+    r.guard->container_on_recovery(rec.root, id, Guard::Copy::kKill);
+    q.on_runc_started = [g = r.guard](pid_t runc) { g->container_runc(runc); };
+  }
   fault_point("criu_restore");
   r.run.log = q.work / criu::kRestoreLogName;
   r.run.start = std::chrono::steady_clock::now();
   const container::Container c = container::runc_restore(q);
   r.run.end = std::chrono::steady_clock::now();
-  fault_point("criu_restored");
   RestoreResult& out = r.out;
   out.container = c.id;
   out.pid = c.init_pid;
   out.ns_pid = 1;
   try {
+    if (r.guard) r.guard->container_init(c.init_pid);
+    fault_point("criu_restored");
     {
       auto scope = out.timeline.scope("network");
       container::restore_loopback(rec, c.init_pid);
     }
     if (const std::string why = collect_restored(r); !why.empty())
       throw Error(Errc::kDevice, why + "; the restored container was removed");
-    wait_first_answer(r);
+    // Probed from inside: its ports are in its own network namespace, if it has one.
+    container::in_container_network(rec, c.init_pid, [&] {
+      wait_first_answer(r);
+      return std::string();
+    });
   } catch (...) {
     container::destroy(c);
     throw;
   }
+  // It serves: a restore's own container stays from here on, whatever happens to gpuckpt; one
+  // awaiting a commit (a migration's copy) is kept only by the commit.
+  if (r.guard && !r.provisional) r.guard->keep_copy();
 }
 
 }  // namespace
@@ -541,10 +556,10 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
       throw Error(Errc::kUsage, o.checkpoint.string() +
                                     " holds no container (it was dumped with --pid): restore "
                                     "it without --container");
-    if (o.new_pid_ns || provisional)
+    if (o.new_pid_ns || o.take_endpoints)
       throw Error(Errc::kUsage,
                   "a container comes back in pid namespaces of its own: --container takes no "
-                  "--new-pidns, --take-endpoints or --await-commit");
+                  "--new-pidns or --take-endpoints");
     container::check_restore_target(*r.rec.container,
                                     o.container->empty() ? r.rec.container->id : *o.container);
     check_gpu_targets(r);
