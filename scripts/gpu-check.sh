@@ -7,7 +7,8 @@
 # unchanged; then, where CRIU works, a PyTorch decoder dumped and restored mid-conversation
 # (scripts/gpu/torch_decoder_server.py) and a full `gpuckpt dump` + `gpuckpt restore` of the
 # demo server. Prints a summary (rewritten after every check) and exits non-zero if any check
-# failed. Logs and results go to $OUT when set.
+# failed. With $OUT set: gpu-check.log, summary.txt and results.tar.gz (the JSON results and
+# logs) go there.
 #
 #   scripts/gpu-check.sh                        # build in build-gpu-check/, then check
 #   scripts/gpu-check.sh --make-bundle gpu-bundle   # on a dev machine (no GPU needed): build
@@ -102,6 +103,22 @@ write_summary() {  # after every check: a command killed at its limit still retu
     else echo "RESULT: $failures check(s) FAILED"; fi
   } >"$summary_file.tmp" && mv -f "$summary_file.tmp" "$summary_file"
   if [ -n "$out_dir" ]; then cp "$summary_file" "$out_dir/summary.txt"; fi
+}
+# Everything else that comes back goes into one archive, $OUT/results.tar.gz, packed again at
+# each addition: the device tool returns at most 8 files, and a command killed at its limit
+# still returns what was packed so far. $OUT holds gpu-check.log, summary.txt and the archive.
+results_dir=$work/results
+mkdir -p "$results_dir"
+pack_results() {
+  [ -n "$out_dir" ] || return 0
+  tar -czf "$out_dir/results.tar.gz.tmp" -C "$results_dir" . &&
+    mv -f "$out_dir/results.tar.gz.tmp" "$out_dir/results.tar.gz"
+}
+keep_result() {  # keep_result FILE NAME: a copy of FILE as NAME in the archive
+  cp "$1" "$results_dir/$2" && pack_results
+}
+append_result() {  # append_result NAME < TEXT: appended to NAME in the archive
+  cat >>"$results_dir/$1" && pack_results
 }
 record() {  # record STATUS NAME DETAIL   (STATUS: PASS, FAIL, SKIP, INFO)
   results+=("$(printf '%-5s %-26s %s' "$1" "$2" "$3")")
@@ -376,7 +393,7 @@ roofline=$bin/gpuckpt-roofline-gpu
 timeout "$(cap 60)" "$gpuckpt" devices
 rc=0
 timeout "$(cap 60)" "$gpuckpt" --json devices >"$work/devices.json" || rc=$?
-if [ -n "$out_dir" ]; then cp "$work/devices.json" "$out_dir/devices.json"; fi
+keep_result "$work/devices.json" devices.json
 if [ "$rc" = 7 ]; then
   record FAIL devices "$(json_get "$work/devices.json" reason)"
   exit 7
@@ -398,7 +415,7 @@ if [ ! -x "$roofline" ]; then
 elif have_time 60 roofline; then
   t0=$(now)
   if timeout "$(cap 90)" "$roofline" >"$work/roofline.json" 2>"$work/roofline.err"; then
-    if [ -n "$out_dir" ]; then cp "$work/roofline.json" "$out_dir/roofline.json"; fi
+    keep_result "$work/roofline.json" roofline.json
     bw=$(json_get "$work/roofline.json" bandwidth_gbps)
     d2h=$(json_get "$work/roofline.json" details.d2h_pinned_gbps)
     h2d=$(json_get "$work/roofline.json" details.h2d_pinned_gbps)
@@ -656,12 +673,10 @@ else
 fi
 
 save_criu_logs() {  # save_criu_logs TAG
-  if [ -n "$out_dir" ]; then
-    {
-      echo "==== $1"
-      cat "$work/$1-dump.json" "$work/$1-dump.err" "$work/$1-restore.json" "$work/$1-restore.err"
-    } >>"$out_dir/criu.log" 2>/dev/null
-  fi
+  {
+    echo "==== $1"
+    cat "$work/$1-dump.json" "$work/$1-dump.err" "$work/$1-restore.json" "$work/$1-restore.err"
+  } 2>/dev/null | append_result criu.log
 }
 plugin_figures() {  # plugin_figures FILE BYTES -> device stages of a gpuckpt dump/restore JSON
   # A tree's are "NAME@PID", one per process with CUDA state: their bytes are not known apart.
@@ -774,7 +789,7 @@ elif have_time 150 torch; then
     if [ -s "$work/cli-roofline.json" ]; then f+=(--roofline "$work/cli-roofline.json"); fi
     if timeout "$(cap 30)" "$gpuckpt" --json report "${f[@]}" >"$b/report.json" 2>"$b/report.err" &&
        timeout "$(cap 30)" "$gpuckpt" report "${f[@]}"; then
-      if [ -n "$out_dir" ]; then cp "$b/report.json" "$out_dir/transient.json"; fi
+      keep_result "$b/report.json" transient.json
     else
       ok=0
       record FAIL "gpuckpt report" "$(tail -n 3 "$b/report.err" | tr '\n' ' ')"
@@ -1063,7 +1078,7 @@ if [ "$do_tests" = 1 ]; then
     else
       record FAIL "$t" "$(grep -E '^\[  FAILED  \]|Failure|Timeout' "$work/$t.log" | head -n 5 | tr '\n' ' ') (exit or timeout after $(elapsed "$t0") s)"
     fi
-    if [ -n "$out_dir" ]; then cat "$work/$t.log" >>"$out_dir/tests.log"; fi
+    append_result tests.log <"$work/$t.log"
   done
 fi
 
@@ -1099,7 +1114,7 @@ elif [ -n "$bench_size" ] && have_time 150 "bench dump"; then
   t0=$(now)
   if timeout "$(cap 900)" "$gpuckpt" --json bench dump --dir "$bdir" --size "$bench_size" \
       --runs 3 "${criu_args[@]}" >"$work/bench-dump.json" 2>"$work/bench-dump.err"; then
-    if [ -n "$out_dir" ]; then cp "$work/bench-dump.json" "$out_dir/bench-dump.json"; fi
+    keep_result "$work/bench-dump.json" bench-dump.json
     table=$(bench_table "$work/bench-dump.json")
     printf '%s\n' "$table"
     record INFO "bench dump" "$(head -n 1 <<<"$table")"

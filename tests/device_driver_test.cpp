@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cctype>
@@ -18,6 +19,7 @@
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "process/record.h"
+#include "test_support.h"
 
 using namespace gpuckpt;
 using ::testing::HasSubstr;
@@ -122,6 +124,21 @@ TEST(DeviceNoDriver, EveryCheckpointCallThrowsNoDeviceWithTheReason) {
   }
   // Also for a pid that does not exist: "no GPU" is the more fundamental answer.
   EXPECT_EQ(expect_error([] { device::process_state(999999999); }).code(), Errc::kNoDevice);
+}
+
+// A process that has ended but is not reaped yet (a zombie) counted as one that may hold CUDA
+// state, so giving its state back asked the driver about it: an error (here, no driver) and
+// ~ProcessLock's spurious "may stay frozen". It holds none: there is nothing to give back, and
+// the driver is not asked.
+TEST(DeviceNoDriver, AZombieHasNoCudaStateToGiveBack) {
+  SKIP_IF_CHECKPOINT_API();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(child) == 'Z'; }));
+  EXPECT_EQ(device::return_to_running(child), device::Returned::kNothing);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
 }
 
 TEST(DeviceNoDriver, RemapNeedsTheDriverToo) {
@@ -462,4 +479,56 @@ TEST(ProcessRecordGpus, RoundTripAndOldRecordsStayReadable) {
   ASSERT_EQ(old->gpus.size(), 1u);
   EXPECT_EQ(old->gpus[0].uuid, kUuidA);
   EXPECT_EQ(old->gpus[0].name, "");
+  EXPECT_FALSE(old->driver.has_value());
+}
+
+// CUDA state restored under another driver build failed late, inside criu's plugin or the
+// driver, with the process half-restored. The record keeps the driver it was dumped under, and
+// the restore's preflight refuses another, naming both sides; what is unknown on either side
+// (an older record, no driver here) is not guessed at.
+TEST(DriverIdentity, ARestoreUnderAnotherDriverBuildIsRefusedNamingBoth) {
+  const device::DriverIdentity dumped{"580.159", "/usr/lib/x86_64-linux-gnu/libcuda.so.580.159",
+                                      std::string(64, 'a')};
+  EXPECT_EQ(device::driver_mismatch(dumped, dumped), "");
+
+  auto other = dumped;
+  other.module_version = "580.65.06";
+  other.library_sha256 = std::string(64, 'b');
+  std::string why = device::driver_mismatch(dumped, other);
+  EXPECT_THAT(why, HasSubstr("driver 580.159"));
+  EXPECT_THAT(why, HasSubstr("driver 580.65.06"));
+  EXPECT_THAT(why, HasSubstr("aaaaaaaaaaaaaaaa"));
+  EXPECT_THAT(why, HasSubstr("bbbbbbbbbbbbbbbb"));
+
+  // The same version, another build of libcuda.
+  other = dumped;
+  other.library_sha256 = std::string(64, 'c');
+  why = device::driver_mismatch(dumped, other);
+  EXPECT_THAT(why, HasSubstr("another build"));
+
+  // Unknown on one side: nothing to compare.
+  EXPECT_EQ(device::driver_mismatch(dumped, device::DriverIdentity{}), "");
+  EXPECT_EQ(device::driver_mismatch(device::DriverIdentity{}, other), "");
+
+  // Kept in the record.
+  process::ProcessRecord r;
+  r.pid = 42;
+  r.cuda = true;
+  r.driver = dumped;
+  const auto back = process::from_extra(process::to_extra(r));
+  ASSERT_TRUE(back && back->driver);
+  EXPECT_EQ(back->driver->module_version, "580.159");
+  EXPECT_EQ(back->driver->library, dumped.library);
+  EXPECT_EQ(back->driver->library_sha256, dumped.library_sha256);
+}
+
+// Here the loader finds CUDA's link stub, or nothing: whichever, its identity is what the
+// file is (a hash of 64 hex digits), and no kernel module is loaded.
+TEST(DriverIdentity, IsReadWithoutADriverToo) {
+  SKIP_IF_CHECKPOINT_API();
+  const auto id = device::driver_identity();
+  EXPECT_EQ(id.module_version, "");
+  if (!id.library.empty()) {
+    EXPECT_EQ(id.library_sha256.size(), 64u) << id.library;
+  }
 }

@@ -3,10 +3,13 @@
 // and gpuckpt dlopen() the driver by name. A relative or empty element in a binary's RUNPATH
 // makes the loader look in the working directory first, so whoever can write there chooses the
 // code that runs as root.
+#include <elf.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
-#include <regex>
+#include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -32,23 +35,61 @@ std::vector<fs::path> shipped_binaries() {
   return v;
 }
 
-// The search path elements a binary's DT_RPATH and DT_RUNPATH name, in order.
+// The search path elements a binary's DT_RPATH and DT_RUNPATH name, in order: read from its
+// ELF dynamic section here, for the GPU machine has no readelf.
 std::vector<std::string> search_path_of(const fs::path& binary) {
-  const auto r = run_capture({"readelf", "-d", binary.string()}, std::chrono::seconds(60));
-  EXPECT_TRUE(r.status.ok()) << "readelf -d " << binary << ": " << r.status.describe();
   std::vector<std::string> elements;
-  const std::regex entry(R"(\((?:RPATH|RUNPATH)\)\s+Library (?:rpath|runpath): \[([^\]]*)\])");
-  for (std::sregex_iterator it(r.output.begin(), r.output.end(), entry), end; it != end; ++it) {
-    const std::string list = (*it)[1];
-    std::size_t from = 0;
-    for (;;) {
-      const std::size_t colon = list.find(':', from);
-      elements.push_back(list.substr(from, colon - from));
-      if (colon == std::string::npos) break;
-      from = colon + 1;
+  const std::string elf = read_file(binary);
+  auto at = [&](std::uint64_t off, std::uint64_t size) {
+    if (off > elf.size() || size > elf.size() - off)
+      throw std::runtime_error(binary.string() + ": truncated ELF");
+    return elf.data() + off;
+  };
+  Elf64_Ehdr eh;
+  std::memcpy(&eh, at(0, sizeof eh), sizeof eh);
+  EXPECT_EQ(std::memcmp(eh.e_ident, ELFMAG, SELFMAG), 0) << binary << " is not ELF";
+  EXPECT_EQ(eh.e_ident[EI_CLASS], ELFCLASS64) << binary;
+  auto section = [&](std::size_t i) {
+    Elf64_Shdr sh;
+    std::memcpy(&sh, at(eh.e_shoff + i * sizeof(Elf64_Shdr), sizeof sh), sizeof sh);
+    return sh;
+  };
+  for (std::size_t i = 0; i < eh.e_shnum; ++i) {
+    const Elf64_Shdr dyn = section(i);
+    if (dyn.sh_type != SHT_DYNAMIC) continue;
+    const Elf64_Shdr str = section(dyn.sh_link);
+    for (std::uint64_t off = 0; off + sizeof(Elf64_Dyn) <= dyn.sh_size; off += sizeof(Elf64_Dyn)) {
+      Elf64_Dyn d;
+      std::memcpy(&d, at(dyn.sh_offset + off, sizeof d), sizeof d);
+      if (d.d_tag != DT_RPATH && d.d_tag != DT_RUNPATH) continue;
+      const char* list_at = at(str.sh_offset + d.d_un.d_val, 1);
+      const std::string list(list_at, strnlen(list_at, elf.data() + elf.size() - list_at));
+      std::size_t from = 0;
+      for (;;) {
+        const std::size_t colon = list.find(':', from);
+        elements.push_back(list.substr(from, colon - from));
+        if (colon == std::string::npos) break;
+        from = colon + 1;
+      }
     }
   }
   return elements;
+}
+
+// The absolute elements of this process's LD_LIBRARY_PATH: an empty or relative one, which the
+// machine's environment may have, would make the loader search the working directory whatever
+// gpuckpt does.
+std::string absolute_library_path() {
+  std::string out;
+  const char* path = std::getenv("LD_LIBRARY_PATH");
+  const std::string list = path ? path : "";
+  for (std::size_t from = 0; from <= list.size();) {
+    const std::size_t colon = std::min(list.find(':', from), list.size());
+    const std::string element = list.substr(from, colon - from);
+    if (!element.empty() && element[0] == '/') out += (out.empty() ? "" : ":") + element;
+    from = colon + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -79,11 +120,12 @@ TEST(LibrarySearch, GpuckptLoadsNoLibcudaPlantedInTheDirectoryItRunsIn) {
 
   // The control: a loader told to search the working directory does load it. Prepended: the
   // GPU check's bundle finds gpuckpt's own libraries through LD_LIBRARY_PATH.
-  const char* path = std::getenv("LD_LIBRARY_PATH");
-  devices({std::string("LD_LIBRARY_PATH=.") + (path && *path ? std::string(":") + path : "")});
+  const std::string path = absolute_library_path();
+  devices({"LD_LIBRARY_PATH=." + (path.empty() ? "" : ":" + path)});
   ASSERT_TRUE(fs::exists(marker)) << "the planted library does not record its loading";
   fs::remove(marker);
 
-  devices({});
+  // Empty, LD_LIBRARY_PATH names no directory at all (glibc).
+  devices({"LD_LIBRARY_PATH=" + path});
   EXPECT_FALSE(fs::exists(marker)) << "gpuckpt loaded the libcuda.so.1 in its working directory";
 }

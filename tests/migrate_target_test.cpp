@@ -81,3 +81,21 @@ TEST(MigrateTarget, TheCheckpointsNameCannotLeaveItsDirectory) {
   EXPECT_EQ(checkpoint_name("", 9), "process-9.ckpt");
   EXPECT_EQ(checkpoint_name("..", 9), "_.-9.ckpt");
 }
+
+// The driver restores only its own build's checkpoints: a target with another NVIDIA driver is
+// refused before the freeze, naming both; one whose driver is unknown is left to its restore.
+TEST(MigrateTarget, ATargetWithAnotherDriverIsRefusedBeforeFreezing) {
+  const json there{{"driver", {{"kernel_module_version", "580.65.06"}}}, {"gpus", json::array()}};
+  try {
+    process::check_target_driver(there, "ssh://spare", "580.159");
+    FAIL() << "another driver was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kNoDevice);
+    EXPECT_NE(std::string(e.what()).find("580.65.06"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("580.159"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("nothing was frozen"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(process::check_target_driver(there, "ssh://spare", "580.65.06"));
+  EXPECT_NO_THROW(process::check_target_driver(json::object(), "ssh://spare", "580.159"));
+  EXPECT_NO_THROW(process::check_target_driver(there, "ssh://spare", ""));
+}

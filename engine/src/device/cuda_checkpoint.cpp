@@ -52,8 +52,17 @@ void require_process(pid_t pid) {
   }
 }
 
+// A process that may still hold CUDA state: one that has ended (a zombie, or dead and not yet
+// reaped) holds none, and the driver reports none for it.
 bool process_exists(pid_t pid) {
-  return !(::kill(pid, 0) != 0 && errno == ESRCH);
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return false;  // reaped meanwhile
+  // The state follows the command name, which may itself hold ") ".
+  const auto close = stat.rfind(") ");
+  return close == std::string::npos || close + 2 >= stat.size() ||
+         (stat[close + 2] != 'Z' && stat[close + 2] != 'X');
 }
 
 // Codes with which the driver says "this process has no CUDA state to act on".

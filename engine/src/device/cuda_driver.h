@@ -121,6 +121,19 @@ std::string driver_library_path();
 // already initialised in this process, its full answer.
 bool probe_checkpoint_api(std::string* why);
 
+// What CUDA state dumped on a host is bound to: the driver's checkpoint is the driver build's
+// own, so a restore needs the same kernel module and the same libcuda. Read without cuInit;
+// an empty field is unknown.
+struct DriverIdentity {
+  std::string module_version;  // /proc/driver/nvidia/version, e.g. "580.159"
+  std::string library;         // the libcuda.so.1 the loader resolves (for the message)
+  std::string library_sha256;  // that file's SHA-256, hex
+};
+DriverIdentity driver_identity();
+// Why CUDA state dumped under `dumped` cannot come back under `here`, naming both sides; "" if
+// it can, or if what would differ is unknown on either side.
+std::string driver_mismatch(const DriverIdentity& dumped, const DriverIdentity& here);
+
 // The NVIDIA kernel module version from /proc/driver/nvidia/version ("" if not loaded).
 std::string kernel_module_version();
 std::string parse_kernel_module_version(const std::string& first_line);

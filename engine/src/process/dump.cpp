@@ -291,6 +291,8 @@ void fill_record(DumpState& d) {
       if (std::find(rec.gpu_uuids.begin(), rec.gpu_uuids.end(), u) == rec.gpu_uuids.end())
         rec.gpu_uuids.push_back(u);
   rec.gpus = describe_checkpointed_gpus(rec.gpu_uuids, target.tree);  // for restore's checks
+  // Before the freeze (hashing libcuda takes a moment); kept only if CUDA state is dumped.
+  if (!rec.gpu_uuids.empty()) rec.driver = device::driver_identity();
   rec.tcp_listener = target.tcp_listener;
   rec.unix_listeners = target.unix_listeners;
   rec.tcp_established = o.tcp_established ? "established" : "closed";
@@ -433,6 +435,7 @@ void collect_dump(DumpState& d) {
   add_dump_stages(result.timeline, d.run, result.image_bytes, stats, plugin);
   if (const Stage* f = result.timeline.find("frozen")) result.frozen_seconds = f->seconds;
   rec.cuda = plugin && plugin->cuda;
+  if (!rec.cuda) rec.driver.reset();
   result.gpu = rec.cuda;
   result.gpu_uuids = rec.gpu_uuids;
   result.criu_version = rec.criu_version;

@@ -17,10 +17,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "container/checkpoint.h"
@@ -805,10 +807,29 @@ std::string changed_since_the_kill(const Plan& p, const std::map<pid_t, Plan::Co
   return {};
 }
 
+// The driver's give-back of `q`'s CUDA state, on a thread of its own, waited for at most
+// `limit`: a task that cannot run its restore thread blocks the call, and recovery must go on
+// to the rest. nullopt past the limit (the call is left to the driver).
+std::optional<device::Returned> return_to_running_within(pid_t q, std::chrono::seconds limit) {
+  auto result = std::make_shared<std::promise<device::Returned>>();
+  auto done = result->get_future();
+  std::thread([q, result] {
+    try {
+      result->set_value(device::return_to_running(q));
+    } catch (...) {
+      result->set_exception(std::current_exception());
+    }
+  }).detach();
+  if (done.wait_for(limit) != std::future_status::ready) return std::nullopt;
+  return done.get();
+}
+
 // Gives back the CUDA state of the live protected processes this dump locked (the plugin's
 // report, read now: gpuckpt may have died before it learnt them) or checkpointed (p.cuda), from
 // whatever state the driver reports: until then every CUDA call of theirs blocks. criu has
 // ended (recover's step 1), so no tracer holds the restore threads the driver works in.
+// A replay (`p.replay`) resumes nothing: it acts only on a task that runs, under that task's
+// lock (another gpuckpt that locked it since is dumping it, and its CUDA state is that one's).
 void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, RecoveryLog& log) {
   std::set<pid_t> cuda = p.cuda;
   if (!p.cuda_report.empty()) {
@@ -824,8 +845,34 @@ void give_back_cuda(const Plan& p, const std::vector<pid_t>& live, RecoveryLog& 
   }
   for (pid_t q : live) {
     if (!cuda.count(q)) continue;
+    std::vector<HeldLockFile> held;
+    if (p.replay) {
+      const auto info = read_proc(q);
+      if (info && (info->state == 'T' || info->state == 't')) {
+        say(log, "process " + std::to_string(q) +
+                     " is stopped, so its CUDA state was left as it is (once it runs: gpuckpt "
+                     "cuda-checkpoint --pid " +
+                     std::to_string(q) + " --action resume)");
+        continue;
+      }
+      try {
+        held = lock_processes({q});
+      } catch (const Error& e) {
+        say(log, "the CUDA state of process " + std::to_string(q) +
+                     " was left to the gpuckpt that holds it now (" + e.what() + ")");
+        continue;
+      }
+    }
     try {
-      switch (device::return_to_running(q)) {
+      const auto back = return_to_running_within(q, std::chrono::seconds(60));
+      if (!back) {
+        fail(log, Errc::kTimeout,
+             "the CUDA state of process " + std::to_string(q) +
+                 " was not given back within 60 s (the driver's call blocks): it may stay "
+                 "frozen on the GPU");
+        continue;
+      }
+      switch (*back) {
         case device::Returned::kRestoredAndUnlocked:
           say(log, "the CUDA state of process " + std::to_string(q) + " was restored");
           break;

@@ -19,6 +19,7 @@
 #include <optional>
 #include <set>
 
+#include "device/cuda_driver.h"
 #include "device/nvml.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
@@ -114,6 +115,19 @@ void check_target_vram(const std::string& uuid, const std::string& to, const jso
 }
 
 }  // namespace
+
+// The driver restores only its own build's checkpoints: the target's NVIDIA kernel module
+// (its `gpuckpt devices`) must be this host's. Unknown on either side: checked at the restore
+// there, which also compares libcuda's build.
+void check_target_driver(const json& devices, const std::string& where, const std::string& here) {
+  const std::string there = devices.contains("driver") && devices["driver"].is_object()
+                                ? devices["driver"].value("kernel_module_version", std::string())
+                                : std::string();
+  if (here.empty() || there.empty() || here == there) return;
+  throw Error(Errc::kNoDevice, where + " runs NVIDIA driver " + there + ", this host " + here +
+                                   ": the driver restores only its own build's checkpoints; "
+                                   "nothing was frozen");
+}
 
 // Every GPU the tree uses must land on a GPU of the same chip on the target, the one the map
 // names (else the same UUID), with room there for the VRAM the tree holds on it. Checked before
@@ -298,9 +312,12 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box
     auto scope = res.timeline.scope("target_preflight");
     conn.emplace(argv);
     const json ready = await_receiving(*conn, o, where);
-    if (!used.empty())
-      check_target_gpus(used, ready.value("devices", json::object()), o.gpu_map, where,
+    if (!used.empty()) {
+      const json devices = ready.value("devices", json::object());
+      check_target_gpus(used, devices, o.gpu_map, where,
                         device::nvml_process_memory(process_tree(o.pid)));
+      check_target_driver(devices, where, device::kernel_module_version());
+    }
   }
 
   Guard guard("migrate");

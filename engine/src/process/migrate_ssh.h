@@ -38,6 +38,11 @@ void check_target_gpus(const std::set<std::string>& used, const nlohmann::json& 
                        const GpuMap& map, const std::string& where,
                        const std::optional<std::map<std::string, std::uint64_t>>& held);
 
+// Before anything is frozen: the target's NVIDIA kernel module (`devices`, as above) is this
+// host's (`here`), if both are known. Error(kNoDevice) naming both otherwise.
+void check_target_driver(const nlohmann::json& devices, const std::string& where,
+                         const std::string& here);
+
 // The file name of a migration's checkpoint of process `pid` named `comm`. A process sets its
 // own name (prctl PR_SET_NAME): only letters, digits, '-', '_', '+' and inner dots are taken
 // from it, so that the name cannot leave its directory, hide, or name another path.

@@ -58,6 +58,10 @@ json to_extra(const ProcessRecord& r) {
          {"cuda", r.cuda},
          {"gpu_uuids", r.gpu_uuids},
          {"gpus", gpus_json(r.gpus)},
+         {"driver", r.driver ? json{{"module_version", r.driver->module_version},
+                                    {"library", r.driver->library},
+                                    {"library_sha256", r.driver->library_sha256}}
+                             : json()},
          {"tree", r.tree},
          {"cuda_pids", r.cuda_pids},
          {"tcp", {{"listener", r.tcp_listener}, {"established", r.tcp_established}}},
@@ -87,6 +91,12 @@ std::optional<ProcessRecord> from_extra(const json& j) {
     r.cuda = p.value("cuda", false);
     r.gpu_uuids = p.value("gpu_uuids", std::vector<std::string>{});
     r.gpus = gpus_from(p, r.gpu_uuids);
+    if (p.contains("driver") && !p.at("driver").is_null()) {
+      const json& d = p.at("driver");
+      r.driver = device::DriverIdentity{d.at("module_version").get<std::string>(),
+                                        d.at("library").get<std::string>(),
+                                        d.at("library_sha256").get<std::string>()};
+    }
     r.tree = p.value("tree", std::vector<pid_t>{});
     if (r.tree.empty()) r.tree.push_back(r.pid);  // records of single-process dumps
     r.cuda_pids = p.value("cuda_pids", std::vector<pid_t>{});

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "container/checkpoint.h"
+#include "device/cuda_driver.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/timing.h"
 
@@ -32,6 +33,8 @@ struct ProcessRecord {
   // The same GPUs described (name, chip, memory, the tree's VRAM on each), for the restore's
   // checks. Records written before these existed have UUIDs only (the other fields empty).
   std::vector<RecordedGpu> gpus;
+  // The driver build the CUDA state was dumped under (cuda only; unset in older records).
+  std::optional<device::DriverIdentity> driver;
   // Every process of the dumped tree (root first) and those with CUDA state; a restore needs
   // all of these pids free.
   std::vector<pid_t> tree;

@@ -198,6 +198,12 @@ void check_gpu_targets(const RestoreState& r) {
     if (!device::probe_checkpoint_api(&why))
       throw Error(Errc::kNoDevice,
                   "the checkpoint holds CUDA state but it cannot be restored here: " + why);
+    // The driver build first: its checkpoint is its own, and a restore under another fails
+    // late, inside criu's plugin or the driver.
+    if (r.rec.driver)
+      if (const std::string why = device::driver_mismatch(*r.rec.driver, device::driver_identity());
+          !why.empty())
+        throw Error(Errc::kNoDevice, why + "; nothing was restored");
     // Before any process exists: every checkpointed GPU mapped, same chip types, free VRAM.
     check_restore_targets(r.rec.gpus, o.gpu_map);
   }
