@@ -232,6 +232,7 @@ constexpr const char* kNoHugePagesHelp =
 
 struct RestoreArgs {
   std::string checkpoint, gpu_map, spool, container_log;
+  std::vector<std::string> required_paths;
   std::optional<std::string> container;
   StagingFlags staging;
   bool new_pidns = false, take_endpoints = false, await_commit = false, no_huge_pages = false;
@@ -254,6 +255,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.new_pid_ns = o.new_pidns;
   r.container = o.container;
   r.container_log = o.container_log;
+  r.required_paths.assign(o.required_paths.begin(), o.required_paths.end());
   r.take_endpoints = o.take_endpoints;
   r.huge_pages = !o.no_huge_pages;
   r.criu = o.criu.settings();
@@ -331,6 +333,10 @@ void add_restore(CLI::App& app, Context& ctx) {
               "The target side of migrate --to ssh:// (checkpoint -): print the result as one "
               "JSON line once the copy answers, then keep the copy only if \"commit\" arrives "
               "on stdin; anything else, or EOF, kills it");
+  c->add_option("--require-path", o->required_paths,
+                "A path that must exist here before anything is read or started (repeatable; "
+                "migrate --container names the container's rootfs and mount sources, so that a "
+                "target without them refuses before the freeze)");
   c->add_flag("--take-endpoints", o->take_endpoints,
               "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
               "even if a live process serves them (refused by default)");

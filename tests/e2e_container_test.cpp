@@ -582,3 +582,82 @@ TEST_F(E2eContainer, AContainerMovesToAnotherHostOverSshAndComesBackFromObjectSt
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(redis(pid_of(replica), {"DEBUG", "DIGEST"}), digest);
 }
+
+// A target without a mount source of the container (its model directory, say) would fail the
+// restore after the original was frozen, or ended. The target checks the rootfs and every
+// mount source before it says it receives, so the migration is refused before the freeze,
+// naming the path, over ssh as on this host; the container serves on, unfrozen.
+TEST_F(E2eContainer, ATargetWithoutAMountSourceIsRefusedBeforeTheFreeze) {
+  const fs::path models = dir_.path() / "models";
+  fs::create_directories(models);
+  fs::create_directories(bundle_ / "rootfs" / "models");
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  spec["mounts"].push_back({{"destination", "/models"},
+                            {"type", "bind"},
+                            {"source", models.string()},
+                            {"options", {"rbind", "ro"}}});
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const auto [id, init, digest] = serving("mounts");
+  ASSERT_GT(init, 0);
+  // Gone from the host (the container keeps its bind mount): as on a target that lacks it.
+  fs::remove_all(models);
+
+  test::close_inherited_fds();
+  const test::NetNs host("ctrmnt");
+  const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
+                          {"GPUCKPT_RUNC_ROOTS=" + root_.string()});
+  const std::string copy = unique_id("nomodels");
+  started_.push_back(copy);
+  auto m = test::run_cli({"--json", "migrate", "--container", id, "--new-id", copy, "--to",
+                          ssh.url(), "--ssh-config", ssh.config().string(), "--remote-gpuckpt",
+                          test::gpuckpt_binary().string(), "--spool", dir_.path().string()});
+  EXPECT_EQ(m.exit_code, 3) << m.out << m.err;
+  EXPECT_NE(m.out.find(models.string() + " does not exist on this host"), std::string::npos)
+      << m.out;
+  EXPECT_NE(m.out.find("nothing was frozen"), std::string::npos) << m.out;
+  m = test::run_cli({"--json", "migrate", "--container", id, "--new-id", copy, "--to",
+                     (dir_.path() / "to").string()});
+  EXPECT_EQ(m.exit_code, 3) << m.out << m.err;
+  EXPECT_NE(m.out.find(models.string()), std::string::npos) << m.out;
+  // Never frozen: it serves, with its data, and runc lists it; no copy was made.
+  EXPECT_EQ(pid_of(id), init);
+  EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_FALSE(runc({"state", copy}).status.ok());
+  EXPECT_FALSE(fs::exists(dir_.path() / "to"));
+}
+
+// gpuckpt and its guard both killed while a migration's copy runs but has not answered: the
+// next `gpuckpt recover` finds the operation in its journal, kills that copy and deletes it
+// from runc's state (it knows the copy's init), and resumes the frozen original, still listed
+// by runc, with its data.
+TEST_F(E2eContainer, RecoverAfterGpuckptAndItsGuardDieEndsTheCopyAndResumesTheOriginal) {
+  const auto [id, init, digest] = serving("orphan");
+  ASSERT_GT(init, 0);
+  const std::string copy = unique_id("orphancopy");
+  started_.push_back(copy);
+  Child g = test::paused_cli(
+      {"migrate", "--container", id, "--new-id", copy, "--to", (dir_.path() / "to").string()},
+      "criu_restored", dir_.path());
+  const auto guards = process::live_pids_where(
+      [&](const process::ProcInfo& p) { return p.ppid == g.pid() && p.comm == "gpuckpt-guard"; });
+  ASSERT_EQ(guards.size(), 1u);
+  ::kill(guards.front(), SIGKILL);
+  ASSERT_TRUE(test::wait_until([&] {
+    const auto p = process::read_proc(guards.front());
+    return !p || p->state == 'Z';
+  }));
+  g.kill(SIGKILL);
+  g.wait();
+  ASSERT_GT(pid_of(copy), 0) << "the copy should run until the recovery";
+  EXPECT_EQ(test::process_state(init), 'T') << "the original should be frozen until then";
+
+  const auto r = test::run_cli({"--json", "recover"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("the restored container " + copy + " was killed and deleted from runc"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(runc({"state", copy}).status.ok()) << "runc still lists the copy";
+  EXPECT_TRUE(test::runs_again(init)) << "the original was left frozen";
+  EXPECT_EQ(pid_of(id), init);
+  EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
+}

@@ -170,9 +170,12 @@ std::string remote_restore_command(const MigrateOptions& o, bool release,
   std::string c = shell_quote(o.remote_gpuckpt) + " --json restore - --await-commit";
   // Beside a frozen original (a real other host has its pids free, a host sharing our pid
   // space does not), the copy gets its own pid namespace; a container's copy has its own.
-  if (box)
+  if (box) {
     c += " --container " + shell_quote(box->copy_id);
-  else if (!release)
+    // Checked there before it answers that it receives, so before anything is frozen here.
+    c += " --require-path " + shell_quote(box->plan.record.rootfs);
+    for (const auto& m : box->plan.record.mounts) c += " --require-path " + shell_quote(m.source);
+  } else if (!release)
     c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());
   if (!o.gpu_map.empty()) c += " --gpu-map " + shell_quote(o.gpu_map.to_string());
@@ -276,14 +279,18 @@ json await_receiving(Connection& c, const MigrateOptions& o, const std::string& 
   if (line) j = json::parse(*line, nullptr, false);
   if (line && j.is_object() && j.value("receiving", false)) return j;
   std::string why;
-  if (!line)
+  Errc code = Errc::kIo;
+  if (!line) {
     why = "ssh: " + c.wait(std::chrono::seconds(10)).describe();
-  else if (j.is_object() && j.contains("error") && j["error"].is_object())
+  } else if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+    // The target refused (a missing mount source, a bad option): its reason, with its code.
     why = j["error"].value("message", *line);
-  else
+    code = target_errc(j["error"].value("code", "io"));
+  } else {
     why = "it answered: " + line->substr(0, 300);
-  throw Error(Errc::kIo, "cannot run " + o.remote_gpuckpt + " restore on " + where + " (" + why +
-                             "); nothing was frozen");
+  }
+  throw Error(code, "cannot run " + o.remote_gpuckpt + " restore on " + where + " (" + why +
+                        "); nothing was frozen");
 }
 
 }  // namespace
