@@ -103,8 +103,8 @@ constexpr const char* kThreadsHelp =
     "a longer dump or restore where compression is the bound";
 
 struct DumpArgs {
-  int pid = 0;
-  std::string container, output, spool;
+  TargetFlags target;
+  std::string output, spool;
   StagingFlags staging;
   bool leave_running = false, force = false, tcp_established = false;
   int level = 1;
@@ -116,11 +116,10 @@ struct DumpArgs {
 };
 
 void run_dump(const DumpArgs& o, Context& ctx) {
-  if (o.pid <= 0 && o.container.empty())
-    throw Error(Errc::kUsage, "dump needs --pid PID or --container ID");
+  o.target.require("dump");
   DumpOptions d;
-  d.pid = o.pid;
-  d.container = o.container;
+  d.pid = o.target.pid;
+  d.container = o.target.container;
   d.output = o.output;
   d.spool_root = o.spool;
   d.leave_running = o.leave_running;
@@ -186,13 +185,10 @@ void run_dump(const DumpArgs& o, Context& ctx) {
 void add_dump(CLI::App& app, Context& ctx) {
   auto* c = app.add_subcommand("dump", "Checkpoint a live process (CUDA state included) to CKPT");
   auto o = std::make_shared<DumpArgs>();
-  auto* pid = c->add_option("--pid", o->pid, "Root of the process tree to checkpoint")
-                  ->check(CLI::PositiveNumber);
-  auto* box = c->add_option("--container", o->container,
-                            "A whole runc container, by ID (runc's root, or one in "
-                            "$GPUCKPT_RUNC_ROOTS): it ends, and runc forgets it, once the "
-                            "checkpoint is durable; `restore --container` brings it back");
-  pid->excludes(box);
+  o->target.add(c, "Root of the process tree to checkpoint",
+                "A whole runc container, by ID (runc's root, or one in $GPUCKPT_RUNC_ROOTS): it "
+                "ends, and runc forgets it, once the checkpoint is durable; `restore "
+                "--container` brings it back");
   c->add_flag("--tcp-established", o->tcp_established,
               "Dump established TCP connections with their state, so clients stay connected "
               "(default: they are not dumped and a client in mid-request sees a reset; "
@@ -361,8 +357,8 @@ void add_restore(CLI::App& app, Context& ctx) {
 }
 
 struct MigrateArgs {
-  int pid = 0;
-  std::string container, new_id;
+  TargetFlags target;
+  std::string new_id;
   std::string to, gpu_map, handoff = "auto", ssh_config, remote_gpuckpt = "gpuckpt", spool,
                            remote_spool;
   StagingFlags staging;
@@ -379,11 +375,10 @@ struct MigrateArgs {
 };
 
 void run_migrate(const MigrateArgs& o, Context& ctx) {
-  if (o.pid <= 0 && o.container.empty())
-    throw Error(Errc::kUsage, "migrate needs --pid PID or --container ID");
+  o.target.require("migrate");
   MigrateOptions m;
-  m.pid = o.pid;
-  m.container = o.container;
+  m.pid = o.target.pid;
+  m.container = o.target.container;
   m.new_container_id = o.new_id;
   m.to_dir = o.to;
   m.ssh_config = o.ssh_config;
@@ -427,12 +422,13 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
     ctx.emit(j);
     return;
   }
-  print_header("migrated %spid %d -> pid %d on %s (%s handoff)%s",
-               res.container.empty()
-                   ? ""
-                   : ("container " + o.container + " as " + res.container + ", init ").c_str(),
-               res.old_pid, res.new_pid, res.target.c_str(), handoff_name(res.handoff),
-               o.keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
+  print_header(
+      "migrated %spid %d -> pid %d on %s (%s handoff)%s",
+      res.container.empty()
+          ? ""
+          : ("container " + o.target.container + " as " + res.container + ", init ").c_str(),
+      res.old_pid, res.new_pid, res.target.c_str(), handoff_name(res.handoff),
+      o.keep ? (" (checkpoint kept at " + res.checkpoint.string() + ")").c_str() : "");
   if (m.probe.kind != ReadinessProbe::Kind::kNone)
     print_header("first answer: %s", res.first_answer.c_str());
   if (res.skipped_compression_bytes > 0)
@@ -447,13 +443,10 @@ void add_migrate(CLI::App& app, Context& ctx) {
       "Move a process through a checkpoint in DIR; the old one ends only after the "
       "new one answers, and is resumed if anything fails");
   auto o = std::make_shared<MigrateArgs>();
-  auto* pid = c->add_option("--pid", o->pid, "Root of the process tree to migrate")
-                  ->check(CLI::PositiveNumber);
-  auto* box = c->add_option("--container", o->container,
+  auto* box = o->target.add(c, "Root of the process tree to migrate",
                             "A whole runc container, by ID (as dump --container), which comes "
                             "back on the target as a container runc lists; the original ends "
                             "and runc forgets it once the copy answers");
-  box->excludes(pid);
   c->add_option("--new-id", o->new_id,
                 "With --container: the copy's container ID (default: the original's). On this "
                 "host a frozen handoff needs one, for the frozen original keeps its ID until "

@@ -40,6 +40,25 @@ struct CriuFlags {
   }
 };
 
+// What dump and migrate take: the root of a live process tree (--pid) or a whole runc
+// container (--container), one of the two.
+struct TargetFlags {
+  int pid = 0;
+  std::string container;
+
+  // Returns the --container option, for options that need it.
+  CLI::Option* add(CLI::App* c, const std::string& pid_help, const std::string& container_help) {
+    auto* p = c->add_option("--pid", pid, pid_help)->check(CLI::PositiveNumber);
+    auto* box = c->add_option("--container", container, container_help);
+    p->excludes(box);
+    return box;
+  }
+  void require(const std::string& command) const {
+    if (pid <= 0 && container.empty())
+      throw Error(Errc::kUsage, command + " needs --pid PID or --container ID");
+  }
+};
+
 // A time in seconds, more than 0 and at most `max_s`: CLI::PositiveNumber admits 1e300 (and
 // inf), which overflow the millisecond count they become.
 inline CLI::Validator seconds_check(double max_s) {
