@@ -988,18 +988,28 @@ void end_half_restored(const Plan::NamedCopy& n, RecoveryLog& log) {
   if (!removed.empty()) say(log, "removed the ghost files criu had made: " + join(removed, ", "));
 }
 
+// A criu (or a runc running one) that recovery must let finish before it acts: its tasks are in
+// a clean state only then. Waited for a minute, then killed (`group`: its process group too).
+void let_finish(pid_t pid, const std::string& what, bool group, RecoveryLog& log) {
+  if (wait_ended(pid, std::chrono::seconds(60))) return;
+  ::kill(group ? -pid : pid, SIGKILL);
+  if (wait_ended(pid, std::chrono::seconds(10)))
+    say(log, what + " (pid " + std::to_string(pid) + ") was killed");
+  else
+    fail(log, Errc::kCriu,
+         what + " (pid " + std::to_string(pid) +
+             ") does not end, even killed: the processes it holds stay as they are");
+}
+
 // Step 2b: the containers runc restores for this operation. Its runc first (it writes runc's
 // state once criu is done), then what runc lists under the ID, if this restore made it: killed
 // and deleted from runc's state, so that the ID is free again (or left, if it was to stay). A
 // replay knows the container by its init alone: an ID taken since is someone else's.
 void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   for (const auto& c : p.containers) {
-    if (is(c.runc, c.runc_started) && alive(c.runc) &&
-        !wait_ended(c.runc, std::chrono::seconds(60))) {
-      ::kill(-c.runc, SIGKILL);  // runc and its criu: runc leads their process group
-      if (wait_ended(c.runc, std::chrono::seconds(10)))
-        say(log, "runc restore (pid " + std::to_string(c.runc) + ") was killed");
-    }
+    // runc and its criu: runc leads their process group.
+    if (is(c.runc, c.runc_started) && alive(c.runc))
+      let_finish(c.runc, "runc restore", /*group=*/true, log);
     const container::Container box{{container::Runtime::kRunc, c.root, ""}, c.id};
     const auto state = container::state_json(box.root, c.id);
     const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
@@ -1050,17 +1060,7 @@ Recovery recover(const Plan& p) {
     return it != p.started.end() && is(q, it->second) && alive(q);
   };
   // 1. criu first: its tasks are in a clean state only once it has finished.
-  if (is(p.criu, p.criu_started) && alive(p.criu)) {
-    if (!wait_ended(p.criu, std::chrono::seconds(60))) {
-      ::kill(p.criu, SIGKILL);
-      if (wait_ended(p.criu, std::chrono::seconds(10)))
-        say(log, "criu (pid " + std::to_string(p.criu) + ") was killed");
-      else
-        fail(log, Errc::kCriu,
-             "criu (pid " + std::to_string(p.criu) +
-                 ") does not end, even killed: the processes it holds stay as they are");
-    }
-  }
+  if (is(p.criu, p.criu_started) && alive(p.criu)) let_finish(p.criu, "criu", false, log);
   // 2. the copies, which may own the service's endpoints.
   auto copies = p.copies;
   for (const auto& n : p.copy_pidfiles) {
