@@ -22,10 +22,13 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       liburing-dev libzstd-dev zstd libxxhash-dev libcli11-dev libspdlog-dev libfmt-dev
       nlohmann-json3-dev libgtest-dev libgmock-dev libbenchmark-dev
       librsvg2-bin netpbm python3 clang-format shellcheck libsodium-dev libcurl4-openssl-dev
+      # containerd's API messages (engine/src/container/containerd_api.proto)
+      libprotobuf-c-dev protobuf-c-compiler
       # servers this project did not write, checkpointed by the end-to-end tests
       nginx redis-server redis-tools
-      # the container tests: containers run by runc from a bundle a test makes (no registry)
-      runc
+      # the container tests: containers run by runc from a bundle a test makes, and by
+      # containerd and Docker (daemons each test starts) from images it builds (no registry)
+      runc containerd docker.io
       # the two-host tests: sshd runs only inside a network namespace that a test makes
       openssh-server openssh-client iproute2
       # scripts/bench-remote.sh and the runbooks in docs/OPERATORS.md
@@ -57,6 +60,13 @@ fi
 
 "$here/scripts/install-criu.sh"
 "$here/scripts/install-s3rver.sh"
+
+# Docker's restore passes CRIU no options but this file's (docs/OPERATORS.md, "Docker and
+# containerd"); gpuckpt closes a container's TCP connections at the dump.
+mkdir -p /etc/criu
+if ! grep -qsx 'tcp-close' /etc/criu/runc.conf; then
+  echo 'tcp-close' >> /etc/criu/runc.conf
+fi
 
 cmake -S "$here" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j "$(nproc)"

@@ -18,10 +18,13 @@
 #include <sstream>
 #include <thread>
 
+#include "container/containerd.h"
+#include "container/docker.h"
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
+#include "trust/keys.h"
 #include "util/fs.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
@@ -46,18 +49,6 @@ bool valid_id(const std::string& id) {
   return std::all_of(id.begin(), id.end(), [](unsigned char ch) {
     return std::isalnum(ch) || ch == '_' || ch == '+' || ch == '-' || ch == '.';
   });
-}
-
-const char* runtime_name(Runtime r) {
-  switch (r) {
-    case Runtime::kDocker:
-      return "docker";
-    case Runtime::kContainerd:
-      return "containerd";
-    case Runtime::kRunc:
-      break;
-  }
-  return "runc";
 }
 
 Runtime runtime_from(const std::string& s) {
@@ -168,19 +159,46 @@ std::vector<std::string> runc_argv(const std::string& root) {
 
 }  // namespace
 
+const char* runtime_name(Runtime r) {
+  switch (r) {
+    case Runtime::kDocker:
+      return "docker";
+    case Runtime::kContainerd:
+      return "containerd";
+    case Runtime::kRunc:
+      break;
+  }
+  return "runc";
+}
+
 json to_json(const ContainerRecord& r) {
   json mounts = json::array();
   for (const auto& m : r.mounts)
     mounts.push_back({{"destination", m.destination}, {"source", m.source}});
-  return {{"runtime", runtime_name(r.runtime)},
-          {"root", r.root},
-          {"id", r.id},
-          {"bundle", r.bundle},
-          {"rootfs", r.rootfs},
-          {"spec", r.spec},
-          {"stdio", r.stdio},
-          {"mounts", mounts},
-          {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}}};
+  json j = {{"runtime", runtime_name(r.runtime)},
+            {"root", r.root},
+            {"id", r.id},
+            {"bundle", r.bundle},
+            {"rootfs", r.rootfs},
+            {"spec", r.spec},
+            {"stdio", r.stdio},
+            {"mounts", mounts},
+            {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}}};
+  if (const auto& c = r.containerd)
+    j["containerd"] = {
+        {"namespace", c->ns},
+        {"image", c->image},
+        {"labels", c->labels},
+        {"runtime", c->runtime},
+        {"options_type", c->options_type},
+        {"options", trust::to_base64(reinterpret_cast<const unsigned char*>(c->options.data()),
+                                     c->options.size())},
+        {"snapshotter", c->snapshotter},
+        {"snapshot_parent", c->snapshot_parent},
+        {"sandbox", c->sandbox}};
+  if (const auto& d = r.docker)
+    j["docker"] = {{"name", d->name}, {"config", d->config}, {"host_config", d->host_config}};
+  return j;
 }
 
 ContainerRecord container_record_from_json(const json& j) {
@@ -202,13 +220,58 @@ ContainerRecord container_record_from_json(const json& j) {
       r.own_network = j["network"].value("own", false);
       r.loopback_up = j["network"].value("loopback_up", false);
     }
+    if (j.contains("containerd")) {
+      const json& c = j["containerd"];
+      ContainerdRecord d;
+      d.ns = c.at("namespace").get<std::string>();
+      d.image = c.value("image", "");
+      d.labels = c.value("labels", std::map<std::string, std::string>{});
+      d.runtime = c.at("runtime").get<std::string>();
+      d.options_type = c.value("options_type", "");
+      const std::string b64 = c.value("options", "");
+      const std::size_t pad = std::count(b64.begin(), b64.end(), '=');
+      const auto raw = trust::from_base64(b64, b64.size() / 4 * 3 - pad);
+      if (!raw) throw Error(Errc::kCorrupt, "the containerd runtime options are not base64");
+      d.options.assign(raw->begin(), raw->end());
+      d.snapshotter = c.at("snapshotter").get<std::string>();
+      d.snapshot_parent = c.value("snapshot_parent", "");
+      d.sandbox = c.value("sandbox", "");
+      r.containerd = std::move(d);
+    }
+    if (j.contains("docker"))
+      r.docker = DockerRecord{j["docker"].at("name").get<std::string>(), j["docker"].at("config"),
+                              j["docker"].at("host_config")};
+    if ((r.runtime == Runtime::kContainerd && !r.containerd) ||
+        (r.runtime == Runtime::kDocker && !r.docker))
+      throw Error(Errc::kCorrupt, std::string("the container record lacks its ") +
+                                      runtime_name(r.runtime) + " part");
     return r;
   } catch (const json::exception& e) {
     throw Error(Errc::kCorrupt, std::string("malformed container record: ") + e.what());
   }
 }
 
-Container find(const std::string& id) {
+namespace {
+
+// Docker's name or short ID of a container, as `docker ps` shows it: its runc ID is the full
+// one. "" where no dockerd answers or it has no such container.
+std::string docker_full_id(const std::string& name) {
+  try {
+    if (const auto j = docker::Client().inspect(name)) return j->value("Id", "");
+  } catch (const Error& e) {
+    spdlog::debug("asking dockerd for {}: {}", name, e.what());
+  }
+  return {};
+}
+
+}  // namespace
+
+Container find(const std::string& name) {
+  std::string id = name;
+  if (const auto all = running();
+      std::none_of(all.begin(), all.end(), [&](const Container& c) { return c.id == id; })) {
+    if (std::string full = docker_full_id(name); !full.empty()) id = std::move(full);
+  }
   for (auto& c : running())
     if (c.id == id) {
       // runc's "paused": its cgroup frozen. CRIU would wait on it, and a dump that ends it
@@ -248,12 +311,87 @@ Container find(const std::string& id) {
                   "; a runc started with --root DIR is found through $GPUCKPT_RUNC_ROOTS");
 }
 
+namespace {
+
+// containerd's record of the container: to make it again where containerd has none.
+ContainerdRecord containerd_part(const Container& c) {
+  containerd::Client api(containerd::address(), c.root.ns);
+  std::optional<containerd::ContainerInfo> info;
+  try {
+    info = api.container(c.id);
+  } catch (const Error& e) {
+    throw e.with_context("", ". The " + c.describe() +
+                                 " is containerd's, and its restore needs containerd "
+                                 "(CONTAINERD_ADDRESS names its socket). Nothing was frozen");
+  }
+  if (!info)
+    throw Error(Errc::kInvalidInput, "containerd (namespace " + c.root.ns +
+                                         ") has no record of container " + c.id +
+                                         ", which runc runs under containerd's root: nothing "
+                                         "was frozen");
+  ContainerdRecord d;
+  d.ns = c.root.ns;
+  d.image = info->image;
+  d.labels = info->labels;
+  d.runtime = info->runtime;
+  d.options_type = info->runtime_options_type;
+  d.options = info->runtime_options;
+  d.snapshotter = info->snapshotter;
+  d.sandbox = info->sandbox;
+  if (!info->snapshot_key.empty())
+    d.snapshot_parent = api.snapshot_parent(info->snapshotter, info->snapshot_key).value_or("");
+  return d;
+}
+
+// dockerd's restore passes CRIU no option of gpuckpt's, and runc has CRIU read this file for a
+// container whose spec names no configuration of its own (Docker's name none). A container's
+// TCP connections are closed at the dump (--tcp-close), and CRIU restores such images only with
+// the same option.
+constexpr const char* kRuncCriuConf = "/etc/criu/runc.conf";
+
+void require_runc_conf_closes_tcp() {
+  std::ifstream in(kRuncCriuConf);
+  for (std::string l; std::getline(in, l);) {
+    l.erase(0, l.find_first_not_of(" \t"));
+    l.erase(l.find_last_not_of(" \t\r") + 1);
+    if (l == "tcp-close" || l == "--tcp-close") return;
+  }
+  throw Error(Errc::kUsage, std::string("dockerd restores through runc, which gives CRIU only the "
+                                        "options of ") +
+                                kRuncCriuConf +
+                                ", and gpuckpt closes a container's TCP connections at the dump: "
+                                "add the line `tcp-close` to that file (echo tcp-close >> " +
+                                kRuncCriuConf + ")");
+}
+
+// dockerd's record of it: to create it again, and to start it from the images.
+DockerRecord docker_part(const Container& c) {
+  docker::Client api;
+  std::optional<json> j;
+  try {
+    j = api.inspect(c.id);
+    require_runc_conf_closes_tcp();
+    if (!api.version().value("Experimental", false))
+      throw Error(Errc::kUsage,
+                  "dockerd restores checkpoints only in experimental mode: set "
+                  "\"experimental\": true in /etc/docker/daemon.json and restart it");
+  } catch (const Error& e) {
+    throw e.with_context("", ". The " + c.describe() +
+                                 " is Docker's, and its restore needs dockerd (DOCKER_HOST names "
+                                 "its socket). Nothing was frozen");
+  }
+  if (!j)
+    throw Error(Errc::kInvalidInput, "dockerd has no container " + c.id +
+                                         ", which runc runs under Docker's root: nothing was "
+                                         "frozen");
+  std::string name = j->value("Name", "");
+  if (!name.empty() && name[0] == '/') name.erase(0, 1);
+  return {name, j->value("Config", json::object()), j->value("HostConfig", json::object())};
+}
+
+}  // namespace
+
 DumpPlan plan_dump(const Container& c, bool tcp_established) {
-  if (c.root.runtime != Runtime::kRunc)
-    throw Error(Errc::kUsage, "the " + c.describe() +
-                                  " belongs to its runtime, which gpuckpt cannot restore into "
-                                  "yet: checkpoint it with `" +
-                                  c.checkpoint_command() + "`. Nothing was frozen");
   const auto state = state_json(c.root, c.id);
   if (!state || !state->contains("config"))
     throw Error(Errc::kInvalidInput, "runc's state of the " + c.describe() + " is gone");
@@ -274,6 +412,8 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
                                          "needs: " +
                                          e.what() + ". Nothing was frozen");
   }
+  if (c.root.runtime == Runtime::kContainerd) r.containerd = containerd_part(c);
+  if (c.root.runtime == Runtime::kDocker) r.docker = docker_part(c);
   if (r.spec.contains("process") && r.spec["process"].value("terminal", false))
     throw Error(Errc::kUsage, "the " + c.describe() +
                                   " runs on a terminal (process.terminal in its spec), which "
@@ -371,17 +511,80 @@ fs::path runc_binary() {
               "runc was not found on PATH (set GPUCKPT_RUNC): containers need it");
 }
 
+namespace {
+
+// containerd's shim reaps an init that has ended, then its task shows stopped; a task can be
+// deleted only then.
+bool task_stopped_within(containerd::Client& api, const std::string& id,
+                         std::chrono::milliseconds bound) {
+  const auto until = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    const auto t = api.task(id);
+    if (!t || t->status == containerd::TaskStatus::kStopped) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+std::string forget_run(const Container& c) {
+  switch (c.root.runtime) {
+    case Runtime::kDocker: {
+      // dockerd deletes the task itself once the shim tells it the init ended: its container
+      // is free to start again once dockerd no longer shows it running.
+      docker::Client api;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      for (;;) {
+        const auto j = api.inspect(c.id);
+        if (!j || !j->value("State", json::object()).value("Running", false)) return {};
+        if (std::chrono::steady_clock::now() >= until)
+          return "dockerd still shows container " + c.id + " running 30 s after its init ended";
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    case Runtime::kContainerd: {
+      containerd::Client api(containerd::address(), c.root.ns);
+      if (!task_stopped_within(api, c.id, std::chrono::seconds(30)))
+        return "containerd's task " + c.id + " still runs 30 s after its init ended";
+      api.delete_task(c.id);
+      return {};
+    }
+    case Runtime::kRunc:
+      break;
+  }
+  auto argv = runc_argv(c.root.path.string());
+  argv.insert(argv.end(), {"delete", "--force", c.id});
+  const RunResult res = run_capture(argv, std::chrono::seconds(60));
+  if (!res.status.ok()) return "runc delete " + c.id + ": " + res.output;
+  return {};
+}
+
+}  // namespace
+
 std::string remove_ended(const Container& c) {
   try {
-    auto argv = runc_argv(c.root.path.string());
-    argv.insert(argv.end(), {"delete", "--force", c.id});
-    const RunResult res = run_capture(argv, std::chrono::seconds(60));
-    if (!res.status.ok()) return "runc delete " + c.id + ": " + res.output;
+    if (std::string why = forget_run(c); !why.empty()) return why;
   } catch (const Error& e) {
     return e.what();
   }
   // The bundle a restore made for it, if it was one (its log stays under kLogsDir).
   remove_restore_bundle(c.id);
+  return {};
+}
+
+std::string remove_record(const Container& c) {
+  try {
+    if (c.root.runtime == Runtime::kContainerd) {
+      containerd::Client api(containerd::address(), c.root.ns);
+      const auto info = api.container(c.id);
+      if (!info) return {};
+      api.delete_container(c.id);
+      if (!info->snapshot_key.empty()) api.remove_snapshot(info->snapshotter, info->snapshot_key);
+    } else if (c.root.runtime == Runtime::kDocker) {
+      docker::Client().remove(c.id);
+    }
+  } catch (const Error& e) {
+    return e.what();
+  }
   return {};
 }
 
@@ -393,24 +596,32 @@ void remove_restore_bundle(const std::string& id) {
 
 void destroy(const Container& c) {
   if (!state_json(c.root, c.id)) return;  // runc removed it itself
-  auto argv = runc_argv(c.root.path.string());
-  auto kill = argv;
-  kill.insert(kill.end(), {"kill", c.id, "KILL"});
   try {
-    (void)run_capture(kill, std::chrono::seconds(30));
+    switch (c.root.runtime) {
+      case Runtime::kContainerd:
+        containerd::Client(containerd::address(), c.root.ns).kill_task(c.id, SIGKILL);
+        break;
+      case Runtime::kDocker:
+        docker::Client().kill(c.id);
+        break;
+      case Runtime::kRunc: {
+        auto kill = runc_argv(c.root.path.string());
+        kill.insert(kill.end(), {"kill", c.id, "KILL"});
+        (void)run_capture(kill, std::chrono::seconds(30));
+        break;
+      }
+    }
   } catch (const Error& e) {
     spdlog::warn("{}", e.what());
   }
+  if (c.init_pid > 0 && !process::wait_ended(c.init_pid, std::chrono::seconds(30)))
+    spdlog::warn("the init {} of container {} has not ended 30 s after SIGKILL", c.init_pid, c.id);
   if (const std::string why = remove_ended(c); !why.empty()) spdlog::warn("{}", why);
 }
 
-void check_restore_target(const ContainerRecord& r, const std::string& id) {
-  if (r.runtime != Runtime::kRunc)
-    throw Error(Errc::kUsage, "gpuckpt restores only runc containers yet");
-  if (!valid_id(id))
-    throw Error(Errc::kUsage, "'" + id +
-                                  "' is no container ID runc accepts (letters, digits, _ + - "
-                                  "and .): nothing was restored");
+namespace {
+
+void check_runc_target(const ContainerRecord& r, const std::string& id) {
   (void)runc_binary();
   const StateRoot root{Runtime::kRunc, r.root, ""};
   const auto roots = state_roots();
@@ -432,14 +643,154 @@ void check_restore_target(const ContainerRecord& r, const std::string& id) {
       throw Error(Errc::kExists, "runc (root " + r.root + ") has a stopped container " + id +
                                      " that could not be deleted: " + why);
   }
+}
+
+}  // namespace
+
+namespace {
+
+// The criu that containerd's shims run for Docker, which passes them no CRIU binary: the first
+// on the PATH that the shim gets, which containerd's "opt" directory starts
+// (docs/research/docker-containerd.md, "How the runc shim picks the CRIU binary").
+std::optional<fs::path> shim_criu() {
+  std::vector<std::string> dirs{"/var/lib/containerd/opt/bin"};
+  for (const pid_t d : process::live_pids_where(
+           [](const process::ProcInfo& i) { return i.comm == "containerd"; })) {
+    std::ifstream in("/proc/" + std::to_string(d) + "/environ");
+    for (std::string e; std::getline(in, e, '\0');)
+      if (e.rfind("PATH=", 0) == 0) {
+        std::istringstream p(e.substr(5));
+        for (std::string dir; std::getline(p, dir, ':');) dirs.push_back(dir);
+      }
+  }
+  for (const auto& d : dirs) {
+    const fs::path c = fs::path(d) / "criu";
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  }
+  return std::nullopt;
+}
+
+void check_containerd_target(const ContainerRecord& r, const std::string& id) {
+  const ContainerdRecord& d = *r.containerd;
+  containerd::Client api(containerd::address(), d.ns);
+  std::optional<containerd::ContainerInfo> have;
+  try {
+    have = api.container(id);
+  } catch (const Error& e) {
+    throw e.with_context(
+        "the checkpoint's container is containerd's, and containerd does not "
+        "answer here (CONTAINERD_ADDRESS names its socket): ",
+        ". Nothing was restored");
+  }
+  if (have) {
+    const auto t = api.task(id);
+    if (t && t->status != containerd::TaskStatus::kStopped)
+      throw Error(Errc::kExists, "containerd (namespace " + d.ns + ") already runs container " +
+                                     id + ": restore under another ID (--container NEW_ID)");
+    if (id != r.id)
+      throw Error(Errc::kExists, "containerd (namespace " + d.ns + ") already has a container " +
+                                     id + " that is not the one dumped (" + r.id +
+                                     "): remove it (ctr container rm) or choose another ID");
+    return;  // the container dumped, its task ended: restored in place
+  }
+  // A new container record, over the image's own top layer.
+  if (!d.snapshot_parent.empty() && !api.snapshot_parent(d.snapshotter, d.snapshot_parent))
+    throw Error(Errc::kInvalidInput,
+                "the image " + d.image + " of the checkpoint's container is not unpacked here (" +
+                    d.snapshotter + " has no snapshot " + d.snapshot_parent +
+                    "): import it and unpack it (ctr image import; ctr image unpack). Nothing "
+                    "was restored");
+}
+
+void check_docker_target(const ContainerRecord& r, const std::string& id) {
+  docker::Client api;
+  std::optional<json> have;
+  try {
+    have = api.inspect(id);
+    require_runc_conf_closes_tcp();
+    if (!api.version().value("Experimental", false))
+      throw Error(Errc::kUsage,
+                  "dockerd restores checkpoints only in experimental mode: set \"experimental\": "
+                  "true in /etc/docker/daemon.json and restart it");
+  } catch (const Error& e) {
+    throw e.with_context("the checkpoint's container is Docker's: ", ". Nothing was restored");
+  }
+  if (have && have->value("State", json::object()).value("Running", false))
+    throw Error(Errc::kExists, "Docker already runs container " + id +
+                                   ": restore under another name (--container NAME)");
+  const std::string full = have ? have->value("Id", "") : "";
+  if (have && full != r.id)
+    throw Error(Errc::kExists, "Docker already has a container " + id +
+                                   " that is not the one dumped: remove it (docker rm) or choose "
+                                   "another name");
+  if (!shim_criu())
+    throw Error(Errc::kCriu,
+                "containerd's shim finds no criu to run for Docker's restore: link gpuckpt's CRIU "
+                "into containerd's opt directory (ln -s " +
+                    std::string(GPUCKPT_CRIU_PREFIX) +
+                    "/bin/criu /var/lib/containerd/opt/bin/criu). Nothing was restored");
+}
+
+}  // namespace
+
+void check_restore_target(const ContainerRecord& r, const std::string& id) {
+  if (r.runtime == Runtime::kDocker) {
+    check_docker_target(r, id);
+  } else {
+    if (!valid_id(id))
+      throw Error(Errc::kUsage, "'" + id +
+                                    "' is no container ID runc accepts (letters, digits, _ + - "
+                                    "and .): nothing was restored");
+    if (r.runtime == Runtime::kContainerd) {
+      check_containerd_target(r, id);
+    } else {
+      check_runc_target(r, id);
+    }
+  }
   std::error_code ec;
-  if (!fs::is_directory(r.rootfs, ec))
-    throw Error(Errc::kInvalidInput, "the container's root filesystem " + r.rootfs +
-                                         " is not here: nothing was restored");
+  for (const auto& p : host_paths_needed(r))
+    if (!fs::exists(fs::symlink_status(p, ec)))
+      throw Error(Errc::kInvalidInput, p + ", the container's root filesystem or the source of "
+                                           "one of its mounts, is not here: nothing was restored");
+}
+
+std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
+  std::vector<std::string> out;
+  if (r.runtime == Runtime::kRunc) out.push_back(r.rootfs);
   for (const auto& m : r.mounts)
-    if (!fs::exists(fs::symlink_status(m.source, ec)))
-      throw Error(Errc::kInvalidInput, "the source " + m.source + " of the container's mount " +
-                                           m.destination + " is not here: nothing was restored");
+    if (r.runtime != Runtime::kDocker ||
+        m.source.find("/containers/" + r.id + "/") == std::string::npos)
+      out.push_back(m.source);
+  return out;
+}
+
+namespace {
+
+std::string criu_config_text(const RestoreRequest& q) {
+  std::string conf;
+  for (const auto& l : q.criu_config) conf += l + "\n";
+  return conf;
+}
+
+fs::path stdio_log(const RestoreRequest& q) {
+  if (!q.stdio_log.empty()) return q.stdio_log;
+  fs::create_directories(kLogsDir);
+  return fs::path(kLogsDir) / (q.id + ".log");
+}
+
+Container running_as(const std::string& root, const std::string& id) {
+  for (auto& found : running())
+    if (found.id == id && found.root.path == root) return std::move(found);
+  throw Error(Errc::kProcess, "container " + id + " was restored, but runc (root " + root +
+                                  ") does not list it running");
+}
+
+// CRIU's failure, with the lines of its log that say why.
+[[noreturn]] void restore_failed(const RestoreRequest& q, const std::string& how,
+                                 const std::string& more = {}) {
+  const fs::path kept = criu::preserve_log(q.work / criu::kRestoreLogName, "runc-criu-restore");
+  throw Error(Errc::kCriu,
+              how + ":\n" + more + criu::log_excerpt(kept) + "CRIU's log: " + kept.string());
 }
 
 Container runc_restore(const RestoreRequest& q) {
@@ -447,9 +798,7 @@ Container runc_restore(const RestoreRequest& q) {
   const fs::path bundle = fs::path(kBundlesDir) / q.id;
   fs::create_directories(bundle);
   ::chmod(fs::path(kBundlesDir).c_str(), 0700);
-  std::string conf;
-  for (const auto& l : q.criu_config) conf += l + "\n";
-  write_file_atomic(bundle / "criu.conf", conf);
+  write_file_atomic(bundle / "criu.conf", criu_config_text(q));
   json spec = r.spec;
   spec["root"]["path"] = r.rootfs;  // absolute: this bundle is not where the rootfs is
   // runc takes a relative bind source from the bundle, which was another directory.
@@ -472,11 +821,7 @@ Container runc_restore(const RestoreRequest& q) {
   // runc hands its stdio to the container (CRIU's inherit-fd for the recorded stdio pipes).
   // A pipe, drained into the log by a process of its own that outlives gpuckpt, as a
   // runtime's shim does: a file there would make the container impossible to dump again.
-  fs::path stdio = q.stdio_log;
-  if (stdio.empty()) {
-    fs::create_directories(kLogsDir);
-    stdio = fs::path(kLogsDir) / (q.id + ".log");
-  }
+  const fs::path stdio = stdio_log(q);
   int ends[2];
   if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe2");
   UniqueFd drain(ends[0]), feed(ends[1]);
@@ -498,6 +843,7 @@ Container runc_restore(const RestoreRequest& q) {
   so.stderr_fd = feed.get();
   so.new_process_group = true;
   so.cwd = bundle;
+  if (q.on_container_id) q.on_container_id(r.root, q.id, false);
   Child c = spawn(argv, so);
   feed.reset();
   const Container made{StateRoot{Runtime::kRunc, r.root, ""}, q.id};
@@ -525,16 +871,202 @@ Container runc_restore(const RestoreRequest& q) {
   }
   if (!st->ok()) {
     undo();
-    const fs::path kept = criu::preserve_log(q.work / criu::kRestoreLogName, "runc-criu-restore");
-    throw Error(Errc::kCriu, "runc restore of container " + q.id + " failed (" + st->describe() +
-                                 "):\n" + criu::log_tail(runc_log, 4) + criu::log_excerpt(kept) +
-                                 "CRIU's log: " + kept.string());
+    restore_failed(q, "runc restore of container " + q.id + " failed (" + st->describe() + ")",
+                   criu::log_tail(runc_log, 4));
   }
-  for (auto& found : running())
-    if (found.id == q.id && found.root.path == r.root) return std::move(found);
-  undo();
-  throw Error(Errc::kProcess, "runc restored container " + q.id + ", but runc (root " + r.root +
-                                  ") does not list it running");
+  try {
+    return running_as(r.root, q.id);
+  } catch (...) {
+    undo();
+    throw;
+  }
+}
+
+// For a runtime's shim, which passes CRIU neither gpuckpt's arguments nor its environment: a
+// CRIU that runs with this restore's settings (its configuration file through CRIU_CONFIG_FILE,
+// which `criu swrk` reads before runc's requests) and the plugin's environment.
+fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir) {
+  write_file_atomic(dir / "criu.conf", criu_config_text(q));
+  std::string sh =
+      "#!/bin/sh\nexport CRIU_CONFIG_FILE=" + shell_quote((dir / "criu.conf").string()) + "\n";
+  for (const auto& e : q.env) {
+    const auto eq = e.find('=');
+    if (eq == std::string::npos) continue;
+    sh += "export " + e.substr(0, eq) + "=" + shell_quote(e.substr(eq + 1)) + "\n";
+  }
+  sh += "exec " + shell_quote(q.criu.string()) + " \"$@\"\n";
+  const fs::path wrapper = dir / "criu";
+  write_file_atomic(wrapper, sh);
+  ::chmod(wrapper.c_str(), 0700);
+  return wrapper;
+}
+
+Container containerd_restore(const RestoreRequest& q) {
+  const ContainerRecord& r = *q.record;
+  const ContainerdRecord& d = *r.containerd;
+  containerd::Client api(containerd::address(), d.ns);
+  const fs::path dir = fs::path(kBundlesDir) / q.id;
+  fs::create_directories(dir);
+  ::chmod(fs::path(kBundlesDir).c_str(), 0700);
+  const fs::path criu = criu_wrapper(q, dir);
+  // The container record: the one dumped, its task gone, or a new one made from the
+  // checkpoint's over a fresh snapshot of the image.
+  bool made = false;
+  auto info = api.container(q.id);
+  if (info) {
+    if (api.task(q.id)) api.delete_task(q.id);  // stopped: check_restore_target saw to it
+  } else {
+    containerd::ContainerInfo n;
+    n.id = q.id;
+    n.labels = d.labels;
+    n.image = d.image;
+    n.runtime = d.runtime;
+    n.runtime_options_type = d.options_type;
+    n.runtime_options = d.options;
+    json spec = r.spec;
+    // Its cgroup is named after it ("/NS/ID" as ctr makes it): a replica's is its own.
+    if (spec.contains("linux") && spec["linux"].contains("cgroupsPath")) {
+      std::string cg = spec["linux"]["cgroupsPath"].get<std::string>();
+      if (cg.size() >= r.id.size() && cg.compare(cg.size() - r.id.size(), r.id.size(), r.id) == 0)
+        spec["linux"]["cgroupsPath"] = cg.substr(0, cg.size() - r.id.size()) + q.id;
+      else
+        spec["linux"].erase("cgroupsPath");
+    }
+    n.spec = spec.dump();
+    n.snapshotter = d.snapshotter;
+    n.snapshot_key = q.id;
+    n.sandbox = d.sandbox;
+    (void)api.prepare_snapshot(d.snapshotter, q.id, d.snapshot_parent);
+    try {
+      api.create_container(n);
+    } catch (...) {
+      api.remove_snapshot(d.snapshotter, q.id);
+      throw;
+    }
+    made = true;
+    info = n;
+  }
+  auto undo = [&] {
+    try {
+      api.kill_task(q.id, SIGKILL);
+      (void)task_stopped_within(api, q.id, std::chrono::seconds(30));
+      api.delete_task(q.id);
+      if (made) {
+        api.delete_container(q.id);
+        api.remove_snapshot(d.snapshotter, q.id);
+      }
+    } catch (const Error& e) {
+      spdlog::warn("removing the half-restored container {}: {}", q.id, e.what());
+    }
+    remove_restore_bundle(q.id);
+  };
+  std::string root = containerd::options_root(info->runtime_options);
+  if (root.empty()) root = "/run/containerd/runc";
+  root = (fs::path(root) / d.ns).string();
+  containerd::CreateTask t;
+  t.container_id = q.id;
+  t.stdout_uri = t.stderr_uri = "file://" + stdio_log(q).string();
+  t.options_type = info->runtime_options_type;
+  t.options = containerd::restore_options(info->runtime_options, criu, q.images, q.work);
+  t.timeout = q.timeout;
+  try {
+    t.rootfs = api.snapshot_mounts(info->snapshotter, info->snapshot_key);
+    if (q.on_container_id) q.on_container_id(root, q.id, made);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  try {
+    (void)api.create_task(t);
+    api.start_task(q.id);
+  } catch (const Error& e) {
+    undo();
+    restore_failed(q, "containerd's restore of container " + q.id + " failed: " + e.what());
+  }
+  // Its CRIU has run: nothing names the directory from here on (the shim keeps its own bundle).
+  remove_restore_bundle(q.id);
+  try {
+    return running_as(root, q.id);
+  } catch (...) {
+    undo();
+    throw;
+  }
+}
+
+// Hard links where the images are on dockerd's file system, else copies: dockerd reads the
+// directory once, into its content store, during the start.
+void place_images(const fs::path& from, const fs::path& to) {
+  fs::create_directories(to);
+  for (const auto& e : fs::directory_iterator(from)) {
+    if (!e.is_regular_file()) continue;
+    std::error_code ec;
+    fs::create_hard_link(e.path(), to / e.path().filename(), ec);
+    if (ec) fs::copy_file(e.path(), to / e.path().filename(), fs::copy_options::overwrite_existing);
+  }
+}
+
+Container docker_restore(const RestoreRequest& q) {
+  const ContainerRecord& r = *q.record;
+  const DockerRecord& d = *r.docker;
+  docker::Client api;
+  // The container dumped (stopped since), or a new one made as `docker run` made it.
+  std::string id;
+  bool made = false;
+  if (const auto have = api.inspect(q.id)) {
+    id = have->value("Id", "");
+  } else {
+    id = api.create(q.id == r.id ? d.name : q.id, d.config, d.host_config);
+    made = true;
+  }
+  const std::string name = "gpuckpt-" + std::to_string(::getpid());
+  const fs::path dir = fs::path(api.info().value("DockerRootDir", "/var/lib/docker")) /
+                       "containers" / id / "checkpoints" / name;
+  auto undo = [&] {
+    try {
+      api.kill(id);
+      if (made) api.remove(id);
+    } catch (const Error& e) {
+      spdlog::warn("removing the half-restored container {}: {}", id, e.what());
+    }
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  };
+  try {
+    place_images(q.images, dir);
+    if (q.on_container_id) q.on_container_id(r.root, id, made);
+  } catch (...) {
+    undo();
+    throw;
+  }
+  try {
+    api.start_from_checkpoint(id, name);
+  } catch (const Error& e) {
+    undo();
+    throw Error(Errc::kCriu, "Docker's restore of container " + id + " failed: " + e.what() +
+                                 " (its CRIU log is in containerd's task directory of " + id + ")");
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+  try {
+    return running_as(r.root, id);
+  } catch (...) {
+    undo();
+    throw;
+  }
+}
+
+}  // namespace
+
+Container restore_container(const RestoreRequest& q) {
+  switch (q.record->runtime) {
+    case Runtime::kContainerd:
+      return containerd_restore(q);
+    case Runtime::kDocker:
+      return docker_restore(q);
+    case Runtime::kRunc:
+      break;
+  }
+  return runc_restore(q);
 }
 
 std::string in_container_network(const ContainerRecord& r, pid_t init,

@@ -13,7 +13,9 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +32,24 @@ struct ExternalMount {
   std::string source;       // on the host
 };
 
+// What containerd kept of the container (its record, not its task): what a restore needs to
+// make it again where containerd has no container of that ID (another host, a replica).
+struct ContainerdRecord {
+  std::string ns;
+  std::string image;
+  std::map<std::string, std::string> labels;
+  std::string runtime;                       // "io.containerd.runc.v2"
+  std::string options_type, options;         // the runc shim's options (packed protobuf)
+  std::string snapshotter, snapshot_parent;  // the image's top layer, under the rw layer
+  std::string sandbox;
+};
+
+// What dockerd kept of it: enough to create it again, as `docker run` made it.
+struct DockerRecord {
+  std::string name;  // without Docker's leading '/'
+  nlohmann::json config, host_config;
+};
+
 // What a container checkpoint records, beside the process record (ProcessRecord::container).
 struct ContainerRecord {
   Runtime runtime = Runtime::kRunc;
@@ -44,7 +64,12 @@ struct ContainerRecord {
   std::vector<ExternalMount> mounts;  // bind mounts and device nodes from the host
   bool own_network = false;           // a network namespace of its own (no path in the spec)
   bool loopback_up = false;           // its loopback was up at the dump
+  std::optional<ContainerdRecord> containerd;  // Runtime::kContainerd
+  std::optional<DockerRecord> docker;          // Runtime::kDocker
 };
+
+// "runc", "docker", "containerd".
+const char* runtime_name(Runtime r);
 
 nlohmann::json to_json(const ContainerRecord& r);
 // Throws Error(kCorrupt) if `j` is not a container record.
@@ -60,17 +85,20 @@ struct DumpPlan {
   std::vector<std::string> criu_args;  // beyond gpuckpt's own (criu/criu.h dump_argv)
 };
 
-// Everything a dump of `c` needs, read from runc's state and the bundle, and each refusal that
-// can be known before anything is frozen: a runtime gpuckpt cannot restore into yet, or stdio
-// that CRIU cannot dump (a host file outside the container's mounts), established connections
-// kept in a network namespace of its own. Throws Error.
+// Everything a dump of `c` needs, read from runc's state, the bundle, and containerd's or
+// dockerd's own record of it, and each refusal that can be known before anything is frozen:
+// its runtime's daemon unreachable, stdio that CRIU cannot dump (a host file outside the
+// container's mounts), established connections kept in a network namespace of its own. Throws
+// Error.
 DumpPlan plan_dump(const Container& c, bool tcp_established);
 
 // runc's descriptors.json for `r`, into the images directory.
 void write_descriptors(const ContainerRecord& r, const std::filesystem::path& images_dir);
 
-// `runc delete` of a container whose init the dump has ended, so that its ID is free for the
-// restore. Returns why it failed ("" when it did not): the checkpoint is durable either way.
+// Makes the runtime forget the run of a container whose init has ended, so that its ID is free
+// for the restore: `runc delete`; containerd's Tasks.Delete (its container record stays, as
+// after `ctr task kill`); nothing for Docker, whose daemon does it itself (the container shows
+// Exited). Returns why it failed ("" when it did not): the checkpoint is durable either way.
 std::string remove_ended(const Container& c);
 
 // The runc binary: $GPUCKPT_RUNC, else runc on PATH. Throws Error(kInvalidInput).
@@ -88,20 +116,34 @@ struct RestoreRequest {
   std::filesystem::path stdio_log;
   std::chrono::seconds timeout{1800};
   // Called with runc's pid as soon as it runs (it leads its own process group, its criu in it),
-  // before it has restored anything: for the guard, which must wait for it.
+  // before it has restored anything: for the guard, which must wait for it. Only for runc's own
+  // restores: a runtime's shim runs runc for containerd and Docker.
   std::function<void(pid_t)> on_runc_started;
+  // Called with the ID that the runtime will know the container by, and the runc root it will be
+  // under, before the runtime is asked to restore it (Docker names a container it creates).
+  // `made`: its runtime's record was made for this restore (a replica's), not the one dumped.
+  std::function<void(const std::string& root, const std::string& id, bool made)> on_container_id;
 };
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
 // ended before runc forgot it, is deleted), the rootfs and every external mount's source exist
-// (kInvalidInput, naming what is missing).
+// (kInvalidInput, naming what is missing). For containerd and Docker: the daemon answers, and
+// either the container is the one dumped (restored in place) or the image it needs is here.
 void check_restore_target(const ContainerRecord& r, const std::string& id);
 
-// `runc restore --detach` of the images as container `id`, from a bundle made of the recorded
-// spec (annotated with the CRIU configuration). Returns the container as runc now knows it.
-// Throws Error(kCriu) with runc's and CRIU's error lines.
-Container runc_restore(const RestoreRequest& q);
+// The host paths that a restore of `r` needs to find on its host: runc's rootfs (containerd and
+// Docker make theirs), and the sources of the runtime's bind mounts (volumes, model directories,
+// the driver's files) but Docker's own per-container files (resolv.conf, hosts, hostname).
+std::vector<std::string> host_paths_needed(const ContainerRecord& r);
+
+// The images restored as container `id` by the container's own runtime. runc: `runc restore
+// --detach` from a bundle made of the recorded spec (annotated with the CRIU configuration).
+// containerd: Tasks.Create with the images as the shim's criu_image_path, in the container
+// record it had, or in a new one made from the checkpoint's. Docker: `start` from a checkpoint
+// directory of the container's (created first from the record, for a new ID). Returns the
+// container as its runtime now runs it. Throws Error(kCriu) with runc's and CRIU's error lines.
+Container restore_container(const RestoreRequest& q);
 
 // A network namespace of its own comes back empty from runc (it leaves the network to the
 // runtime's caller): its loopback is brought up again here if it was up at the dump.
@@ -115,7 +157,12 @@ void remove_restore_bundle(const std::string& id);
 // container's loopback.
 std::string in_container_network(const ContainerRecord& r, pid_t init,
                                  const std::function<std::string()>& fn);
-// `runc kill KILL` and `runc delete --force`: a restore that failed after runc made it.
+// Removes the record that a restore made in containerd (with its snapshot) or Docker for a
+// container whose run has ended; nothing for runc. Returns why it failed ("" when it did not).
+std::string remove_record(const Container& c);
+
+// `runc kill KILL` and `runc delete --force` (through containerd or dockerd for theirs): a
+// restore that failed after its runtime made it.
 void destroy(const Container& c);
 
 }  // namespace gpuckpt::container

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -52,9 +53,34 @@ std::optional<nlohmann::json> state_json(const StateRoot& root, const std::strin
   return j;
 }
 
+namespace {
+
+// dockerd keeps its runc root under its exec root (--exec-root, /var/run/docker by default):
+// each running dockerd's, read from its command line.
+std::vector<fs::path> docker_roots() {
+  std::vector<fs::path> out{"/run/docker/runtime-runc/moby"};
+  for (const pid_t d :
+       process::live_pids_where([](const process::ProcInfo& i) { return i.comm == "dockerd"; })) {
+    const auto info = process::read_proc(d);
+    if (!info) continue;
+    const auto& a = info->cmdline;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      std::string exec;
+      if (a[i] == "--exec-root" && i + 1 < a.size()) exec = a[i + 1];
+      if (a[i].rfind("--exec-root=", 0) == 0) exec = a[i].substr(12);
+      if (exec.empty()) continue;
+      fs::path root = fs::path(exec) / "runtime-runc" / "moby";
+      if (std::find(out.begin(), out.end(), root) == out.end()) out.push_back(std::move(root));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::vector<StateRoot> state_roots() {
-  std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""},
-                               {Runtime::kDocker, "/run/docker/runtime-runc/moby", ""}};
+  std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""}};
+  for (auto& d : docker_roots()) roots.push_back({Runtime::kDocker, std::move(d), ""});
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/run/containerd/runc", ec))
     if (e.is_directory(ec)) roots.push_back({Runtime::kContainerd, e.path(), e.path().filename()});
@@ -64,6 +90,12 @@ std::vector<StateRoot> state_roots() {
       if (!p.empty()) roots.push_back({Runtime::kRunc, p, ""});
   }
   return roots;
+}
+
+StateRoot root_at(const fs::path& path) {
+  for (auto& r : state_roots())
+    if (r.path == path) return r;
+  return {Runtime::kRunc, path, ""};
 }
 
 std::vector<Container> running() {
@@ -104,19 +136,6 @@ std::string Container::describe() const {
   }
   return "runc container " + id +
          (root.path == kRuncRoot ? "" : " (runc root " + root.path.string() + ")");
-}
-
-std::string Container::checkpoint_command() const {
-  switch (root.runtime) {
-    case Runtime::kDocker:
-      return "docker checkpoint create " + shell_quote(id) + " NAME";
-    case Runtime::kContainerd:
-      return "ctr -n " + shell_quote(root.ns) + " task checkpoint " + shell_quote(id);
-    case Runtime::kRunc:
-      break;
-  }
-  return "runc" + (root.path == kRuncRoot ? "" : " --root " + shell_quote(root.path.string())) +
-         " checkpoint --image-path DIR " + shell_quote(id);
 }
 
 }  // namespace gpuckpt::container

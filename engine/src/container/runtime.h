@@ -30,6 +30,10 @@ struct StateRoot {
 // directory of $GPUCKPT_RUNC_ROOTS (colon-separated: runc started with --root).
 std::vector<StateRoot> state_roots();
 
+// The known root at `path` (its runtime and containerd namespace); a runc root of its own
+// (Runtime::kRunc) for a path that no runtime is known to keep.
+StateRoot root_at(const std::filesystem::path& path);
+
 struct Container {
   StateRoot root;
   std::string id;
@@ -39,8 +43,6 @@ struct Container {
 
   // How the operator names it to its runtime: "runc container web", "Docker container 3f2a...".
   std::string describe() const;
-  // The command that checkpoints it whole with its own runtime.
-  std::string checkpoint_command() const;
 };
 
 // runc's state.json of container `id` under `root` (its init's pid and start, runc's own

@@ -133,11 +133,8 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
         (c->init_pid == q ? ", as its init"
                           : " (its init is pid " + std::to_string(c->init_pid) + ")") +
         ": " + whole;
-    if (c->root.runtime == container::Runtime::kRunc)
-      return where + ". Dump the container whole: `gpuckpt dump --container " + shell_quote(c->id) +
-             "`";
-    return where + ". gpuckpt cannot restore into its runtime yet: checkpoint it with `" +
-           c->checkpoint_command() + "`";
+    return where + ". Dump the container whole: `gpuckpt dump --container " + shell_quote(c->id) +
+           "`";
   }
   std::optional<ProcInfo> init;
   try {
@@ -551,7 +548,7 @@ DumpResult dump(const DumpOptions& opts) {
   }
   process::DumpOutcome out =
       process::dump_keep_stopped(local, guard, copy, plan ? &*plan : nullptr);
-  out.result.container = opts.container;
+  out.result.container = box ? box->id : std::string();
   if (remote && !opts.leave_running) {
     // The tree is still stopped: a failed upload resumes it, exactly like a failed write.
     try {

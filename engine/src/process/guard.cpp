@@ -95,7 +95,8 @@ struct GuardPlan {
     std::string id;
     std::uint64_t after = 0;
     bool kill = true;
-    pid_t runc = 0;  // the leader of its own process group (criu runs in it)
+    bool made = false;  // its runtime's record (containerd's, Docker's) was made for it too
+    pid_t runc = 0;     // the leader of its own process group (criu runs in it)
     std::uint64_t runc_started = 0;
     std::uint64_t init_started = 0;
   };
@@ -458,12 +459,14 @@ void Guard::copy_named_in(const fs::path& pidfile, Copy what, const std::vector<
                                        {"pids", pids},
                                        {"log", log.string()}}));
 }
-void Guard::container_on_recovery(const fs::path& runc_root, const std::string& id, Copy what) {
+void Guard::container_on_recovery(const fs::path& runc_root, const std::string& id, Copy what,
+                                  bool made_record) {
   // The tick before runc starts, as copy_named_in's: its container's init starts after it.
   send(command(GuardOp::kContainer, {{"root", runc_root.string()},
                                      {"id", id},
                                      {"after", boot_ticks_now()},
-                                     {"kill", what == Copy::kKill}}));
+                                     {"kill", what == Copy::kKill},
+                                     {"made", made_record}}));
 }
 void Guard::container_runc(pid_t runc) {
   send(command(GuardOp::kContainerRunc,
@@ -1001,16 +1004,42 @@ void let_finish(pid_t pid, const std::string& what, bool group, RecoveryLog& log
              ") does not end, even killed: the processes it holds stay as they are");
 }
 
+// The record that a restore made for its container in containerd or Docker (a replica's), which
+// would hold the name against the next restore.
+void forget_made_record(const container::Container& box, RecoveryLog& log) {
+  if (const std::string why = container::remove_record(box); !why.empty())
+    fail(log, Errc::kProcess, "the record of the restored container " + box.id + " stays: " + why);
+  else if (box.root.runtime != container::Runtime::kRunc)
+    say(log, "the container record made for " + box.id + " was removed");
+}
+
+// The runc that containerd's shim runs to restore container `id` under `root`: not gpuckpt's
+// child, so never named to the guard, and found by its command line.
+std::vector<pid_t> shim_runc_restoring(const fs::path& root, const std::string& id) {
+  return live_pids_where([&](const ProcInfo& i) {
+    const auto& a = i.cmdline;
+    if (a.size() < 3 || fs::path(a.front()).filename() != "runc" || a.back() != id ||
+        std::find(a.begin(), a.end(), "restore") == a.end())
+      return false;
+    const auto r = std::find(a.begin(), a.end(), "--root");
+    std::error_code ec;
+    return r != a.end() && r + 1 != a.end() && fs::equivalent(*(r + 1), root, ec);
+  });
+}
+
 // Step 2b: the containers runc restores for this operation. Its runc first (it writes runc's
 // state once criu is done), then what runc lists under the ID, if this restore made it: killed
 // and deleted from runc's state, so that the ID is free again (or left, if it was to stay). A
 // replay knows the container by its init alone: an ID taken since is someone else's.
 void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   for (const auto& c : p.containers) {
+    if (!p.replay)
+      for (const pid_t q : shim_runc_restoring(c.root, c.id))
+        let_finish(q, "the runtime's runc restore", /*group=*/false, log);
     // runc and its criu: runc leads their process group.
     if (is(c.runc, c.runc_started) && alive(c.runc))
       let_finish(c.runc, "runc restore", /*group=*/true, log);
-    const container::Container box{{container::Runtime::kRunc, c.root, ""}, c.id};
+    const container::Container box{container::root_at(c.root), c.id};
     const auto state = container::state_json(box.root, c.id);
     const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
     const bool ours =
@@ -1021,8 +1050,12 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
       continue;
     }
     if (!state) {
-      // runc made nothing it still lists: only the bundle gpuckpt wrote for it may be left.
-      if (!p.replay) container::remove_restore_bundle(c.id);
+      // runc made nothing it still lists: only the bundle gpuckpt wrote for it, and the
+      // runtime's record made for it, may be left.
+      if (!p.replay) {
+        container::remove_restore_bundle(c.id);
+        if (c.made && c.kill) forget_made_record(box, log);
+      }
       continue;
     }
     const pid_t init = state->value("init_process_pid", 0);
@@ -1039,11 +1072,13 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
                  "), so two copies may serve");
         continue;
       }
-    if (const std::string why = container::remove_ended(box); !why.empty())
+    if (const std::string why = container::remove_ended(box); !why.empty()) {
       fail(log, Errc::kProcess,
            "the restored container " + c.id + " ended, but runc still lists it: " + why);
-    else
-      say(log, "the restored container " + c.id + " was killed and deleted from runc");
+      continue;
+    }
+    say(log, "the restored container " + c.id + " was killed and deleted from runc");
+    if (c.made) forget_made_record(box, log);
   }
 }
 
@@ -1293,7 +1328,8 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
     }
     case GuardOp::kContainer: {
       p.containers.push_back({m.at("root").get<std::string>(), m.at("id").get<std::string>(),
-                              m.at("after").get<std::uint64_t>(), m.at("kill").get<bool>()});
+                              m.at("after").get<std::uint64_t>(), m.at("kill").get<bool>(),
+                              m.value("made", false)});
       break;
     }
     case GuardOp::kContainerRunc: {

@@ -105,9 +105,11 @@ class Guard {
   // recovery waits for that runc (container_runc), then, if runc lists a container of that ID
   // that it made (its init started since this call, or is the one container_init named), kills
   // it and deletes it from runc's state (kKill), or leaves it running (kLeave); with nothing
-  // listed, the bundle gpuckpt wrote for it goes. keep_copy() and hand_over() forget it.
+  // listed, the bundle gpuckpt wrote for it goes. `made_record`: the runtime's record of it
+  // (containerd's, Docker's) was made for this restore, and goes with it. keep_copy() and
+  // hand_over() forget it.
   void container_on_recovery(const std::filesystem::path& runc_root, const std::string& id,
-                             Copy what);
+                             Copy what, bool made_record = false);
   // ... the `runc restore` making it runs as `runc` (which leads its own process group, criu in
   // it); and, restored, its init is `init` (what a later run's replay knows it by).
   void container_runc(pid_t runc);

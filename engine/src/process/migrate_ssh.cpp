@@ -173,8 +173,8 @@ std::string remote_restore_command(const MigrateOptions& o, bool release,
   if (box) {
     c += " --container " + shell_quote(box->copy_id);
     // Checked there before it answers that it receives, so before anything is frozen here.
-    c += " --require-path " + shell_quote(box->plan.record.rootfs);
-    for (const auto& m : box->plan.record.mounts) c += " --require-path " + shell_quote(m.source);
+    for (const auto& p : container::host_paths_needed(box->plan.record))
+      c += " --require-path " + shell_quote(p);
   } else if (!release)
     c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());

@@ -512,13 +512,16 @@ void restore_container(RestoreState& r) {
   // is killed and deleted from runc's state by the guard: a half-made one, its loopback still
   // down, would only hold the ID. The checkpoint is untouched, and the restore can run again.
   if (r.guard) {
-    r.guard->container_on_recovery(rec.root, id, Guard::Copy::kKill);
+    q.on_container_id = [g = r.guard](const std::string& root, const std::string& made,
+                                      bool record) {
+      g->container_on_recovery(root, made, Guard::Copy::kKill, record);
+    };
     q.on_runc_started = [g = r.guard](pid_t runc) { g->container_runc(runc); };
   }
   fault_point("criu_restore");
   r.run.log = q.work / criu::kRestoreLogName;
   r.run.start = std::chrono::steady_clock::now();
-  const container::Container c = container::runc_restore(q);
+  const container::Container c = container::restore_container(q);
   r.run.end = std::chrono::steady_clock::now();
   RestoreResult& out = r.out;
   out.container = c.id;

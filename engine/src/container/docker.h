@@ -1,0 +1,47 @@
+// Docker's Engine API, over dockerd's unix socket: what gpuckpt needs to dump a container that
+// Docker runs, and to start it again from gpuckpt's images as the container Docker knows
+// (`docker ps`). dockerd restores only from a checkpoint directory of its own
+// (<DockerRootDir>/containers/ID/checkpoints/NAME: `--checkpoint-dir` is refused for start), so
+// the images are put there for the start. docs/research/docker-containerd.md, 3.
+#pragma once
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+namespace gpuckpt::container::docker {
+
+// dockerd's socket: $DOCKER_HOST (unix:// only), else /var/run/docker.sock.
+std::filesystem::path address();
+
+class Client {
+ public:
+  explicit Client(std::filesystem::path socket = address());
+
+  // GET /containers/ID/json (ID or name); nullopt if Docker has no such container.
+  std::optional<nlohmann::json> inspect(const std::string& id);
+  // GET /info, /version.
+  nlohmann::json info();
+  nlohmann::json version();
+  // POST /containers/create?name=NAME with the inspected Config and HostConfig of another
+  // container; returns the new container's ID.
+  std::string create(const std::string& name, const nlohmann::json& config,
+                     const nlohmann::json& host_config);
+  // POST /containers/ID/start?checkpoint=NAME: dockerd's runc restores the images it finds in
+  // its checkpoint directory NAME of that container.
+  void start_from_checkpoint(const std::string& id, const std::string& name);
+  // POST /containers/ID/kill (SIGKILL); a container that does not run is left as it is.
+  void kill(const std::string& id);
+  // DELETE /containers/ID?force=1.
+  void remove(const std::string& id);
+
+  const std::filesystem::path& socket() const { return socket_; }
+
+ private:
+  nlohmann::json request(const std::string& method, const std::string& path,
+                         const nlohmann::json& body, int* status, std::chrono::seconds timeout);
+  std::filesystem::path socket_;
+};
+
+}  // namespace gpuckpt::container::docker

@@ -1,0 +1,476 @@
+// Containers that containerd and Docker run, with their real daemons (started by the test, on
+// sockets, roots and namespaces of its own), real runc and CRIU, and a redis server in an image
+// the test builds from local files (no registry reaches this machine): `dump --container` takes
+// one whole, and `restore --container` brings it back as the container its runtime knows
+// (`ctr task ls`, `docker ps`), in place or as a replica beside it, with its data (DEBUG
+// DIGEST). A restore killed at any point leaves no half-made task, and what cannot be done is
+// refused before anything is frozen or started.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include "gpuckpt/error.h"
+#include "process/proc_info.h"
+#include "test_support.h"
+
+namespace fs = std::filesystem;
+using namespace gpuckpt;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kRedisPort = 6379;
+const std::vector<std::string> kRedisArgs = {
+    "/usr/bin/redis-server", "--port", std::to_string(kRedisPort), "--save", "",
+    "--appendonly",          "no",     "--enable-debug-command",   "yes"};
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+class E2eRuntimes : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (const char* b : {"containerd", "ctr", "containerd-shim-runc-v2", "runc", "redis-server",
+                          "redis-cli", "tar", "sha256sum"})
+      if (!find_executable(b))
+        GTEST_SKIP() << b << " is not installed (scripts/setup.sh installs it)";
+    if (!fs::exists(fs::path(GPUCKPT_CRIU_PREFIX) / "bin" / "criu"))
+      GTEST_SKIP() << "gpuckpt's CRIU is not installed (scripts/install-criu.sh)";
+    ns_ = "gk-" + std::to_string(::getpid());
+    make_layer();
+    start_containerd();
+  }
+
+  void TearDown() override {
+    if (docker_) {
+      for (const auto& n : docker_names_) (void)docker({"rm", "-f", n});
+      docker_->kill(SIGTERM);
+      docker_->wait();
+    }
+    if (containerd_) {
+      for (const auto& id : ctr_ids_) {
+        (void)ctr({"task", "kill", "-s", "SIGKILL", id});
+        (void)test::wait_until([&] { return task_pid(id) == 0; });
+        (void)ctr({"task", "rm", "-f", id});
+        (void)ctr({"container", "rm", id});
+      }
+      (void)ctr({"image", "rm", kImage});
+      containerd_->kill(SIGTERM);
+      containerd_->wait();
+      // The shims' runc root for the test's namespace.
+      std::error_code ec;
+      fs::remove(fs::path("/run/containerd/runc") / ns_, ec);
+    }
+    for (const auto& id : ctr_ids_) {
+      std::error_code ec;
+      fs::remove_all(fs::path("/run/gpuckpt/containers") / id, ec);
+      fs::remove(fs::path("/var/log/gpuckpt/containers") / (id + ".log"), ec);
+    }
+  }
+
+  static constexpr const char* kImage = "localhost/gk-redis:1";
+
+  // An image layer of empty mount points and a merged /usr's links; the host's /usr is bound in
+  // read-only when a container runs, as in the runc tests.
+  void make_layer() {
+    const fs::path l = dir_.path() / "layer";
+    for (const char* d : {"usr", "proc", "dev", "sys", "tmp", "etc"}) fs::create_directories(l / d);
+    for (const char* s : {"bin", "lib", "lib64", "sbin"})
+      fs::create_symlink(fs::path("usr") / s, l / s);
+    layer_ = dir_.path() / "layer.tar";
+    ASSERT_TRUE(
+        run_capture({"tar", "-C", l.string(), "-cf", layer_.string(), "."}, 60s).status.ok());
+  }
+
+  // A blob of an OCI image layout, named by its digest.
+  json blob(const fs::path& layout, const std::string& media, const std::string& content) {
+    const fs::path tmp = layout / "blob.tmp";
+    std::ofstream(tmp, std::ios::binary) << content;
+    const std::string sum = run_capture({"sha256sum", tmp.string()}, 60s).output.substr(0, 64);
+    fs::rename(tmp, layout / "blobs" / "sha256" / sum);
+    return {{"mediaType", media}, {"digest", "sha256:" + sum}, {"size", content.size()}};
+  }
+
+  // The image, as an OCI archive that `ctr image import` takes.
+  fs::path oci_archive() {
+    const fs::path layout = dir_.path() / "oci";
+    fs::create_directories(layout / "blobs" / "sha256");
+    const json layer = blob(layout, "application/vnd.oci.image.layer.v1.tar", read_file(layer_));
+    const json config = blob(layout, "application/vnd.oci.image.config.v1+json",
+                             json{{"architecture", "amd64"},
+                                  {"os", "linux"},
+                                  {"rootfs", {{"type", "layers"}, {"diff_ids", {layer["digest"]}}}},
+                                  {"config", {{"Cmd", kRedisArgs}}}}
+                                 .dump());
+    json manifest = blob(layout, "application/vnd.oci.image.manifest.v1+json",
+                         json{{"schemaVersion", 2},
+                              {"mediaType", "application/vnd.oci.image.manifest.v1+json"},
+                              {"config", config},
+                              {"layers", {layer}}}
+                             .dump());
+    manifest["annotations"] = {{"org.opencontainers.image.ref.name", "1"}};
+    std::ofstream(layout / "index.json") << json{{"schemaVersion", 2}, {"manifests", {manifest}}};
+    std::ofstream(layout / "oci-layout") << R"({"imageLayoutVersion":"1.0.0"})";
+    const fs::path tar = dir_.path() / "image.tar";
+    EXPECT_TRUE(
+        run_capture({"tar", "-C", layout.string(), "-cf", tar.string(), "."}, 60s).status.ok());
+    return tar;
+  }
+
+  // containerd on a socket and root of the test's own; its shims find gpuckpt's CRIU first on
+  // their PATH, as docs/OPERATORS.md has an operator set up.
+  void start_containerd() {
+    const fs::path w = dir_.path();
+    sock_ = w / "containerd.sock";
+    std::ofstream(w / "containerd.toml")
+        << "version = 2\nroot = \"" << (w / "ctd-root").string() << "\"\nstate = \""
+        << (w / "ctd-state").string() << "\"\n[grpc]\n  address = \"" << sock_.string()
+        << "\"\n[plugins.\"io.containerd.internal.v1.opt\"]\n"
+           "  path = \""
+        << (w / "ctd-opt").string()
+        << "\"\n[plugins.\"io.containerd.grpc.v1.cri\"]\n"
+           "  disable_tcp_service = true\n";
+    SpawnOptions o;
+    o.env = {"PATH=" + (fs::path(GPUCKPT_CRIU_PREFIX) / "bin").string() + ":" +
+             std::getenv("PATH")};
+    o.stdout_file = o.stderr_file = w / "containerd.log";
+    o.new_session = true;
+    containerd_ = spawn({"containerd", "--config", (w / "containerd.toml").string()}, o);
+    ASSERT_TRUE(test::wait_until([&] { return ctr({"version"}).status.ok(); }))
+        << read_file(w / "containerd.log");
+    address_.emplace("CONTAINERD_ADDRESS", sock_.string());
+  }
+
+  RunResult ctr(std::vector<std::string> args) {
+    args.insert(args.begin(), {"ctr", "--address", sock_.string(), "-n", ns_});
+    SpawnOptions o;
+    o.stderr_file = dir_.path() / "ctr.err";
+    try {
+      return run_capture(args, 60s, o);
+    } catch (const Error& e) {
+      return RunResult{ExitStatus{true, 1}, e.what()};
+    }
+  }
+
+  // containerd's task of container `id`: its init's host pid while it runs, else 0.
+  pid_t task_pid(const std::string& id) {
+    const RunResult r = ctr({"task", "ls"});
+    std::istringstream in(r.output);
+    for (std::string name, pid, status; in >> name >> pid >> status;)
+      if (name == id && status == "RUNNING") return std::atoi(pid.c_str());
+    return 0;
+  }
+  bool has_container(const std::string& id) { return ctr({"container", "info", id}).status.ok(); }
+
+  // A containerd container of the test's image serving redis with some data.
+  struct Serving {
+    std::string id;
+    pid_t init = 0;
+    std::string digest;
+  };
+  Serving ctr_serving(const std::string& tag) {
+    if (!imported_) {
+      EXPECT_TRUE(
+          ctr({"image", "import", "--base-name", "localhost/gk-redis", oci_archive().string()})
+              .status.ok())
+          << read_file(dir_.path() / "ctr.err");
+      imported_ = true;
+    }
+    Serving s{tag + "-" + std::to_string(::getpid())};
+    ctr_ids_.push_back(s.id);
+    const RunResult r =
+        ctr({"run", "-d", "--mount", "type=bind,src=/usr,dst=/usr,options=rbind:ro", kImage, s.id});
+    EXPECT_TRUE(r.status.ok()) << r.output << read_file(dir_.path() / "ctr.err");
+    EXPECT_TRUE(test::wait_until([&] {
+      s.init = task_pid(s.id);
+      return s.init > 0 && redis(s.init, {"PING"}) == "PONG";
+    }));
+    if (s.init > 0) s.digest = fill(s.init);
+    return s;
+  }
+
+  // dockerd on this test's containerd, with roots and a socket of its own, no bridge and no
+  // iptables rules: its containers run with --network none (a network namespace of their own).
+  void start_docker() {
+    const fs::path w = dir_.path();
+    docker_sock_ = w / "docker.sock";
+    std::ofstream(w / "daemon.json") << "{}";
+    SpawnOptions o;
+    o.stdout_file = o.stderr_file = w / "dockerd.log";
+    o.new_session = true;
+    docker_ = spawn({"dockerd", "--config-file", (w / "daemon.json").string(), "--data-root",
+                     (w / "docker").string(), "--exec-root", (w / "dexec").string(), "--pidfile",
+                     (w / "dockerd.pid").string(), "-H", "unix://" + docker_sock_.string(),
+                     "--containerd", sock_.string(), "--bridge", "none", "--iptables=false",
+                     "--ip-masq=false", "--ip-forward=false", "--experimental"},
+                    o);
+    ASSERT_TRUE(test::wait_until([&] { return docker({"version"}).status.ok(); }))
+        << read_file(w / "dockerd.log");
+    docker_host_.emplace("DOCKER_HOST", "unix://" + docker_sock_.string());
+    ASSERT_TRUE(docker({"import", "-c", "CMD " + json(kRedisArgs).dump(), layer_.string(),
+                        "localhost/gk-redis:d"})
+                    .status.ok())
+        << read_file(dir_.path() / "docker.err");
+  }
+
+  RunResult docker(std::vector<std::string> args) {
+    // Debian's client: a newer one earlier on PATH may not speak to Debian's daemon.
+    const std::string bin = fs::exists("/usr/bin/docker") ? "/usr/bin/docker" : "docker";
+    args.insert(args.begin(), {bin, "-H", "unix://" + docker_sock_.string()});
+    SpawnOptions o;
+    o.stderr_file = dir_.path() / "docker.err";
+    try {
+      return run_capture(args, 60s, o);
+    } catch (const Error& e) {
+      return RunResult{ExitStatus{true, 1}, e.what()};
+    }
+  }
+
+  // Docker's view of container `name`: its init's pid while it runs, else 0.
+  pid_t docker_pid(const std::string& name) {
+    const RunResult r = docker({"inspect", "-f", "{{.State.Running}} {{.State.Pid}}", name});
+    if (!r.status.ok() || r.output.rfind("true ", 0) != 0) return 0;
+    return std::atoi(r.output.c_str() + 5);
+  }
+
+  Serving docker_serving(const std::string& tag) {
+    Serving s{tag + "-" + std::to_string(::getpid())};
+    docker_names_.push_back(s.id);
+    const RunResult r = docker({"run", "-d", "--name", s.id, "--network", "none", "-v",
+                                "/usr:/usr:ro", "localhost/gk-redis:d"});
+    EXPECT_TRUE(r.status.ok()) << r.output << read_file(dir_.path() / "docker.err");
+    EXPECT_TRUE(test::wait_until([&] {
+      s.init = docker_pid(s.id);
+      return s.init > 0 && redis(s.init, {"PING"}) == "PONG";
+    }));
+    if (s.init > 0) s.digest = fill(s.init);
+    return s;
+  }
+
+  // redis-cli ARGS inside the network namespace of `pid`; its answer without the newline.
+  static std::string redis(pid_t pid, std::vector<std::string> args) {
+    args.insert(args.begin(), {"nsenter", "--net=/proc/" + std::to_string(pid) + "/ns/net",
+                               "redis-cli", "-p", std::to_string(kRedisPort)});
+    try {
+      return trimmed(run_capture(args, 30s).output);
+    } catch (const Error&) {
+      return {};
+    }
+  }
+  static std::string fill(pid_t pid) {
+    for (int i = 0; i < 200; ++i)
+      redis(pid,
+            {"SET", "key:" + std::to_string(i), std::string(512, static_cast<char>('a' + i % 26))});
+    return redis(pid, {"DEBUG", "DIGEST"});
+  }
+
+  TempDir dir_ = test::scratch_dir("gpuckpt-e2e-runtimes");
+  std::string ns_;
+  fs::path layer_, sock_, docker_sock_;
+  bool imported_ = false;
+  std::optional<Child> containerd_, docker_;
+  std::optional<test::ScopedEnv> address_, docker_host_;
+  std::vector<std::string> ctr_ids_, docker_names_;
+};
+
+}  // namespace
+
+// The container keeps its record in containerd through the dump (only its task ends), and
+// comes back as its task, with its data; the same checkpoint makes a replica beside it, a new
+// container record over a fresh snapshot of the image, serving the same port in its own network
+// namespace; a third restore under a name that runs is refused.
+TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
+  const auto [id, init, digest] = ctr_serving("ctd");
+  ASSERT_GT(init, 0);
+  ASSERT_EQ(digest.size(), 40u) << digest;
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  auto d = test::run_cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_EQ(task_pid(id), 0);
+  EXPECT_TRUE(has_container(id)) << "containerd forgot the container itself";
+
+  const auto i = test::run_cli({"--json", "inspect", ckpt.string()});
+  const json rec = json::parse(i.out, nullptr, false)["extra"]["process"]["container"];
+  EXPECT_EQ(rec.value("runtime", ""), "containerd");
+  EXPECT_EQ(rec["containerd"].value("namespace", ""), ns_);
+  EXPECT_EQ(rec["containerd"].value("image", ""), kImage);
+  EXPECT_EQ(rec["containerd"].value("snapshotter", ""), "overlayfs");
+
+  auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = task_pid(id);
+  ASSERT_GT(back, 0) << "containerd does not run the restored task";
+  EXPECT_EQ(json::parse(r.out, nullptr, false).value("pid", 0), back);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+
+  const std::string replica = "replica-" + std::to_string(::getpid());
+  ctr_ids_.push_back(replica);
+  r = test::run_cli({"restore", ckpt.string(), "--container", replica});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t twin = task_pid(replica);
+  ASSERT_GT(twin, 0);
+  EXPECT_NE(twin, back);
+  EXPECT_EQ(redis(twin, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  const json info = json::parse(ctr({"container", "info", replica}).output, nullptr, false);
+  EXPECT_EQ(info.value("Image", ""), kImage);
+  EXPECT_EQ(info.value("SnapshotKey", ""), replica);
+
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container", replica});
+  EXPECT_EQ(r.exit_code, 12) << r.out;
+  EXPECT_NE(r.out.find("already runs container " + replica), std::string::npos) << r.out;
+  EXPECT_EQ(task_pid(replica), twin);
+}
+
+// gpuckpt killed while containerd restores its task, or once that runs before it answered: the
+// guard kills the task and deletes it, so containerd runs no half-made copy and the name is
+// free; the checkpoint restores afterwards.
+TEST_F(E2eRuntimes, AContainerdRestoreKilledAtAnyPointLeavesNoHalfMadeTask) {
+  const auto [id, init, digest] = ctr_serving("half");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "h.ckpt";
+  ASSERT_EQ(
+      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
+      0);
+  EXPECT_EQ(task_pid(id), init) << "--leave-running ended the container";
+  const std::string copy = "halfcopy-" + std::to_string(::getpid());
+  ctr_ids_.push_back(copy);
+  for (const std::string point : {"criu_restore", "criu_restored"}) {
+    SCOPED_TRACE(point);
+    Child g = test::paused_cli({"restore", ckpt.string(), "--container", copy}, point, dir_.path());
+    g.kill(SIGKILL);
+    g.wait();
+    EXPECT_TRUE(test::wait_until([&] { return task_pid(copy) == 0; }))
+        << "containerd runs the half-made copy";
+    EXPECT_TRUE(
+        test::wait_until([&] { return !fs::exists(fs::path("/run/gpuckpt/containers") / copy); }));
+  }
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(task_pid(copy), {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(task_pid(id), init);
+}
+
+// What containerd cannot take is refused before anything is frozen or started: a dump when its
+// containerd does not answer; a restore under a name that runs, or one runc would refuse; a
+// restore on a containerd without the image (a spare that never pulled it), which works once
+// the image is there, the container record made anew from the checkpoint's.
+TEST_F(E2eRuntimes, WhatContainerdCannotTakeIsRefusedBeforeAnythingStarts) {
+  const auto [id, init, digest] = ctr_serving("bad");
+  ASSERT_GT(init, 0);
+  address_.emplace("CONTAINERD_ADDRESS", (dir_.path() / "nowhere.sock").string());
+  auto r =
+      test::run_cli({"--json", "dump", "--container", id, "-o", (dir_.path() / "x.ckpt").string()});
+  address_.emplace("CONTAINERD_ADDRESS", sock_.string());
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("Nothing was frozen"), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(dir_.path() / "x.ckpt"));
+  EXPECT_TRUE(test::runs_again(init));
+
+  const fs::path ckpt = dir_.path() / "b.ckpt";
+  ASSERT_EQ(
+      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
+      0);
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  EXPECT_EQ(r.exit_code, 12) << r.out;
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container", "bad id"});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_EQ(task_pid(id), init);
+  EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
+
+  // The container, its snapshot and the image gone, as on a spare.
+  ASSERT_TRUE(ctr({"task", "kill", "-s", "SIGKILL", id}).status.ok());
+  ASSERT_TRUE(test::wait_until([&] { return ctr({"task", "rm", id}).status.ok(); }));
+  ASSERT_TRUE(ctr({"container", "rm", id}).status.ok());
+  ASSERT_TRUE(ctr({"image", "rm", "--sync", kImage}).status.ok());
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_NE(r.out.find(std::string("the image ") + kImage), std::string::npos) << r.out;
+  EXPECT_FALSE(has_container(id)) << "a refused restore made a container record";
+
+  ASSERT_TRUE(ctr({"image", "import", "--base-name", "localhost/gk-redis",
+                   (dir_.path() / "image.tar").string()})
+                  .status.ok());
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_TRUE(has_container(id));
+  EXPECT_EQ(redis(task_pid(id), {"DEBUG", "DIGEST"}), digest);
+}
+
+// Docker: dumped by its name, the container shows Exited, and comes back as the container
+// `docker ps` shows running, with its data; the checkpoint also makes a new container beside it
+// (`docker run`'s config, a name of its own).
+TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
+  if (!find_executable("dockerd")) GTEST_SKIP() << "docker.io is not installed (scripts/setup.sh)";
+  std::ifstream conf("/etc/criu/runc.conf");
+  const std::string text((std::istreambuf_iterator<char>(conf)), std::istreambuf_iterator<char>());
+  if (text.find("tcp-close") == std::string::npos)
+    GTEST_SKIP() << "/etc/criu/runc.conf lacks tcp-close (scripts/setup.sh writes it; "
+                    "docs/OPERATORS.md says why)";
+  start_docker();
+  const auto [name, init, digest] = docker_serving("dkr");
+  ASSERT_GT(init, 0);
+  ASSERT_EQ(digest.size(), 40u) << digest;
+  const fs::path ckpt = dir_.path() / "d.ckpt";
+  auto d = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const std::string full = trimmed(docker({"inspect", "-f", "{{.Id}}", name}).output);
+  EXPECT_EQ(json::parse(d.out, nullptr, false).value("container", ""), full);
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_EQ(docker_pid(name), 0);
+
+  auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = docker_pid(name);
+  ASSERT_GT(back, 0) << "docker does not show the restored container running";
+  EXPECT_EQ(json::parse(r.out, nullptr, false).value("pid", 0), back);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+
+  const std::string replica = "dreplica-" + std::to_string(::getpid());
+  docker_names_.push_back(replica);
+  r = test::run_cli({"restore", ckpt.string(), "--container", replica});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t twin = docker_pid(replica);
+  ASSERT_GT(twin, 0);
+  EXPECT_EQ(redis(twin, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  // Moved on this host to a new container, the original ending once the copy answers.
+  const std::string moved = "dmoved-" + std::to_string(::getpid());
+  docker_names_.push_back(moved);
+  const auto m = test::run_cli({"migrate", "--container", replica, "--new-id", moved, "--to",
+                                (dir_.path() / "to").string()});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  ASSERT_GT(docker_pid(moved), 0);
+  EXPECT_EQ(redis(docker_pid(moved), {"DEBUG", "DIGEST"}), digest);
+  EXPECT_TRUE(test::wait_until([&] { return docker_pid(replica) == 0; }));
+  // dockerd's checkpoint directories that gpuckpt filled are gone again.
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir_.path() / "docker" / "containers", ec))
+    EXPECT_NE(e.path().parent_path().filename(), "checkpoints") << e.path();
+}
+
+// A migration on this host: the containerd container moves to a new ID while the original stays
+// frozen until the copy answers, then ends; containerd keeps the original's record, task gone.
+TEST_F(E2eRuntimes, AContainerdContainerMigratesOnThisHostToANewId) {
+  const auto [id, init, digest] = ctr_serving("mig");
+  ASSERT_GT(init, 0);
+  const std::string copy = "migcopy-" + std::to_string(::getpid());
+  ctr_ids_.push_back(copy);
+  const auto m = test::run_cli({"--json", "migrate", "--container", id, "--new-id", copy, "--to",
+                                (dir_.path() / "to").string()});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  const pid_t moved = task_pid(copy);
+  ASSERT_GT(moved, 0);
+  EXPECT_EQ(redis(moved, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_TRUE(test::wait_until([&] { return task_pid(id) == 0; }));
+  EXPECT_TRUE(has_container(id));
+}
