@@ -280,6 +280,16 @@ void add_inspect(CLI::App& app, Context& ctx) {
                   c.value("runtime", "").c_str(), c.value("id", "").c_str(),
                   c.value("root", "").c_str(), c.value("bundle", "").c_str(),
                   c.value("rootfs", "").c_str());
+      if (const auto& d = c.value("containerd", nlohmann::json::object()); !d.empty())
+        std::printf("  image      %s (%s), namespace %s, snapshotter %s\n",
+                    d.value("image", "").c_str(), d.value("image_digest", "").c_str(),
+                    d.value("namespace", "").c_str(), d.value("snapshotter", "").c_str());
+      if (const auto& d = c.value("docker", nlohmann::json::object()); !d.empty())
+        std::printf("  image      %s (%s), name %s\n",
+                    d.value("config", nlohmann::json::object()).value("Image", "").c_str(),
+                    d.value("image_id", "").c_str(), d.value("name", "").c_str());
+      if (c.value("rootfs_diff", false))
+        std::printf("  layer      its writable layer (rootfs-diff.tar)\n");
       for (const auto& m : c.value("mounts", nlohmann::json::array()))
         std::printf("  mount      %s from %s\n", m.value("destination", "").c_str(),
                     m.value("source", "").c_str());

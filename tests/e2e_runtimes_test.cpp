@@ -84,6 +84,7 @@ class E2eRuntimes : public ::testing::Test {
     for (const char* d : {"usr", "proc", "dev", "sys", "tmp", "etc"}) fs::create_directories(l / d);
     for (const char* s : {"bin", "lib", "lib64", "sbin"})
       fs::create_symlink(fs::path("usr") / s, l / s);
+    std::ofstream(l / "etc" / "motd") << "from the image\n";
     layer_ = dir_.path() / "layer.tar";
     ASSERT_TRUE(
         run_capture({"tar", "-C", l.string(), "-cf", layer_.string(), "."}, 60s).status.ok());
@@ -264,6 +265,20 @@ class E2eRuntimes : public ::testing::Test {
       return {};
     }
   }
+  // What a container writes into its image's rootfs: a file added, one of the image's deleted.
+  static void write_layer(pid_t init) {
+    const fs::path root = "/proc/" + std::to_string(init) + "/root";
+    std::ofstream(root / "etc" / "written") << "by the container\n";
+    fs::remove(root / "etc" / "motd");
+  }
+  // Whether the container of `init` has that layer.
+  static bool has_layer(pid_t init) {
+    const fs::path root = "/proc/" + std::to_string(init) + "/root";
+    std::error_code ec;
+    return read_file(root / "etc" / "written") == "by the container\n" &&
+           !fs::exists(root / "etc" / "motd", ec);
+  }
+
   static std::string fill(pid_t pid) {
     for (int i = 0; i < 200; ++i)
       redis(pid,
@@ -290,6 +305,7 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
   const auto [id, init, digest] = ctr_serving("ctd");
   ASSERT_GT(init, 0);
   ASSERT_EQ(digest.size(), 40u) << digest;
+  write_layer(init);
   const fs::path ckpt = dir_.path() / "c.ckpt";
   auto d = test::run_cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
   ASSERT_EQ(d.exit_code, 0) << d.err;
@@ -303,6 +319,11 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
   EXPECT_EQ(rec["containerd"].value("namespace", ""), ns_);
   EXPECT_EQ(rec["containerd"].value("image", ""), kImage);
   EXPECT_EQ(rec["containerd"].value("snapshotter", ""), "overlayfs");
+  EXPECT_TRUE(rec.value("rootfs_diff", false));
+  const std::string digest_line = ctr({"image", "ls"}).output;
+  const std::string image_digest = rec["containerd"].value("image_digest", "");
+  EXPECT_EQ(image_digest.rfind("sha256:", 0), 0u) << image_digest;
+  EXPECT_NE(digest_line.find(image_digest), std::string::npos) << digest_line;
 
   auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -320,6 +341,11 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
   EXPECT_NE(twin, back);
   EXPECT_EQ(redis(twin, {"DEBUG", "DIGEST"}), digest);
   EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  // Its own writable layer, a fresh snapshot with the original's files in it.
+  EXPECT_TRUE(has_layer(back));
+  EXPECT_TRUE(has_layer(twin)) << "the replica lacks what the original wrote to its rootfs";
+  std::ofstream(fs::path("/proc/" + std::to_string(twin) + "/root/etc/written")) << "changed\n";
+  EXPECT_TRUE(has_layer(back)) << "the replica shares the original's writable layer";
   const json info = json::parse(ctr({"container", "info", replica}).output, nullptr, false);
   EXPECT_EQ(info.value("Image", ""), kImage);
   EXPECT_EQ(info.value("SnapshotKey", ""), replica);
@@ -366,6 +392,7 @@ TEST_F(E2eRuntimes, AContainerdRestoreKilledAtAnyPointLeavesNoHalfMadeTask) {
 TEST_F(E2eRuntimes, WhatContainerdCannotTakeIsRefusedBeforeAnythingStarts) {
   const auto [id, init, digest] = ctr_serving("bad");
   ASSERT_GT(init, 0);
+  write_layer(init);
   address_.emplace("CONTAINERD_ADDRESS", (dir_.path() / "nowhere.sock").string());
   auto r =
       test::run_cli({"--json", "dump", "--container", id, "-o", (dir_.path() / "x.ckpt").string()});
@@ -403,6 +430,7 @@ TEST_F(E2eRuntimes, WhatContainerdCannotTakeIsRefusedBeforeAnythingStarts) {
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_TRUE(has_container(id));
   EXPECT_EQ(redis(task_pid(id), {"DEBUG", "DIGEST"}), digest);
+  EXPECT_TRUE(has_layer(task_pid(id)));
 }
 
 // Docker: dumped by its name, the container shows Exited, and comes back as the container
@@ -419,6 +447,7 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   const auto [name, init, digest] = docker_serving("dkr");
   ASSERT_GT(init, 0);
   ASSERT_EQ(digest.size(), 40u) << digest;
+  write_layer(init);
   const fs::path ckpt = dir_.path() / "d.ckpt";
   auto d = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});
   ASSERT_EQ(d.exit_code, 0) << d.err;
@@ -426,6 +455,12 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   EXPECT_EQ(json::parse(d.out, nullptr, false).value("container", ""), full);
   EXPECT_FALSE(process::alive(init));
   EXPECT_EQ(docker_pid(name), 0);
+  const json rec = json::parse(test::run_cli({"--json", "inspect", ckpt.string()}).out, nullptr,
+                               false)["extra"]["process"]["container"];
+  EXPECT_EQ(rec.value("runtime", ""), "docker");
+  EXPECT_EQ(rec["docker"].value("name", ""), name);
+  EXPECT_EQ(rec["docker"].value("image_id", ""),
+            trimmed(docker({"inspect", "-f", "{{.Image}}", name}).output));
 
   auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -441,6 +476,8 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   const pid_t twin = docker_pid(replica);
   ASSERT_GT(twin, 0);
   EXPECT_EQ(redis(twin, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_TRUE(has_layer(back));
+  EXPECT_TRUE(has_layer(twin)) << "the new container lacks what the original wrote to its rootfs";
   EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
   // Moved on this host to a new container, the original ending once the copy answers.
   const std::string moved = "dmoved-" + std::to_string(::getpid());

@@ -183,11 +183,13 @@ json to_json(const ContainerRecord& r) {
             {"spec", r.spec},
             {"stdio", r.stdio},
             {"mounts", mounts},
-            {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}}};
+            {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}},
+            {"rootfs_diff", r.rootfs_diff}};
   if (const auto& c = r.containerd)
     j["containerd"] = {
         {"namespace", c->ns},
         {"image", c->image},
+        {"image_digest", c->image_digest},
         {"labels", c->labels},
         {"runtime", c->runtime},
         {"options_type", c->options_type},
@@ -197,7 +199,10 @@ json to_json(const ContainerRecord& r) {
         {"snapshot_parent", c->snapshot_parent},
         {"sandbox", c->sandbox}};
   if (const auto& d = r.docker)
-    j["docker"] = {{"name", d->name}, {"config", d->config}, {"host_config", d->host_config}};
+    j["docker"] = {{"name", d->name},
+                   {"config", d->config},
+                   {"host_config", d->host_config},
+                   {"image_id", d->image_id}};
   return j;
 }
 
@@ -220,11 +225,13 @@ ContainerRecord container_record_from_json(const json& j) {
       r.own_network = j["network"].value("own", false);
       r.loopback_up = j["network"].value("loopback_up", false);
     }
+    r.rootfs_diff = j.value("rootfs_diff", false);
     if (j.contains("containerd")) {
       const json& c = j["containerd"];
       ContainerdRecord d;
       d.ns = c.at("namespace").get<std::string>();
       d.image = c.value("image", "");
+      d.image_digest = c.value("image_digest", "");
       d.labels = c.value("labels", std::map<std::string, std::string>{});
       d.runtime = c.at("runtime").get<std::string>();
       d.options_type = c.value("options_type", "");
@@ -240,7 +247,7 @@ ContainerRecord container_record_from_json(const json& j) {
     }
     if (j.contains("docker"))
       r.docker = DockerRecord{j["docker"].at("name").get<std::string>(), j["docker"].at("config"),
-                              j["docker"].at("host_config")};
+                              j["docker"].at("host_config"), j["docker"].value("image_id", "")};
     if ((r.runtime == Runtime::kContainerd && !r.containerd) ||
         (r.runtime == Runtime::kDocker && !r.docker))
       throw Error(Errc::kCorrupt, std::string("the container record lacks its ") +
@@ -313,8 +320,16 @@ Container find(const std::string& name) {
 
 namespace {
 
+// The overlay upper directory among a snapshot's mount options.
+fs::path upper_of(const std::vector<containerd::Mount>& mounts) {
+  for (const auto& m : mounts)
+    for (const auto& o : m.options)
+      if (o.rfind("upperdir=", 0) == 0) return o.substr(9);
+  return {};
+}
+
 // containerd's record of the container: to make it again where containerd has none.
-ContainerdRecord containerd_part(const Container& c) {
+ContainerdRecord containerd_part(const Container& c, fs::path& upper) {
   containerd::Client api(containerd::address(), c.root.ns);
   std::optional<containerd::ContainerInfo> info;
   try {
@@ -332,14 +347,17 @@ ContainerdRecord containerd_part(const Container& c) {
   ContainerdRecord d;
   d.ns = c.root.ns;
   d.image = info->image;
+  if (!d.image.empty()) d.image_digest = api.image_digest(d.image).value_or("");
   d.labels = info->labels;
   d.runtime = info->runtime;
   d.options_type = info->runtime_options_type;
   d.options = info->runtime_options;
   d.snapshotter = info->snapshotter;
   d.sandbox = info->sandbox;
-  if (!info->snapshot_key.empty())
+  if (!info->snapshot_key.empty()) {
     d.snapshot_parent = api.snapshot_parent(info->snapshotter, info->snapshot_key).value_or("");
+    upper = upper_of(api.snapshot_mounts(info->snapshotter, info->snapshot_key));
+  }
   return d;
 }
 
@@ -365,7 +383,7 @@ void require_runc_conf_closes_tcp() {
 }
 
 // dockerd's record of it: to create it again, and to start it from the images.
-DockerRecord docker_part(const Container& c) {
+DockerRecord docker_part(const Container& c, fs::path& upper) {
   docker::Client api;
   std::optional<json> j;
   try {
@@ -386,7 +404,10 @@ DockerRecord docker_part(const Container& c) {
                                          "frozen");
   std::string name = j->value("Name", "");
   if (!name.empty() && name[0] == '/') name.erase(0, 1);
-  return {name, j->value("Config", json::object()), j->value("HostConfig", json::object())};
+  upper =
+      j->value("GraphDriver", json::object()).value("Data", json::object()).value("UpperDir", "");
+  return {name, j->value("Config", json::object()), j->value("HostConfig", json::object()),
+          j->value("Image", "")};
 }
 
 }  // namespace
@@ -412,8 +433,8 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
                                          "needs: " +
                                          e.what() + ". Nothing was frozen");
   }
-  if (c.root.runtime == Runtime::kContainerd) r.containerd = containerd_part(c);
-  if (c.root.runtime == Runtime::kDocker) r.docker = docker_part(c);
+  if (c.root.runtime == Runtime::kContainerd) r.containerd = containerd_part(c, p.upper_dir);
+  if (c.root.runtime == Runtime::kDocker) r.docker = docker_part(c, p.upper_dir);
   if (r.spec.contains("process") && r.spec["process"].value("terminal", false))
     throw Error(Errc::kUsage, "the " + c.describe() +
                                   " runs on a terminal (process.terminal in its spec), which "
@@ -499,6 +520,46 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
   }
   return p;
 }
+
+std::uint64_t write_rootfs_diff(const DumpPlan& p, const fs::path& images_dir) {
+  std::error_code ec;
+  if (p.upper_dir.empty() || !fs::is_directory(p.upper_dir, ec)) return 0;
+  if (fs::is_empty(p.upper_dir, ec)) return 0;
+  const fs::path out = images_dir / kRootfsDiffFile;
+  // GNU tar keeps what overlay needs of an upper directory: whiteouts are character devices
+  // 0:0, and an opaque directory is its trusted.overlay.opaque attribute.
+  const RunResult r =
+      run_capture({"tar", "--create", "--file", out.string(), "--numeric-owner", "--xattrs",
+                   "--xattrs-include=*", "--sparse", "-C", p.upper_dir.string(), "."},
+                  std::chrono::minutes(30));
+  if (!r.status.ok())
+    throw Error(Errc::kIo, "tar of the container's writable layer " + p.upper_dir.string() +
+                               " failed (" + r.status.describe() + ")");
+  return fs::file_size(out);
+}
+
+namespace {
+
+// A writable layer carried by the checkpoint, into the empty upper directory of a container
+// made for the restore.
+void apply_rootfs_diff(const RestoreRequest& q, const fs::path& upper) {
+  const fs::path diff = q.images / kRootfsDiffFile;
+  std::error_code ec;
+  if (!q.record->rootfs_diff || !fs::exists(diff, ec)) return;
+  if (upper.empty())
+    throw Error(Errc::kInvalidInput,
+                "the checkpoint carries the container's writable layer, but the new container's "
+                "snapshot has no overlay upper directory to put it in");
+  const RunResult r =
+      run_capture({"tar", "--extract", "--file", diff.string(), "--numeric-owner", "--xattrs",
+                   "--xattrs-include=*", "--same-permissions", "-C", upper.string()},
+                  std::chrono::minutes(30));
+  if (!r.status.ok())
+    throw Error(Errc::kIo, "extracting the container's writable layer into " + upper.string() +
+                               " failed (" + r.status.describe() + ")");
+}
+
+}  // namespace
 
 void write_descriptors(const ContainerRecord& r, const fs::path& images_dir) {
   write_file_atomic(images_dir / kDescriptorsFile, json(r.stdio).dump());
@@ -719,6 +780,12 @@ void check_docker_target(const ContainerRecord& r, const std::string& id) {
     throw Error(Errc::kExists, "Docker already runs container " + id +
                                    ": restore under another name (--container NAME)");
   const std::string full = have ? have->value("Id", "") : "";
+  const DockerRecord& d = *r.docker;
+  if (!have && !d.image_id.empty() && !api.image(d.image_id))
+    throw Error(Errc::kInvalidInput, "the image " + d.config.value("Image", std::string("?")) +
+                                         " (" + d.image_id +
+                                         ") of the checkpoint's container is not here: load it "
+                                         "(docker load or import). Nothing was restored");
   if (have && full != r.id)
     throw Error(Errc::kExists, "Docker already has a container " + id +
                                    " that is not the one dumped: remove it (docker rm) or choose "
@@ -936,8 +1003,9 @@ Container containerd_restore(const RestoreRequest& q) {
     n.snapshotter = d.snapshotter;
     n.snapshot_key = q.id;
     n.sandbox = d.sandbox;
-    (void)api.prepare_snapshot(d.snapshotter, q.id, d.snapshot_parent);
+    const auto fresh = api.prepare_snapshot(d.snapshotter, q.id, d.snapshot_parent);
     try {
+      apply_rootfs_diff(q, upper_of(fresh));
       api.create_container(n);
     } catch (...) {
       api.remove_snapshot(d.snapshotter, q.id);
@@ -998,7 +1066,7 @@ Container containerd_restore(const RestoreRequest& q) {
 void place_images(const fs::path& from, const fs::path& to) {
   fs::create_directories(to);
   for (const auto& e : fs::directory_iterator(from)) {
-    if (!e.is_regular_file()) continue;
+    if (!e.is_regular_file() || e.path().filename() == kRootfsDiffFile) continue;
     std::error_code ec;
     fs::create_hard_link(e.path(), to / e.path().filename(), ec);
     if (ec) fs::copy_file(e.path(), to / e.path().filename(), fs::copy_options::overwrite_existing);
@@ -1015,7 +1083,11 @@ Container docker_restore(const RestoreRequest& q) {
   if (const auto have = api.inspect(q.id)) {
     id = have->value("Id", "");
   } else {
-    id = api.create(q.id == r.id ? d.name : q.id, d.config, d.host_config);
+    json config = d.config;
+    // The image it ran, not whatever its tag names here now: CRIU restores files by their
+    // paths in that rootfs.
+    if (!d.image_id.empty()) config["Image"] = d.image_id;
+    id = api.create(q.id == r.id ? d.name : q.id, config, d.host_config);
     made = true;
   }
   const std::string name = "gpuckpt-" + std::to_string(::getpid());
@@ -1032,6 +1104,12 @@ Container docker_restore(const RestoreRequest& q) {
     fs::remove_all(dir, ec);
   };
   try {
+    if (made)
+      apply_rootfs_diff(q, api.inspect(id)
+                               .value_or(json::object())
+                               .value("GraphDriver", json::object())
+                               .value("Data", json::object())
+                               .value("UpperDir", ""));
     place_images(q.images, dir);
     if (q.on_container_id) q.on_container_id(r.root, id, made);
   } catch (...) {

@@ -26,6 +26,9 @@ namespace gpuckpt::container {
 // runc's file in the images directory: the init's fds 0-2 as runc recorded them at its start,
 // read back by `runc restore` to connect stdio pipes.
 inline constexpr const char* kDescriptorsFile = "descriptors.json";
+// gpuckpt's file in the images directory: the container's writable layer (the files it wrote
+// into its image's rootfs, overlay whiteouts included), as podman's rootfs-diff.tar carries it.
+inline constexpr const char* kRootfsDiffFile = "rootfs-diff.tar";
 
 struct ExternalMount {
   std::string destination;  // inside the container (CRIU's key)
@@ -37,6 +40,7 @@ struct ExternalMount {
 struct ContainerdRecord {
   std::string ns;
   std::string image;
+  std::string image_digest;  // what `image` pointed at: its manifest's or index's digest
   std::map<std::string, std::string> labels;
   std::string runtime;                       // "io.containerd.runc.v2"
   std::string options_type, options;         // the runc shim's options (packed protobuf)
@@ -48,6 +52,7 @@ struct ContainerdRecord {
 struct DockerRecord {
   std::string name;  // without Docker's leading '/'
   nlohmann::json config, host_config;
+  std::string image_id;  // the image it runs, by ID ("sha256:..."), whatever its tag names now
 };
 
 // What a container checkpoint records, beside the process record (ProcessRecord::container).
@@ -64,6 +69,9 @@ struct ContainerRecord {
   std::vector<ExternalMount> mounts;  // bind mounts and device nodes from the host
   bool own_network = false;           // a network namespace of its own (no path in the spec)
   bool loopback_up = false;           // its loopback was up at the dump
+  // Its writable layer is in the images (kRootfsDiffFile): a container made for the restore
+  // (a replica, one on a spare) starts with it.
+  bool rootfs_diff = false;
   std::optional<ContainerdRecord> containerd;  // Runtime::kContainerd
   std::optional<DockerRecord> docker;          // Runtime::kDocker
 };
@@ -83,7 +91,14 @@ Container find(const std::string& id);
 struct DumpPlan {
   ContainerRecord record;
   std::vector<std::string> criu_args;  // beyond gpuckpt's own (criu/criu.h dump_argv)
+  // The overlay upper directory of an image-based rootfs (containerd's snapshot, Docker's
+  // overlay2 layer); empty for a runc bundle's directory, or a snapshotter without one.
+  std::filesystem::path upper_dir;
 };
+
+// The writable layer of a planned dump into `images_dir`/kRootfsDiffFile, once its processes are
+// stopped; its size in bytes (0: none to carry). Throws Error(kIo).
+std::uint64_t write_rootfs_diff(const DumpPlan& p, const std::filesystem::path& images_dir);
 
 // Everything a dump of `c` needs, read from runc's state, the bundle, and containerd's or
 // dockerd's own record of it, and each refusal that can be known before anything is frozen:

@@ -242,6 +242,18 @@ void Client::delete_container(const std::string& id) {
   (void)call("services.containers.v1.Containers/Delete", pack(&q.base), true);
 }
 
+std::optional<std::string> Client::image_digest(const std::string& name) {
+  Gpuckpt__Containerd__GetImageRequest q;
+  gpuckpt__containerd__get_image_request__init(&q);
+  q.name = str(name);
+  const auto a = call("services.images.v1.Images/Get", pack(&q.base), true);
+  if (!a) return std::nullopt;
+  auto r = unpack<Gpuckpt__Containerd__GetImageResponse>(
+      gpuckpt__containerd__get_image_response__descriptor, *a, "Images.Get");
+  if (!r->image || !r->image->target) return std::nullopt;
+  return from(r->image->target->digest);
+}
+
 std::vector<Mount> Client::snapshot_mounts(const std::string& snapshotter, const std::string& key) {
   Gpuckpt__Containerd__MountsRequest q;
   gpuckpt__containerd__mounts_request__init(&q);

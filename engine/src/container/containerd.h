@@ -76,6 +76,10 @@ class Client {
   void create_container(const ContainerInfo& c);
   void delete_container(const std::string& id);
 
+  // The digest of what image `name` points at (its manifest or index); nullopt if there is no
+  // such image.
+  std::optional<std::string> image_digest(const std::string& name);
+
   std::vector<Mount> snapshot_mounts(const std::string& snapshotter, const std::string& key);
   // The committed snapshot that `key` was prepared from ("" if none); nullopt if there is no
   // snapshot `key`.

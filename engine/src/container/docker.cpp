@@ -74,6 +74,14 @@ std::optional<json> Client::inspect(const std::string& id) {
   return j;
 }
 
+std::optional<json> Client::image(const std::string& id) {
+  int st = 0;
+  json j = request("GET", "/images/" + url_encoded(id) + "/json", nullptr, &st,
+                   std::chrono::seconds(30));
+  if (st == 404) return std::nullopt;
+  return j;
+}
+
 json Client::info() {
   int st = 0;
   return request("GET", "/info", nullptr, &st, std::chrono::seconds(30));

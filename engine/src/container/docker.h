@@ -21,6 +21,8 @@ class Client {
 
   // GET /containers/ID/json (ID or name); nullopt if Docker has no such container.
   std::optional<nlohmann::json> inspect(const std::string& id);
+  // GET /images/ID/json; nullopt if dockerd has no such image.
+  std::optional<nlohmann::json> image(const std::string& id);
   // GET /info, /version.
   nlohmann::json info();
   nlohmann::json version();
