@@ -511,3 +511,35 @@ TEST_F(E2eRuntimes, AContainerdContainerMigratesOnThisHostToANewId) {
   EXPECT_TRUE(test::wait_until([&] { return task_pid(id) == 0; }));
   EXPECT_TRUE(has_container(id));
 }
+
+// A planned move to a spare over ssh (the other host is a network namespace with its own sshd,
+// whose sessions reach containerd through CONTAINERD_ADDRESS, as an operator configures it): the
+// copy comes back there as a task containerd runs in a new container record, answering its probe
+// inside its own network namespace, and the original's task ends here.
+TEST_F(E2eRuntimes, AContainerdContainerMovesToAnotherHostOverSsh) {
+  const auto [id, init, digest] = ctr_serving("ssh");
+  ASSERT_GT(init, 0);
+  write_layer(init);
+  test::close_inherited_fds();
+  const test::NetNs host("ctdhost");
+  const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
+                          {"CONTAINERD_ADDRESS=" + sock_.string()});
+  const fs::path remote_spool = dir_.path() / "remote-spool";
+  fs::create_directories(remote_spool);
+  const std::string copy = "there-" + std::to_string(::getpid());
+  ctr_ids_.push_back(copy);
+  const auto m = test::run_cli(
+      {"--json", "migrate", "--container", id, "--new-id", copy, "--to", ssh.url(), "--ssh-config",
+       ssh.config().string(), "--remote-gpuckpt", test::gpuckpt_binary().string(), "--remote-spool",
+       remote_spool.string(), "--spool", dir_.path().string(), "--probe",
+       "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
+  ASSERT_EQ(m.exit_code, 0) << m.err << m.out;
+  const json j = json::parse(m.out, nullptr, false);
+  EXPECT_EQ(j["target_result"].value("container", ""), copy);
+  const pid_t there = task_pid(copy);
+  ASSERT_GT(there, 0) << "containerd does not run the copy";
+  EXPECT_EQ(redis(there, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_TRUE(has_layer(there));
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_TRUE(test::wait_until([&] { return task_pid(id) == 0; }));
+}
