@@ -543,3 +543,32 @@ TEST_F(E2eRuntimes, AContainerdContainerMovesToAnotherHostOverSsh) {
   EXPECT_FALSE(process::alive(init));
   EXPECT_TRUE(test::wait_until([&] { return task_pid(id) == 0; }));
 }
+
+// gpuckpt interrupted or killed while it dumps a containerd container: the container runs on,
+// with its data, and containerd still runs its task; killed once the checkpoint is durable, it
+// ends as planned, and its restore in place deletes the task containerd still holds.
+TEST_F(E2eRuntimes, ASignalAtAnyPhaseOfAContainerdDumpLeavesItsTaskRunning) {
+  const auto [id, init, digest] = ctr_serving("fault");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "f.ckpt";
+  for (const auto& [point, sig] : std::vector<std::pair<std::string, int>>{
+           {"criu_dump", SIGKILL}, {"compress_write", SIGINT}, {"compress_write", SIGKILL}}) {
+    SCOPED_TRACE(point + " / " + strsignal(sig));
+    Child g =
+        test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, point, dir_.path());
+    g.kill(sig);
+    EXPECT_FALSE(g.wait().exited);
+    EXPECT_TRUE(test::runs_again(init)) << "the container was left frozen";
+    EXPECT_EQ(task_pid(id), init);
+    EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
+    EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
+  }
+  Child g =
+      test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, "durable", dir_.path());
+  g.kill(SIGKILL);
+  g.wait();
+  EXPECT_TRUE(test::wait_until([&] { return !process::alive(init); }));
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(task_pid(id), {"DEBUG", "DIGEST"}), digest);
+}
