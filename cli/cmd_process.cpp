@@ -228,7 +228,7 @@ constexpr const char* kNoHugePagesHelp =
 
 struct RestoreArgs {
   std::string checkpoint, gpu_map, spool, container_log;
-  std::vector<std::string> required_paths;
+  std::string expected_container;
   std::optional<std::string> container;
   StagingFlags staging;
   bool new_pidns = false, take_endpoints = false, await_commit = false, no_huge_pages = false;
@@ -251,7 +251,11 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.new_pid_ns = o.new_pidns;
   r.container = o.container;
   r.container_log = o.container_log;
-  r.required_paths.assign(o.required_paths.begin(), o.required_paths.end());
+  if (!o.expected_container.empty()) {
+    r.expected_container = nlohmann::json::parse(o.expected_container, nullptr, false);
+    if (!r.expected_container.is_object())
+      throw Error(Errc::kUsage, "--expect-container takes a container record as JSON");
+  }
   r.take_endpoints = o.take_endpoints;
   r.huge_pages = !o.no_huge_pages;
   r.criu = o.criu.settings();
@@ -329,10 +333,11 @@ void add_restore(CLI::App& app, Context& ctx) {
               "The target side of migrate --to ssh:// (checkpoint -): print the result as one "
               "JSON line once the copy answers, then keep the copy only if \"commit\" arrives "
               "on stdin; anything else, or EOF, kills it");
-  c->add_option("--require-path", o->required_paths,
-                "A path that must exist here before anything is read or started (repeatable; "
-                "migrate --container names the container's rootfs and mount sources, so that a "
-                "target without them refuses before the freeze)");
+  c->add_option("--expect-container", o->expected_container,
+                "With --container: the container record (JSON, as inspect --json shows it) the "
+                "checkpoint brings, checked before anything is read or started (migrate "
+                "--container sends it, so that a target that cannot take it refuses before the "
+                "freeze)");
   c->add_flag("--take-endpoints", o->take_endpoints,
               "With --new-pidns: hand the checkpoint's unix socket paths to the restored copy "
               "even if a live process serves them (refused by default)");

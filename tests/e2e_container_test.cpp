@@ -612,8 +612,16 @@ TEST_F(E2eContainer, ATargetWithoutAMountSourceIsRefusedBeforeTheFreeze) {
                           ssh.url(), "--ssh-config", ssh.config().string(), "--remote-gpuckpt",
                           test::gpuckpt_binary().string(), "--spool", dir_.path().string()});
   EXPECT_EQ(m.exit_code, 3) << m.out << m.err;
-  EXPECT_NE(m.out.find(models.string() + " does not exist on this host"), std::string::npos)
+  EXPECT_NE(m.out.find(models.string() + ", the container's root filesystem or the source"),
+            std::string::npos)
       << m.out;
+  EXPECT_NE(m.out.find("nothing was frozen"), std::string::npos) << m.out;
+  // An ID that runs there: refused before the freeze too, with the target's code.
+  m = test::run_cli({"--json", "migrate", "--container", id, "--new-id", id, "--to", ssh.url(),
+                     "--ssh-config", ssh.config().string(), "--remote-gpuckpt",
+                     test::gpuckpt_binary().string(), "--spool", dir_.path().string()});
+  EXPECT_EQ(m.exit_code, 12) << m.out << m.err;
+  EXPECT_NE(m.out.find("already has a container " + id + " running"), std::string::npos) << m.out;
   EXPECT_NE(m.out.find("nothing was frozen"), std::string::npos) << m.out;
   m = test::run_cli({"--json", "migrate", "--container", id, "--new-id", copy, "--to",
                      (dir_.path() / "to").string()});

@@ -165,10 +165,12 @@ struct RestoreOptions {
   // false, or an exception, kills it again and fails the restore (a migration's two-phase
   // handoff: the controller commits only once it is sure).
   std::function<bool(const RestoreResult&)> confirm;
-  // Paths that must exist here before anything is read or started (a migration's controller
-  // names a container's rootfs and mount sources, so that the target refuses before the
-  // freeze): Error(kInvalidInput) naming the first one missing.
-  std::vector<std::filesystem::path> required_paths;
+  // With `container`: the container record the checkpoint will bring (its "container" in
+  // `inspect --json`), checked here before anything is read or started, as the restore would
+  // check it once the checkpoint is in: the ID free, the runtime answering, its image, rootfs
+  // and mount sources here. A migration's controller sends it, so that a target that cannot
+  // take the container refuses before the freeze.
+  nlohmann::json expected_container;
   // A stream ("-") only: called once its spool is ready, just before the stream is read (a
   // migration's controller starts the dump only then, so no frozen time waits on this start).
   std::function<void()> on_receiving;

@@ -800,6 +800,23 @@ void check_docker_target(const ContainerRecord& r, const std::string& id) {
 
 }  // namespace
 
+namespace {
+
+// The host paths that a restore of `r` needs to find: runc's rootfs (containerd and Docker make
+// theirs), and the sources of the runtime's bind mounts (volumes, model directories, the
+// driver's files) but Docker's own per-container files (resolv.conf, hosts, hostname).
+std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
+  std::vector<std::string> out;
+  if (r.runtime == Runtime::kRunc) out.push_back(r.rootfs);
+  for (const auto& m : r.mounts)
+    if (r.runtime != Runtime::kDocker ||
+        m.source.find("/containers/" + r.id + "/") == std::string::npos)
+      out.push_back(m.source);
+  return out;
+}
+
+}  // namespace
+
 void check_restore_target(const ContainerRecord& r, const std::string& id) {
   if (r.runtime == Runtime::kDocker) {
     check_docker_target(r, id);
@@ -819,16 +836,6 @@ void check_restore_target(const ContainerRecord& r, const std::string& id) {
     if (!fs::exists(fs::symlink_status(p, ec)))
       throw Error(Errc::kInvalidInput, p + ", the container's root filesystem or the source of "
                                            "one of its mounts, is not here: nothing was restored");
-}
-
-std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
-  std::vector<std::string> out;
-  if (r.runtime == Runtime::kRunc) out.push_back(r.rootfs);
-  for (const auto& m : r.mounts)
-    if (r.runtime != Runtime::kDocker ||
-        m.source.find("/containers/" + r.id + "/") == std::string::npos)
-      out.push_back(m.source);
-  return out;
 }
 
 namespace {

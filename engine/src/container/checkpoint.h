@@ -147,11 +147,6 @@ struct RestoreRequest {
 // either the container is the one dumped (restored in place) or the image it needs is here.
 void check_restore_target(const ContainerRecord& r, const std::string& id);
 
-// The host paths that a restore of `r` needs to find on its host: runc's rootfs (containerd and
-// Docker make theirs), and the sources of the runtime's bind mounts (volumes, model directories,
-// the driver's files) but Docker's own per-container files (resolv.conf, hosts, hostname).
-std::vector<std::string> host_paths_needed(const ContainerRecord& r);
-
 // The images restored as container `id` by the container's own runtime. runc: `runc restore
 // --detach` from a bundle made of the recorded spec (annotated with the CRIU configuration).
 // containerd: Tasks.Create with the images as the shim's criu_image_path, in the container

@@ -172,9 +172,9 @@ std::string remote_restore_command(const MigrateOptions& o, bool release,
   // space does not), the copy gets its own pid namespace; a container's copy has its own.
   if (box) {
     c += " --container " + shell_quote(box->copy_id);
-    // Checked there before it answers that it receives, so before anything is frozen here.
-    for (const auto& p : container::host_paths_needed(box->plan.record))
-      c += " --require-path " + shell_quote(p);
+    // Checked there before it answers that it receives, so before anything is frozen here:
+    // the ID free there, its runtime, image, rootfs and mount sources.
+    c += " --expect-container " + shell_quote(container::to_json(box->plan.record).dump());
   } else if (!release)
     c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());

@@ -614,13 +614,11 @@ std::vector<pid_t> stop_restored(const RestoreResult& r, std::chrono::millisecon
 
 RestoreResult restore(const RestoreOptions& opts) {
   require_socket_probe(opts.probe);
-  for (const auto& p : opts.required_paths) {
-    std::error_code ec;
-    if (!fs::exists(p, ec))
-      throw Error(Errc::kInvalidInput, p.string() +
-                                           " does not exist on this host, and the checkpoint "
-                                           "needs it (a container's root filesystem or mount "
-                                           "source); nothing was restored");
+  if (!opts.expected_container.is_null()) {
+    if (!opts.container)
+      throw Error(Errc::kUsage, "an expected container is checked for --container only");
+    const auto rec = container::container_record_from_json(opts.expected_container);
+    container::check_restore_target(rec, opts.container->empty() ? rec.id : *opts.container);
   }
   RestoreResult r;
   // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
