@@ -29,6 +29,15 @@ const std::vector<std::string> kRedisArgs = {
     "/usr/bin/redis-server", "--port", std::to_string(kRedisPort), "--save", "",
     "--appendonly",          "no",     "--enable-debug-command",   "yes"};
 
+// Whether a --json result's timeline has the stage `name`.
+bool has_stage(const std::string& out, const std::string& name) {
+  const json j = json::parse(out, nullptr, false);
+  if (!j.is_object() || !j.contains("timeline")) return false;
+  const json& stages = j["timeline"]["stages"];
+  return std::any_of(stages.begin(), stages.end(),
+                     [&](const json& s) { return s.value("name", "") == name; });
+}
+
 std::string trimmed(std::string s) {
   while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
   return s;
@@ -309,6 +318,8 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
   const fs::path ckpt = dir_.path() / "c.ckpt";
   auto d = test::run_cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
   ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_TRUE(has_stage(d.out, "rootfs_diff")) << d.out;
+  EXPECT_TRUE(has_stage(d.out, "runtime_delete")) << d.out;
   EXPECT_FALSE(process::alive(init));
   EXPECT_EQ(task_pid(id), 0);
   EXPECT_TRUE(has_container(id)) << "containerd forgot the container itself";
@@ -334,8 +345,9 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
 
   const std::string replica = "replica-" + std::to_string(::getpid());
   ctr_ids_.push_back(replica);
-  r = test::run_cli({"restore", ckpt.string(), "--container", replica});
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container", replica});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(has_stage(r.out, "rootfs_apply")) << r.out;
   const pid_t twin = task_pid(replica);
   ASSERT_GT(twin, 0);
   EXPECT_NE(twin, back);
@@ -464,6 +476,7 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
 
   auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(has_stage(r.out, "checkpoint_dir")) << r.out;
   const pid_t back = docker_pid(name);
   ASSERT_GT(back, 0) << "docker does not show the restored container running";
   EXPECT_EQ(json::parse(r.out, nullptr, false).value("pid", 0), back);
@@ -571,4 +584,35 @@ TEST_F(E2eRuntimes, ASignalAtAnyPhaseOfAContainerdDumpLeavesItsTaskRunning) {
   const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(redis(task_pid(id), {"DEBUG", "DIGEST"}), digest);
+}
+
+// The same move for a Docker container: the target's dockerd (reached through DOCKER_HOST)
+// creates the copy from the recorded config and starts it from the images.
+TEST_F(E2eRuntimes, ADockerContainerMovesToAnotherHostOverSsh) {
+  if (!find_executable("dockerd")) GTEST_SKIP() << "docker.io is not installed (scripts/setup.sh)";
+  std::ifstream conf("/etc/criu/runc.conf");
+  const std::string text((std::istreambuf_iterator<char>(conf)), std::istreambuf_iterator<char>());
+  if (text.find("tcp-close") == std::string::npos)
+    GTEST_SKIP() << "/etc/criu/runc.conf lacks tcp-close (scripts/setup.sh writes it)";
+  start_docker();
+  const auto [name, init, digest] = docker_serving("dssh");
+  ASSERT_GT(init, 0);
+  write_layer(init);
+  test::close_inherited_fds();
+  const test::NetNs host("dkrhost");
+  const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
+                          {"DOCKER_HOST=unix://" + docker_sock_.string()});
+  const std::string copy = "dthere-" + std::to_string(::getpid());
+  docker_names_.push_back(copy);
+  const auto m = test::run_cli(
+      {"--json", "migrate", "--container", name, "--new-id", copy, "--to", ssh.url(),
+       "--ssh-config", ssh.config().string(), "--remote-gpuckpt", test::gpuckpt_binary().string(),
+       "--spool", dir_.path().string(), "--probe", "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
+  ASSERT_EQ(m.exit_code, 0) << m.err << m.out;
+  const pid_t there = docker_pid(copy);
+  ASSERT_GT(there, 0) << "docker does not show the copy running";
+  EXPECT_EQ(redis(there, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_TRUE(has_layer(there));
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_TRUE(test::wait_until([&] { return docker_pid(name) == 0; }));
 }

@@ -546,6 +546,9 @@ void apply_rootfs_diff(const RestoreRequest& q, const fs::path& upper) {
   const fs::path diff = q.images / kRootfsDiffFile;
   std::error_code ec;
   if (!q.record->rootfs_diff || !fs::exists(diff, ec)) return;
+  std::optional<Timeline::Scope> scope;
+  if (q.timeline) scope.emplace(*q.timeline, "rootfs_apply");
+  if (scope) scope->set_bytes(fs::file_size(diff, ec));
   if (upper.empty())
     throw Error(Errc::kInvalidInput,
                 "the checkpoint carries the container's writable layer, but the new container's "
@@ -1117,7 +1120,11 @@ Container docker_restore(const RestoreRequest& q) {
                                .value("GraphDriver", json::object())
                                .value("Data", json::object())
                                .value("UpperDir", ""));
-    place_images(q.images, dir);
+    {
+      std::optional<Timeline::Scope> scope;
+      if (q.timeline) scope.emplace(*q.timeline, "checkpoint_dir");
+      place_images(q.images, dir);
+    }
     if (q.on_container_id) q.on_container_id(r.root, id, made);
   } catch (...) {
     undo();

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "container/runtime.h"
+#include "gpuckpt/timing.h"
 
 namespace gpuckpt::container {
 
@@ -130,6 +131,9 @@ struct RestoreRequest {
   // The container's stdout and stderr, appended; "" = /var/log/gpuckpt/containers/ID.log.
   std::filesystem::path stdio_log;
   std::chrono::seconds timeout{1800};
+  // Where the runtime's own steps are timed, if anywhere: rootfs_apply (the writable layer into
+  // a new container's snapshot), checkpoint_dir (the images into Docker's directory).
+  Timeline* timeline = nullptr;
   // Called with runc's pid as soon as it runs (it leads its own process group, its criu in it),
   // before it has restored anything: for the guard, which must wait for it. Only for runc's own
   // restores: a runtime's shim runs runc for containerd and Docker.

@@ -507,6 +507,7 @@ void restore_container(RestoreState& r) {
   for (auto& e : plugin_device_env(r.rec.cuda_pids)) q.env.push_back(std::move(e));
   q.stdio_log = o.container_log;
   q.timeout = o.criu.timeout;
+  q.timeline = &r.out.timeline;
   if (o.unpack.progress) o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
   // Until it answers, a container that gpuckpt stops restoring (an error, a signal, its death)
   // is killed and deleted from runc's state by the guard: a half-made one, its loopback still
