@@ -461,6 +461,14 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   ASSERT_EQ(digest.size(), 40u) << digest;
   write_layer(init);
   const fs::path ckpt = dir_.path() / "d.ckpt";
+  // A restart policy would have dockerd start it afresh once the dump ends it: refused first.
+  ASSERT_TRUE(docker({"update", "--restart", "always", name}).status.ok());
+  auto refused = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});
+  EXPECT_EQ(refused.exit_code, 2) << refused.out;
+  EXPECT_NE(refused.out.find("restart policy 'always'"), std::string::npos) << refused.out;
+  EXPECT_TRUE(test::runs_again(init));
+  EXPECT_FALSE(fs::exists(ckpt));
+  ASSERT_TRUE(docker({"update", "--restart", "no", name}).status.ok());
   auto d = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});
   ASSERT_EQ(d.exit_code, 0) << d.err;
   const std::string full = trimmed(docker({"inspect", "-f", "{{.Id}}", name}).output);

@@ -237,6 +237,8 @@ ContainerRecord container_record_from_json(const json& j) {
       d.options_type = c.value("options_type", "");
       const std::string b64 = c.value("options", "");
       const std::size_t pad = std::count(b64.begin(), b64.end(), '=');
+      if (b64.size() % 4 != 0 || pad > 2)
+        throw Error(Errc::kCorrupt, "the containerd runtime options are not base64");
       const auto raw = trust::from_base64(b64, b64.size() / 4 * 3 - pad);
       if (!raw) throw Error(Errc::kCorrupt, "the containerd runtime options are not base64");
       d.options.assign(raw->begin(), raw->end());
@@ -404,6 +406,17 @@ DockerRecord docker_part(const Container& c, fs::path& upper) {
                                          "frozen");
   std::string name = j->value("Name", "");
   if (!name.empty() && name[0] == '/') name.erase(0, 1);
+  // dockerd would start a fresh container of it once the dump ends it: two would serve after
+  // a migration, and a rolled-back one would be replaced by a cold start.
+  const std::string policy = j->value("HostConfig", json::object())
+                                 .value("RestartPolicy", json::object())
+                                 .value("Name", "");
+  if (!policy.empty() && policy != "no")
+    throw Error(Errc::kUsage, "the " + c.describe() + " (" + name + ") has the restart policy '" +
+                                  policy +
+                                  "': dockerd would start it afresh once the dump ends it. Set "
+                                  "`docker update --restart no " +
+                                  name + "` first. Nothing was frozen");
   upper =
       j->value("GraphDriver", json::object()).value("Data", json::object()).value("UpperDir", "");
   return {name, j->value("Config", json::object()), j->value("HostConfig", json::object()),
@@ -532,7 +545,13 @@ std::uint64_t write_rootfs_diff(const DumpPlan& p, const fs::path& images_dir) {
       run_capture({"tar", "--create", "--file", out.string(), "--numeric-owner", "--xattrs",
                    "--xattrs-include=*", "--sparse", "-C", p.upper_dir.string(), "."},
                   std::chrono::minutes(30));
-  if (!r.status.ok())
+  // GNU tar's 1: a file changed while it was read (a snapshot's container runs again by now);
+  // what it wrote is whole, each file as it was when read.
+  if (r.status.exited && r.status.code == 1)
+    spdlog::warn(
+        "files of the container's writable layer changed while it was saved: a "
+        "snapshot keeps each as it was when read");
+  else if (!r.status.ok())
     throw Error(Errc::kIo, "tar of the container's writable layer " + p.upper_dir.string() +
                                " failed (" + r.status.describe() + ")");
   return fs::file_size(out);
@@ -545,7 +564,12 @@ namespace {
 void apply_rootfs_diff(const RestoreRequest& q, const fs::path& upper) {
   const fs::path diff = q.images / kRootfsDiffFile;
   std::error_code ec;
-  if (!q.record->rootfs_diff || !fs::exists(diff, ec)) return;
+  if (!q.record->rootfs_diff) return;
+  if (!fs::exists(diff, ec))
+    throw Error(Errc::kCorrupt,
+                "the checkpoint's record says it carries the container's "
+                "writable layer, but its images have no " +
+                    std::string(kRootfsDiffFile));
   std::optional<Timeline::Scope> scope;
   if (q.timeline) scope.emplace(*q.timeline, "rootfs_apply");
   if (scope) scope->set_bytes(fs::file_size(diff, ec));
@@ -1056,7 +1080,7 @@ Container containerd_restore(const RestoreRequest& q) {
   }
   try {
     (void)api.create_task(t);
-    api.start_task(q.id);
+    api.start_task(q.id, q.timeout);
   } catch (const Error& e) {
     undo();
     restore_failed(q, "containerd's restore of container " + q.id + " failed: " + e.what());
@@ -1131,7 +1155,7 @@ Container docker_restore(const RestoreRequest& q) {
     throw;
   }
   try {
-    api.start_from_checkpoint(id, name);
+    api.start_from_checkpoint(id, name, q.timeout);
   } catch (const Error& e) {
     undo();
     throw Error(Errc::kCriu, "Docker's restore of container " + id + " failed: " + e.what() +

@@ -365,11 +365,11 @@ pid_t Client::create_task(const CreateTask& t) {
   return static_cast<pid_t>(r->pid);
 }
 
-void Client::start_task(const std::string& container_id) {
+void Client::start_task(const std::string& container_id, std::chrono::seconds timeout) {
   Gpuckpt__Containerd__StartRequest q;
   gpuckpt__containerd__start_request__init(&q);
   q.container_id = str(container_id);
-  (void)call("services.tasks.v1.Tasks/Start", pack(&q.base));
+  (void)call("services.tasks.v1.Tasks/Start", pack(&q.base), false, timeout);
 }
 
 void Client::kill_task(const std::string& container_id, int signal) {

@@ -91,7 +91,10 @@ class Client {
 
   std::optional<TaskState> task(const std::string& container_id);
   pid_t create_task(const CreateTask& t);
-  void start_task(const std::string& container_id);
+  // A task created from a checkpoint is restored here, by the shim's `runc restore`: `timeout`
+  // bounds that.
+  void start_task(const std::string& container_id,
+                  std::chrono::seconds timeout = std::chrono::seconds(60));
   void kill_task(const std::string& container_id, int signal);
   void delete_task(const std::string& container_id);
 

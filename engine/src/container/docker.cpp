@@ -1,5 +1,6 @@
 #include "container/docker.h"
 
+#include <cctype>
 #include <cstdlib>
 
 #include "container/socket_http.h"
@@ -108,11 +109,15 @@ std::string Client::create(const std::string& name, const json& config, const js
   return j.value("Id", "");
 }
 
-void Client::start_from_checkpoint(const std::string& id, const std::string& name) {
+void Client::start_from_checkpoint(const std::string& id, const std::string& name,
+                                   std::chrono::seconds timeout) {
   int st = 0;
   (void)request("POST", "/containers/" + url_encoded(id) + "/start?checkpoint=" + url_encoded(name),
-                nullptr, &st, std::chrono::seconds(1800));
+                nullptr, &st, timeout);
   if (st == 404) throw Error(Errc::kInvalidInput, "dockerd has no container " + id + " to start");
+  // 304: it runs already, and was not restored from the images.
+  if (st == 304)
+    throw Error(Errc::kExists, "dockerd already runs container " + id + ": nothing was restored");
 }
 
 void Client::kill(const std::string& id) {

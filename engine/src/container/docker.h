@@ -5,6 +5,7 @@
 // the images are put there for the start. docs/research/docker-containerd.md, 3.
 #pragma once
 
+#include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -32,7 +33,8 @@ class Client {
                      const nlohmann::json& host_config);
   // POST /containers/ID/start?checkpoint=NAME: dockerd's runc restores the images it finds in
   // its checkpoint directory NAME of that container.
-  void start_from_checkpoint(const std::string& id, const std::string& name);
+  void start_from_checkpoint(const std::string& id, const std::string& name,
+                             std::chrono::seconds timeout);
   // POST /containers/ID/kill (SIGKILL); a container that does not run is left as it is.
   void kill(const std::string& id);
   // DELETE /containers/ID?force=1.

@@ -1035,7 +1035,8 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   for (const auto& c : p.containers) {
     if (!p.replay)
       for (const pid_t q : shim_runc_restoring(c.root, c.id))
-        let_finish(q, "the runtime's runc restore", /*group=*/false, log);
+        if (q != c.runc)  // gpuckpt's own runc is waited for below, with its process group
+          let_finish(q, "the runtime's runc restore", /*group=*/false, log);
     // runc and its criu: runc leads their process group.
     if (is(c.runc, c.runc_started) && alive(c.runc))
       let_finish(c.runc, "runc restore", /*group=*/true, log);
