@@ -52,7 +52,7 @@ class E2eContainer : public ::testing::Test {
     }
     for (const auto& id : started_) {
       std::error_code ec;
-      fs::remove_all(fs::path("/run/gpuckpt/containers") / id, ec);
+      test::remove_container_restore_dirs(id);
       fs::remove(fs::path("/var/log/gpuckpt/containers") / (id + ".log"), ec);
     }
   }
@@ -356,11 +356,9 @@ TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToR
   for (const std::string point : {"criu_dump", "compress_write"}) {
     for (const int sig : {SIGINT, SIGKILL}) {
       SCOPED_TRACE(point + " / " + strsignal(sig));
-      Child g =
-          test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, point, dir_.path());
-      g.kill(sig);
-      const ExitStatus st = g.wait();
-      EXPECT_FALSE(st.exited);
+      EXPECT_FALSE(test::signalled_at({"dump", "--container", id, "-o", ckpt.string()}, point, sig,
+                                      dir_.path())
+                       .exited);
       EXPECT_TRUE(test::runs_again(init)) << "the container was left frozen";
       EXPECT_EQ(pid_of(id), init);
       EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
@@ -369,10 +367,8 @@ TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToR
   }
   // Killed once the checkpoint is durable, before runc forgot the container: it ends as
   // planned, and its restore under the same ID deletes what runc still lists.
-  Child g =
-      test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, "durable", dir_.path());
-  g.kill(SIGKILL);
-  g.wait();
+  (void)test::signalled_at({"dump", "--container", id, "-o", ckpt.string()}, "durable", SIGKILL,
+                           dir_.path());
   EXPECT_TRUE(test::wait_until([&] { return !process::alive(init); }));
   const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -507,14 +503,12 @@ TEST_F(E2eContainer, AContainerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer)
   started_.push_back(copy);
   for (const std::string point : {"criu_restore", "criu_restored"}) {
     SCOPED_TRACE(point);
-    Child g = test::paused_cli({"restore", ckpt.string(), "--container", copy}, point, dir_.path());
-    g.kill(SIGKILL);
-    g.wait();
+    (void)test::signalled_at({"restore", ckpt.string(), "--container", copy}, point, SIGKILL,
+                             dir_.path());
     EXPECT_TRUE(test::wait_until([&] {
       return !runc({"state", copy}).status.ok();
     })) << "runc still lists the half-made container";
-    EXPECT_TRUE(
-        test::wait_until([&] { return !fs::exists(fs::path("/run/gpuckpt/containers") / copy); }));
+    EXPECT_TRUE(test::wait_until([&] { return test::container_restore_dirs(copy).empty(); }));
   }
   const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
   ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -79,7 +79,7 @@ class E2eRuntimes : public ::testing::Test {
     }
     for (const auto& id : ctr_ids_) {
       std::error_code ec;
-      fs::remove_all(fs::path("/run/gpuckpt/containers") / id, ec);
+      test::remove_container_restore_dirs(id);
       fs::remove(fs::path("/var/log/gpuckpt/containers") / (id + ".log"), ec);
     }
   }
@@ -185,7 +185,7 @@ class E2eRuntimes : public ::testing::Test {
     pid_t init = 0;
     std::string digest;
   };
-  Serving ctr_serving(const std::string& tag) {
+  Serving ctr_serving(const std::string& tag, const std::string& snapshotter = "overlayfs") {
     if (!imported_) {
       EXPECT_TRUE(
           ctr({"image", "import", "--base-name", "localhost/gk-redis", oci_archive().string()})
@@ -195,8 +195,8 @@ class E2eRuntimes : public ::testing::Test {
     }
     Serving s{tag + "-" + std::to_string(::getpid())};
     ctr_ids_.push_back(s.id);
-    const RunResult r =
-        ctr({"run", "-d", "--mount", "type=bind,src=/usr,dst=/usr,options=rbind:ro", kImage, s.id});
+    const RunResult r = ctr({"run", "-d", "--snapshotter", snapshotter, "--mount",
+                             "type=bind,src=/usr,dst=/usr,options=rbind:ro", kImage, s.id});
     EXPECT_TRUE(r.status.ok()) << r.output << read_file(dir_.path() / "ctr.err");
     EXPECT_TRUE(test::wait_until([&] {
       s.init = task_pid(s.id);
@@ -204,6 +204,19 @@ class E2eRuntimes : public ::testing::Test {
     }));
     if (s.init > 0) s.digest = fill(s.init);
     return s;
+  }
+
+  // Why Docker's tests cannot run here ("" when they can): Debian's docker.io, and the
+  // tcp-close that a Docker restore's CRIU needs in /etc/criu/runc.conf (docs/OPERATORS.md says
+  // why; scripts/setup.sh installs and writes both).
+  static std::string docker_missing() {
+    if (!find_executable("dockerd")) return "docker.io is not installed (scripts/setup.sh)";
+    std::ifstream conf("/etc/criu/runc.conf");
+    const std::string text((std::istreambuf_iterator<char>(conf)),
+                           std::istreambuf_iterator<char>());
+    if (text.find("tcp-close") == std::string::npos)
+      return "/etc/criu/runc.conf lacks tcp-close (scripts/setup.sh writes it)";
+    return {};
   }
 
   // dockerd on this test's containerd, with roots and a socket of its own, no bridge and no
@@ -330,7 +343,7 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
   EXPECT_EQ(rec["containerd"].value("namespace", ""), ns_);
   EXPECT_EQ(rec["containerd"].value("image", ""), kImage);
   EXPECT_EQ(rec["containerd"].value("snapshotter", ""), "overlayfs");
-  EXPECT_TRUE(rec.value("rootfs_diff", false));
+  EXPECT_EQ(rec.value("writable_layer", ""), "carried");
   const std::string digest_line = ctr({"image", "ls"}).output;
   const std::string image_digest = rec["containerd"].value("image_digest", "");
   EXPECT_EQ(image_digest.rfind("sha256:", 0), 0u) << image_digest;
@@ -366,6 +379,19 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
   EXPECT_EQ(r.exit_code, 12) << r.out;
   EXPECT_NE(r.out.find("already runs container " + replica), std::string::npos) << r.out;
   EXPECT_EQ(task_pid(replica), twin);
+
+  // A rollback in place: the container changes its files and is dumped again, then comes back
+  // from the first checkpoint with that checkpoint's files, not the ones it wrote since.
+  std::ofstream(fs::path("/proc/" + std::to_string(back) + "/root/etc/written")) << "later\n";
+  // Dumped again: a task that gpuckpt restored is dumped as the first was.
+  const auto d2 =
+      test::run_cli({"dump", "--container", id, "-o", (dir_.path() / "c2.ckpt").string()});
+  ASSERT_EQ(d2.exit_code, 0) << d2.err;
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(has_stage(r.out, "rootfs_apply")) << r.out;
+  ASSERT_GT(task_pid(id), 0);
+  EXPECT_TRUE(has_layer(task_pid(id))) << "the rollback kept the files written after the dump";
 }
 
 // gpuckpt killed while containerd restores its task, or once that runs before it answered: the
@@ -381,15 +407,17 @@ TEST_F(E2eRuntimes, AContainerdRestoreKilledAtAnyPointLeavesNoHalfMadeTask) {
   EXPECT_EQ(task_pid(id), init) << "--leave-running ended the container";
   const std::string copy = "halfcopy-" + std::to_string(::getpid());
   ctr_ids_.push_back(copy);
-  for (const std::string point : {"criu_restore", "criu_restored"}) {
+  // runtime_created: containerd has created the task from the images, not yet started it.
+  for (const std::string point : {"criu_restore", "runtime_created", "criu_restored"}) {
     SCOPED_TRACE(point);
-    Child g = test::paused_cli({"restore", ckpt.string(), "--container", copy}, point, dir_.path());
-    g.kill(SIGKILL);
-    g.wait();
-    EXPECT_TRUE(test::wait_until([&] { return task_pid(copy) == 0; }))
-        << "containerd runs the half-made copy";
-    EXPECT_TRUE(
-        test::wait_until([&] { return !fs::exists(fs::path("/run/gpuckpt/containers") / copy); }));
+    (void)test::signalled_at({"restore", ckpt.string(), "--container", copy}, point, SIGKILL,
+                             dir_.path());
+    EXPECT_TRUE(test::wait_until([&] {
+      return ctr({"task", "ls"}).output.find(copy) == std::string::npos;
+    })) << "containerd keeps a task of the half-made copy";
+    EXPECT_TRUE(test::wait_until([&] { return !has_container(copy); }))
+        << "the record made for the copy stays";
+    EXPECT_TRUE(test::wait_until([&] { return test::container_restore_dirs(copy).empty(); }));
   }
   const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -445,16 +473,42 @@ TEST_F(E2eRuntimes, WhatContainerdCannotTakeIsRefusedBeforeAnythingStarts) {
   EXPECT_TRUE(has_layer(task_pid(id)));
 }
 
+// containerd's native snapshotter copies the image into a directory, with no overlay upper
+// directory to read what the container wrote from: the dump says its writable layer does not
+// travel, and the checkpoint restores into its own container only; a new one is refused before
+// anything is made.
+TEST_F(E2eRuntimes, ALayerThatCannotTravelKeepsTheCheckpointToItsOwnContainer) {
+  const auto [id, init, digest] = ctr_serving("native", "native");
+  ASSERT_GT(init, 0);
+  write_layer(init);
+  const fs::path ckpt = dir_.path() / "n.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.err.find("does not travel"), std::string::npos) << d.err;
+  const json rec = json::parse(test::run_cli({"--json", "inspect", ckpt.string()}).out, nullptr,
+                               false)["extra"]["process"]["container"];
+  EXPECT_EQ(rec.value("writable_layer", ""), "not_carried");
+  EXPECT_NE(rec.value("writable_layer_why", "").find("native"), std::string::npos) << rec.dump();
+
+  const std::string copy = "ncopy-" + std::to_string(::getpid());
+  ctr_ids_.push_back(copy);
+  auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container", copy});
+  EXPECT_EQ(r.exit_code, 3) << r.out;
+  EXPECT_NE(r.out.find("does not carry the writable layer"), std::string::npos) << r.out;
+  EXPECT_FALSE(has_container(copy)) << "a refused restore made a container record";
+
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_GT(task_pid(id), 0);
+  EXPECT_EQ(redis(task_pid(id), {"DEBUG", "DIGEST"}), digest);
+  EXPECT_TRUE(has_layer(task_pid(id)));
+}
+
 // Docker: dumped by its name, the container shows Exited, and comes back as the container
 // `docker ps` shows running, with its data; the checkpoint also makes a new container beside it
 // (`docker run`'s config, a name of its own).
 TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
-  if (!find_executable("dockerd")) GTEST_SKIP() << "docker.io is not installed (scripts/setup.sh)";
-  std::ifstream conf("/etc/criu/runc.conf");
-  const std::string text((std::istreambuf_iterator<char>(conf)), std::istreambuf_iterator<char>());
-  if (text.find("tcp-close") == std::string::npos)
-    GTEST_SKIP() << "/etc/criu/runc.conf lacks tcp-close (scripts/setup.sh writes it; "
-                    "docs/OPERATORS.md says why)";
+  if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
   start_docker();
   const auto [name, init, digest] = docker_serving("dkr");
   ASSERT_GT(init, 0);
@@ -513,6 +567,18 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   std::error_code ec;
   for (const auto& e : fs::recursive_directory_iterator(dir_.path() / "docker" / "containers", ec))
     EXPECT_NE(e.path().parent_path().filename(), "checkpoints") << e.path();
+
+  // On a host where another container has its name, a restore under its own ID (which would
+  // create it by that name) is refused before anything is made or started.
+  ASSERT_TRUE(docker({"rm", "-f", name}).status.ok());
+  ASSERT_TRUE(
+      docker({"create", "--name", name, "--network", "none", "localhost/gk-redis:d"}).status.ok());
+  const std::string other = trimmed(docker({"inspect", "-f", "{{.Id}}", name}).output);
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  EXPECT_EQ(r.exit_code, 12) << r.out;
+  EXPECT_NE(r.out.find("a container named " + name), std::string::npos) << r.out;
+  EXPECT_EQ(trimmed(docker({"inspect", "-f", "{{.Id}} {{.State.Running}}", name}).output),
+            other + " false");
 }
 
 // A migration on this host: the containerd container moves to a new ID while the original stays
@@ -575,19 +641,16 @@ TEST_F(E2eRuntimes, ASignalAtAnyPhaseOfAContainerdDumpLeavesItsTaskRunning) {
   for (const auto& [point, sig] : std::vector<std::pair<std::string, int>>{
            {"criu_dump", SIGKILL}, {"compress_write", SIGINT}, {"compress_write", SIGKILL}}) {
     SCOPED_TRACE(point + " / " + strsignal(sig));
-    Child g =
-        test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, point, dir_.path());
-    g.kill(sig);
-    EXPECT_FALSE(g.wait().exited);
+    EXPECT_FALSE(test::signalled_at({"dump", "--container", id, "-o", ckpt.string()}, point, sig,
+                                    dir_.path())
+                     .exited);
     EXPECT_TRUE(test::runs_again(init)) << "the container was left frozen";
     EXPECT_EQ(task_pid(id), init);
     EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
     EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
   }
-  Child g =
-      test::paused_cli({"dump", "--container", id, "-o", ckpt.string()}, "durable", dir_.path());
-  g.kill(SIGKILL);
-  g.wait();
+  (void)test::signalled_at({"dump", "--container", id, "-o", ckpt.string()}, "durable", SIGKILL,
+                           dir_.path());
   EXPECT_TRUE(test::wait_until([&] { return !process::alive(init); }));
   const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -597,11 +660,7 @@ TEST_F(E2eRuntimes, ASignalAtAnyPhaseOfAContainerdDumpLeavesItsTaskRunning) {
 // The same move for a Docker container: the target's dockerd (reached through DOCKER_HOST)
 // creates the copy from the recorded config and starts it from the images.
 TEST_F(E2eRuntimes, ADockerContainerMovesToAnotherHostOverSsh) {
-  if (!find_executable("dockerd")) GTEST_SKIP() << "docker.io is not installed (scripts/setup.sh)";
-  std::ifstream conf("/etc/criu/runc.conf");
-  const std::string text((std::istreambuf_iterator<char>(conf)), std::istreambuf_iterator<char>());
-  if (text.find("tcp-close") == std::string::npos)
-    GTEST_SKIP() << "/etc/criu/runc.conf lacks tcp-close (scripts/setup.sh writes it)";
+  if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
   start_docker();
   const auto [name, init, digest] = docker_serving("dssh");
   ASSERT_GT(init, 0);

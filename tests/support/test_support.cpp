@@ -389,6 +389,26 @@ char process_state(pid_t pid) {
   return info ? info->state : 0;
 }
 
+ExitStatus signalled_at(const std::vector<std::string>& args, const std::string& point, int sig,
+                        const std::filesystem::path& dir) {
+  Child g = paused_cli(args, point, dir);
+  g.kill(sig);
+  return g.wait();
+}
+
+std::vector<std::filesystem::path> container_restore_dirs(const std::string& id) {
+  std::vector<std::filesystem::path> out;
+  std::error_code ec;
+  for (const auto& root : std::filesystem::directory_iterator("/run/gpuckpt/containers", ec))
+    if (std::filesystem::exists(root.path() / id, ec)) out.push_back(root.path() / id);
+  return out;
+}
+
+void remove_container_restore_dirs(const std::string& id) {
+  std::error_code ec;
+  for (const auto& d : container_restore_dirs(id)) std::filesystem::remove_all(d, ec);
+}
+
 bool runs_again(pid_t pid) {
   return wait_until([&] {
     const char c = process_state(pid);

@@ -59,6 +59,9 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s = 300);
 enum class Resume { kNever, kOnInterrupt, kWhenUnmarked };
 Child paused_cli(const std::vector<std::string>& args, const std::string& point,
                  const std::filesystem::path& dir, Resume resume = Resume::kNever);
+// gpuckpt with `args` held at `point` (paused_cli), then sent `sig`: how it ended.
+ExitStatus signalled_at(const std::vector<std::string>& args, const std::string& point, int sig,
+                        const std::filesystem::path& dir);
 // Lets a gpuckpt that paused_cli held at `point` with Resume::kWhenUnmarked go on.
 void resume_paused(const std::filesystem::path& dir, const std::string& point);
 
@@ -159,6 +162,12 @@ char process_state(pid_t pid);
 // Whether `pid` is, or within wait_until's timeout becomes, neither stopped nor traced ('T',
 // 't'): a frozen service that a recovery resumes.
 bool runs_again(pid_t pid);
+
+// The directories that gpuckpt's container restores wrote for container `id`, under any runc
+// root's directory of /run/gpuckpt/containers (none once the restore is done or undone).
+std::vector<std::filesystem::path> container_restore_dirs(const std::string& id);
+// Removes them (a test's teardown).
+void remove_container_restore_dirs(const std::string& id);
 
 }  // namespace gpuckpt::test
 

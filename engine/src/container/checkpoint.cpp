@@ -11,6 +11,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <xxhash.h>
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
@@ -49,6 +50,13 @@ bool valid_id(const std::string& id) {
   return std::all_of(id.begin(), id.end(), [](unsigned char ch) {
     return std::isalnum(ch) || ch == '_' || ch == '+' || ch == '-' || ch == '.';
   });
+}
+
+WritableLayer layer_from(const std::string& s) {
+  for (const auto l : {WritableLayer::kNone, WritableLayer::kEmpty, WritableLayer::kCarried,
+                       WritableLayer::kNotCarried})
+    if (s == layer_name(l)) return l;
+  throw Error(Errc::kCorrupt, "unknown writable layer '" + s + "' in the container record");
 }
 
 Runtime runtime_from(const std::string& s) {
@@ -96,7 +104,7 @@ UniqueFd control_socket() {
 }
 
 struct MountInfo {
-  std::string mount_point, fstype;
+  std::string mount_point, fstype, options;  // options: the file system's own (super options)
 };
 
 // /proc/PID/mountinfo as its process sees it (mount points relative to its root).
@@ -110,9 +118,9 @@ std::vector<MountInfo> mounts_of(pid_t pid) {
     const auto dash = line.find(" - ");
     if (dash == std::string::npos) continue;
     std::istringstream tail(line.substr(dash + 3));
-    std::string fstype;
-    tail >> fstype;
-    out.push_back({point, fstype});
+    std::string fstype, source, options;
+    tail >> fstype >> source >> options;
+    out.push_back({point, fstype, options});
   }
   return out;
 }
@@ -159,6 +167,20 @@ std::vector<std::string> runc_argv(const std::string& root) {
 
 }  // namespace
 
+const char* layer_name(WritableLayer l) {
+  switch (l) {
+    case WritableLayer::kEmpty:
+      return "empty";
+    case WritableLayer::kCarried:
+      return "carried";
+    case WritableLayer::kNotCarried:
+      return "not_carried";
+    case WritableLayer::kNone:
+      break;
+  }
+  return "none";
+}
+
 const char* runtime_name(Runtime r) {
   switch (r) {
     case Runtime::kDocker:
@@ -184,7 +206,8 @@ json to_json(const ContainerRecord& r) {
             {"stdio", r.stdio},
             {"mounts", mounts},
             {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}},
-            {"rootfs_diff", r.rootfs_diff}};
+            {"writable_layer", layer_name(r.layer)}};
+  if (!r.layer_why.empty()) j["writable_layer_why"] = r.layer_why;
   if (const auto& c = r.containerd)
     j["containerd"] = {
         {"namespace", c->ns},
@@ -203,6 +226,20 @@ json to_json(const ContainerRecord& r) {
                    {"config", d->config},
                    {"host_config", d->host_config},
                    {"image_id", d->image_id}};
+  return j;
+}
+
+json target_check_json(const ContainerRecord& r) {
+  json j = to_json(r);
+  j["spec"] = json::object();
+  if (j.contains("containerd")) {
+    j["containerd"]["labels"] = json::object();
+    j["containerd"]["options"] = "";
+  }
+  if (j.contains("docker")) {
+    j["docker"]["config"] = {{"Image", docker::string_at(r.docker->config, {"Image"})}};
+    j["docker"]["host_config"] = json::object();
+  }
   return j;
 }
 
@@ -225,7 +262,14 @@ ContainerRecord container_record_from_json(const json& j) {
       r.own_network = j["network"].value("own", false);
       r.loopback_up = j["network"].value("loopback_up", false);
     }
-    r.rootfs_diff = j.value("rootfs_diff", false);
+    if (j.contains("writable_layer")) {
+      r.layer = layer_from(j["writable_layer"].get<std::string>());
+      r.layer_why = j.value("writable_layer_why", "");
+    } else if (j.value("rootfs_diff", false)) {  // recorded by gpuckpt before 2026-12-06
+      r.layer = WritableLayer::kCarried;
+    } else if (r.runtime != Runtime::kRunc) {
+      r.layer = WritableLayer::kEmpty;
+    }
     if (j.contains("containerd")) {
       const json& c = j["containerd"];
       ContainerdRecord d;
@@ -266,7 +310,7 @@ namespace {
 // one. "" where no dockerd answers or it has no such container.
 std::string docker_full_id(const std::string& name) {
   try {
-    if (const auto j = docker::Client().inspect(name)) return j->value("Id", "");
+    if (const auto j = docker::Client().inspect(name)) return docker::string_at(*j, {"Id"});
   } catch (const Error& e) {
     spdlog::debug("asking dockerd for {}: {}", name, e.what());
   }
@@ -384,17 +428,23 @@ void require_runc_conf_closes_tcp() {
                                 kRuncCriuConf + ")");
 }
 
+// What a dockerd must be to restore a checkpoint: what its runc gives CRIU closes TCP as the
+// dump did, and it runs in experimental mode. Throws Error(kUsage) naming the fix.
+void require_docker_restores(docker::Client& api) {
+  require_runc_conf_closes_tcp();
+  if (!docker::flag_at(api.version(), {"Experimental"}))
+    throw Error(Errc::kUsage,
+                "dockerd restores checkpoints only in experimental mode: set "
+                "\"experimental\": true in /etc/docker/daemon.json and restart it");
+}
+
 // dockerd's record of it: to create it again, and to start it from the images.
 DockerRecord docker_part(const Container& c, fs::path& upper) {
   docker::Client api;
   std::optional<json> j;
   try {
     j = api.inspect(c.id);
-    require_runc_conf_closes_tcp();
-    if (!api.version().value("Experimental", false))
-      throw Error(Errc::kUsage,
-                  "dockerd restores checkpoints only in experimental mode: set "
-                  "\"experimental\": true in /etc/docker/daemon.json and restart it");
+    require_docker_restores(api);
   } catch (const Error& e) {
     throw e.with_context("", ". The " + c.describe() +
                                  " is Docker's, and its restore needs dockerd (DOCKER_HOST names "
@@ -404,23 +454,20 @@ DockerRecord docker_part(const Container& c, fs::path& upper) {
     throw Error(Errc::kInvalidInput, "dockerd has no container " + c.id +
                                          ", which runc runs under Docker's root: nothing was "
                                          "frozen");
-  std::string name = j->value("Name", "");
+  std::string name = docker::string_at(*j, {"Name"});
   if (!name.empty() && name[0] == '/') name.erase(0, 1);
   // dockerd would start a fresh container of it once the dump ends it: two would serve after
   // a migration, and a rolled-back one would be replaced by a cold start.
-  const std::string policy = j->value("HostConfig", json::object())
-                                 .value("RestartPolicy", json::object())
-                                 .value("Name", "");
+  const std::string policy = docker::string_at(*j, {"HostConfig", "RestartPolicy", "Name"});
   if (!policy.empty() && policy != "no")
     throw Error(Errc::kUsage, "the " + c.describe() + " (" + name + ") has the restart policy '" +
                                   policy +
                                   "': dockerd would start it afresh once the dump ends it. Set "
                                   "`docker update --restart no " +
                                   name + "` first. Nothing was frozen");
-  upper =
-      j->value("GraphDriver", json::object()).value("Data", json::object()).value("UpperDir", "");
-  return {name, j->value("Config", json::object()), j->value("HostConfig", json::object()),
-          j->value("Image", "")};
+  upper = docker::string_at(*j, {"GraphDriver", "Data", "UpperDir"});
+  return {name, docker::object_at(*j, {"Config"}), docker::object_at(*j, {"HostConfig"}),
+          docker::string_at(*j, {"Image"})};
 }
 
 }  // namespace
@@ -446,8 +493,22 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
                                          "needs: " +
                                          e.what() + ". Nothing was frozen");
   }
-  if (c.root.runtime == Runtime::kContainerd) r.containerd = containerd_part(c, p.upper_dir);
-  if (c.root.runtime == Runtime::kDocker) r.docker = docker_part(c, p.upper_dir);
+  if (c.root.runtime == Runtime::kContainerd) {
+    r.containerd = containerd_part(c, p.upper_dir);
+    if (p.upper_dir.empty())
+      p.layer_why = "containerd's snapshotter " + r.containerd->snapshotter +
+                    " gives its snapshot no overlay upper directory";
+  }
+  if (c.root.runtime == Runtime::kDocker) {
+    r.docker = docker_part(c, p.upper_dir);
+    if (p.upper_dir.empty())
+      p.layer_why = "Docker's storage driver gives it no overlay upper directory";
+  }
+  if (!p.layer_why.empty())
+    spdlog::warn(
+        "the writable layer of the {} does not travel with its checkpoint ({}): it can be "
+        "restored only into the container it was dumped from, on this host",
+        c.describe(), p.layer_why);
   if (r.spec.contains("process") && r.spec["process"].value("terminal", false))
     throw Error(Errc::kUsage, "the " + c.describe() +
                                   " runs on a terminal (process.terminal in its spec), which "
@@ -534,15 +595,29 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
   return p;
 }
 
-std::uint64_t write_rootfs_diff(const DumpPlan& p, const fs::path& images_dir) {
+std::uint64_t write_rootfs_diff(const DumpPlan& p, const fs::path& images_dir,
+                                ContainerRecord& out) {
   std::error_code ec;
-  if (p.upper_dir.empty() || !fs::is_directory(p.upper_dir, ec)) return 0;
+  out.layer_why = p.layer_why;
+  if (p.record.runtime == Runtime::kRunc) {
+    out.layer = WritableLayer::kNone;
+    return 0;
+  }
+  if (p.upper_dir.empty()) {
+    out.layer = WritableLayer::kNotCarried;
+    return 0;
+  }
+  if (!fs::is_directory(p.upper_dir, ec))
+    throw Error(Errc::kIo, "the writable layer of container " + p.record.id + " (" +
+                               p.upper_dir.string() + ") is no directory any more");
+  out.layer = WritableLayer::kEmpty;
   if (fs::is_empty(p.upper_dir, ec)) return 0;
-  const fs::path out = images_dir / kRootfsDiffFile;
+  out.layer = WritableLayer::kCarried;
+  const fs::path tar = images_dir / kRootfsDiffFile;
   // GNU tar keeps what overlay needs of an upper directory: whiteouts are character devices
   // 0:0, and an opaque directory is its trusted.overlay.opaque attribute.
   const RunResult r =
-      run_capture({"tar", "--create", "--file", out.string(), "--numeric-owner", "--xattrs",
+      run_capture({"tar", "--create", "--file", tar.string(), "--numeric-owner", "--xattrs",
                    "--xattrs-include=*", "--sparse", "-C", p.upper_dir.string(), "."},
                   std::chrono::minutes(30));
   // GNU tar's 1: a file changed while it was read (a snapshot's container runs again by now);
@@ -554,36 +629,60 @@ std::uint64_t write_rootfs_diff(const DumpPlan& p, const fs::path& images_dir) {
   else if (!r.status.ok())
     throw Error(Errc::kIo, "tar of the container's writable layer " + p.upper_dir.string() +
                                " failed (" + r.status.describe() + ")");
-  return fs::file_size(out);
+  return fs::file_size(tar);
 }
 
 namespace {
 
-// A writable layer carried by the checkpoint, into the empty upper directory of a container
-// made for the restore.
-void apply_rootfs_diff(const RestoreRequest& q, const fs::path& upper) {
+// Whether an overlay with upper directory `upper` is mounted here: its container runs, or its
+// runtime has not let go of its rootfs yet.
+bool upper_mounted(const fs::path& upper) {
+  const std::string opt = "upperdir=" + upper.string();
+  for (const auto& m : mounts_of(::getpid()))
+    if (m.fstype == "overlay" && ("," + m.options + ",").find("," + opt + ",") != std::string::npos)
+      return true;
+  return false;
+}
+
+// The container's writable layer as the checkpoint holds it, into `upper`: the upper directory
+// of the container that the restore starts. One made for it (`fresh`) has an empty one; the one
+// dumped has whatever it holds now, which is the checkpoint's only if nothing ran in it since,
+// so it is emptied first. A layer the checkpoint does not carry leaves the one dumped as it is
+// (check_restore_target refuses to make a new one without it).
+void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fresh) {
+  const ContainerRecord& r = *q.record;
+  if (r.layer == WritableLayer::kNone || r.layer == WritableLayer::kNotCarried) return;
+  if (fresh && r.layer == WritableLayer::kEmpty) return;
   const fs::path diff = q.images / kRootfsDiffFile;
   std::error_code ec;
-  if (!q.record->rootfs_diff) return;
-  if (!fs::exists(diff, ec))
+  if (r.layer == WritableLayer::kCarried && !fs::exists(diff, ec))
     throw Error(Errc::kCorrupt,
                 "the checkpoint's record says it carries the container's "
                 "writable layer, but its images have no " +
                     std::string(kRootfsDiffFile));
   std::optional<Timeline::Scope> scope;
   if (q.timeline) scope.emplace(*q.timeline, "rootfs_apply");
-  if (scope) scope->set_bytes(fs::file_size(diff, ec));
+  if (scope && r.layer == WritableLayer::kCarried) scope->set_bytes(fs::file_size(diff, ec));
   if (upper.empty())
-    throw Error(Errc::kInvalidInput,
-                "the checkpoint carries the container's writable layer, but the new container's "
-                "snapshot has no overlay upper directory to put it in");
-  const RunResult r =
+    throw Error(
+        Errc::kInvalidInput,
+        "the checkpoint holds the container's writable layer, but the snapshot of container " +
+            q.id + " has no overlay upper directory to put it in");
+  if (!fresh) {
+    if (upper_mounted(upper))
+      throw Error(Errc::kExists, "the rootfs of container " + q.id + " is still mounted (" +
+                                     upper.string() +
+                                     "): its runtime has not let go of it. Nothing was restored");
+    for (const auto& e : fs::directory_iterator(upper)) fs::remove_all(e.path());
+  }
+  if (r.layer != WritableLayer::kCarried) return;
+  const RunResult t =
       run_capture({"tar", "--extract", "--file", diff.string(), "--numeric-owner", "--xattrs",
                    "--xattrs-include=*", "--same-permissions", "-C", upper.string()},
                   std::chrono::minutes(30));
-  if (!r.status.ok())
+  if (!t.status.ok())
     throw Error(Errc::kIo, "extracting the container's writable layer into " + upper.string() +
-                               " failed (" + r.status.describe() + ")");
+                               " failed (" + t.status.describe() + ")");
 }
 
 }  // namespace
@@ -601,17 +700,25 @@ fs::path runc_binary() {
 
 namespace {
 
+// Whether `done` holds within `bound`, asked every 20 ms: a daemon's view of a container follows
+// its init's end by a moment, and it tells nobody when.
+bool within(std::chrono::milliseconds bound, const std::function<bool()>& done) {
+  const auto until = std::chrono::steady_clock::now() + bound;
+  for (;;) {
+    if (done()) return true;
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 // containerd's shim reaps an init that has ended, then its task shows stopped; a task can be
 // deleted only then.
 bool task_stopped_within(containerd::Client& api, const std::string& id,
                          std::chrono::milliseconds bound) {
-  const auto until = std::chrono::steady_clock::now() + bound;
-  for (;;) {
+  return within(bound, [&] {
     const auto t = api.task(id);
-    if (!t || t->status == containerd::TaskStatus::kStopped) return true;
-    if (std::chrono::steady_clock::now() >= until) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+    return !t || t->status == containerd::TaskStatus::kStopped;
+  });
 }
 
 std::string forget_run(const Container& c) {
@@ -620,14 +727,12 @@ std::string forget_run(const Container& c) {
       // dockerd deletes the task itself once the shim tells it the init ended: its container
       // is free to start again once dockerd no longer shows it running.
       docker::Client api;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      for (;;) {
-        const auto j = api.inspect(c.id);
-        if (!j || !j->value("State", json::object()).value("Running", false)) return {};
-        if (std::chrono::steady_clock::now() >= until)
-          return "dockerd still shows container " + c.id + " running 30 s after its init ended";
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+      if (within(std::chrono::seconds(30), [&] {
+            const auto j = api.inspect(c.id);
+            return !j || !docker::flag_at(*j, {"State", "Running"});
+          }))
+        return {};
+      return "dockerd still shows container " + c.id + " running 30 s after its init ended";
     }
     case Runtime::kContainerd: {
       containerd::Client api(containerd::address(), c.root.ns);
@@ -655,7 +760,19 @@ std::string remove_ended(const Container& c) {
     return e.what();
   }
   // The bundle a restore made for it, if it was one (its log stays under kLogsDir).
-  remove_restore_bundle(c.id);
+  remove_restore_bundle(c.root.path, c.id);
+  return {};
+}
+
+std::string remove_unstarted(const Container& c) {
+  if (c.root.runtime != Runtime::kContainerd) return {};
+  try {
+    containerd::Client api(containerd::address(), c.root.ns);
+    const auto t = api.task(c.id);
+    if (t && t->status == containerd::TaskStatus::kCreated) api.delete_task(c.id);
+  } catch (const Error& e) {
+    return e.what();
+  }
   return {};
 }
 
@@ -676,10 +793,32 @@ std::string remove_record(const Container& c) {
   return {};
 }
 
-void remove_restore_bundle(const std::string& id) {
+namespace {
+
+fs::path restore_dir(const fs::path& root, const std::string& id) {
+  if (!valid_id(id)) throw Error(Errc::kUsage, "'" + id + "' is no container ID runc accepts");
+  // One directory per runc root: the same ID under two (two containerd namespaces, runc's and
+  // Docker's) names two containers.
+  const std::string& r = root.native();
+  char key[17];
+  std::snprintf(key, sizeof key, "%016llx",
+                static_cast<unsigned long long>(XXH3_64bits(r.data(), r.size())));
+  return fs::path(kBundlesDir) / key / id;
+}
+
+fs::path make_restore_dir(const fs::path& root, const std::string& id) {
+  const fs::path dir = restore_dir(root, id);
+  fs::create_directories(dir);
+  ::chmod(kBundlesDir, 0700);
+  return dir;
+}
+
+}  // namespace
+
+void remove_restore_bundle(const fs::path& root, const std::string& id) {
   if (!valid_id(id)) return;
   std::error_code ec;
-  fs::remove_all(fs::path(kBundlesDir) / id, ec);
+  fs::remove_all(restore_dir(root, id), ec);
 }
 
 void destroy(const Container& c) {
@@ -758,6 +897,22 @@ std::optional<fs::path> shim_criu() {
   return std::nullopt;
 }
 
+// The name a container made for a restore of `r` as `id` gets: the dumped one's, for a restore
+// under its own ID (on a spare that has no such container).
+std::string docker_create_name(const ContainerRecord& r, const std::string& id) {
+  return id == r.id ? r.docker->name : id;
+}
+
+// A container made for the restore starts from its image: without the dumped one's writable
+// layer, the files it wrote would be gone from under its processes.
+void require_layer_carried(const ContainerRecord& r, const std::string& id) {
+  if (r.layer == WritableLayer::kNotCarried)
+    throw Error(Errc::kInvalidInput,
+                "the checkpoint does not carry the writable layer of container " + r.id + " (" +
+                    r.layer_why + "): it can be restored only into that container, on the host " +
+                    "it was dumped on, not as a new container " + id + ". Nothing was restored");
+}
+
 void check_containerd_target(const ContainerRecord& r, const std::string& id) {
   const ContainerdRecord& d = *r.containerd;
   containerd::Client api(containerd::address(), d.ns);
@@ -782,6 +937,12 @@ void check_containerd_target(const ContainerRecord& r, const std::string& id) {
     return;  // the container dumped, its task ended: restored in place
   }
   // A new container record, over the image's own top layer.
+  require_layer_carried(r, id);
+  if (api.snapshot_parent(d.snapshotter, id))
+    throw Error(Errc::kExists, "containerd's snapshotter " + d.snapshotter +
+                                   " already has a snapshot " + id + ", which a new container " +
+                                   id + " would take as its rootfs: remove it (ctr snapshots rm " +
+                                   id + ") or choose another ID. Nothing was restored");
   if (!d.snapshot_parent.empty() && !api.snapshot_parent(d.snapshotter, d.snapshot_parent))
     throw Error(Errc::kInvalidInput,
                 "the image " + d.image + " of the checkpoint's container is not unpacked here (" +
@@ -795,22 +956,30 @@ void check_docker_target(const ContainerRecord& r, const std::string& id) {
   std::optional<json> have;
   try {
     have = api.inspect(id);
-    require_runc_conf_closes_tcp();
-    if (!api.version().value("Experimental", false))
-      throw Error(Errc::kUsage,
-                  "dockerd restores checkpoints only in experimental mode: set \"experimental\": "
-                  "true in /etc/docker/daemon.json and restart it");
+    require_docker_restores(api);
   } catch (const Error& e) {
     throw e.with_context("the checkpoint's container is Docker's: ", ". Nothing was restored");
   }
-  if (have && have->value("State", json::object()).value("Running", false))
+  if (have && docker::flag_at(*have, {"State", "Running"}))
     throw Error(Errc::kExists, "Docker already runs container " + id +
                                    ": restore under another name (--container NAME)");
-  const std::string full = have ? have->value("Id", "") : "";
+  const std::string full = have ? docker::string_at(*have, {"Id"}) : "";
   const DockerRecord& d = *r.docker;
+  if (!have) {
+    // What it will be created as: the dumped one's name, under its own ID.
+    const std::string name = docker_create_name(r, id);
+    if (const auto other = name == id ? std::nullopt : api.inspect(name))
+      throw Error(Errc::kExists, "Docker already has a container named " + name + " (" +
+                                     docker::string_at(*other, {"Id"}).substr(0, 12) +
+                                     "), which is not the one dumped: remove it (docker rm " +
+                                     name +
+                                     ") or restore under another name. Nothing was "
+                                     "restored");
+    require_layer_carried(r, id);
+  }
   if (!have && !d.image_id.empty() && !api.image(d.image_id))
-    throw Error(Errc::kInvalidInput, "the image " + d.config.value("Image", std::string("?")) +
-                                         " (" + d.image_id +
+    throw Error(Errc::kInvalidInput, "the image " + docker::string_at(d.config, {"Image"}) + " (" +
+                                         d.image_id +
                                          ") of the checkpoint's container is not here: load it "
                                          "(docker load or import). Nothing was restored");
   if (have && full != r.id)
@@ -896,9 +1065,7 @@ Container running_as(const std::string& root, const std::string& id) {
 
 Container runc_restore(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
-  const fs::path bundle = fs::path(kBundlesDir) / q.id;
-  fs::create_directories(bundle);
-  ::chmod(fs::path(kBundlesDir).c_str(), 0700);
+  const fs::path bundle = make_restore_dir(r.root, q.id);
   write_file_atomic(bundle / "criu.conf", criu_config_text(q));
   json spec = r.spec;
   spec["root"]["path"] = r.rootfs;  // absolute: this bundle is not where the rootfs is
@@ -950,7 +1117,7 @@ Container runc_restore(const RestoreRequest& q) {
   const Container made{StateRoot{Runtime::kRunc, r.root, ""}, q.id};
   auto undo = [&] {
     destroy(made);
-    remove_restore_bundle(q.id);
+    remove_restore_bundle(r.root, q.id);
   };
   if (q.on_runc_started) {
     try {
@@ -1006,17 +1173,11 @@ Container containerd_restore(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
   const ContainerdRecord& d = *r.containerd;
   containerd::Client api(containerd::address(), d.ns);
-  const fs::path dir = fs::path(kBundlesDir) / q.id;
-  fs::create_directories(dir);
-  ::chmod(fs::path(kBundlesDir).c_str(), 0700);
-  const fs::path criu = criu_wrapper(q, dir);
   // The container record: the one dumped, its task gone, or a new one made from the
   // checkpoint's over a fresh snapshot of the image.
-  bool made = false;
   auto info = api.container(q.id);
-  if (info) {
-    if (api.task(q.id)) api.delete_task(q.id);  // stopped: check_restore_target saw to it
-  } else {
+  const bool made = !info;
+  if (made) {
     containerd::ContainerInfo n;
     n.id = q.id;
     n.labels = d.labels;
@@ -1037,17 +1198,12 @@ Container containerd_restore(const RestoreRequest& q) {
     n.snapshotter = d.snapshotter;
     n.snapshot_key = q.id;
     n.sandbox = d.sandbox;
-    const auto fresh = api.prepare_snapshot(d.snapshotter, q.id, d.snapshot_parent);
-    try {
-      apply_rootfs_diff(q, upper_of(fresh));
-      api.create_container(n);
-    } catch (...) {
-      api.remove_snapshot(d.snapshotter, q.id);
-      throw;
-    }
-    made = true;
     info = n;
   }
+  std::string root = containerd::options_root(info->runtime_options);
+  if (root.empty()) root = "/run/containerd/runc";
+  root = (fs::path(root) / d.ns).string();
+  const fs::path dir = make_restore_dir(root, q.id);
   auto undo = [&] {
     try {
       api.kill_task(q.id, SIGKILL);
@@ -1060,33 +1216,52 @@ Container containerd_restore(const RestoreRequest& q) {
     } catch (const Error& e) {
       spdlog::warn("removing the half-restored container {}: {}", q.id, e.what());
     }
-    remove_restore_bundle(q.id);
+    remove_restore_bundle(root, q.id);
   };
-  std::string root = containerd::options_root(info->runtime_options);
-  if (root.empty()) root = "/run/containerd/runc";
-  root = (fs::path(root) / d.ns).string();
   containerd::CreateTask t;
-  t.container_id = q.id;
-  t.stdout_uri = t.stderr_uri = "file://" + stdio_log(q).string();
-  t.options_type = info->runtime_options_type;
-  t.options = containerd::restore_options(info->runtime_options, criu, q.images, q.work);
-  t.timeout = q.timeout;
   try {
-    t.rootfs = api.snapshot_mounts(info->snapshotter, info->snapshot_key);
+    // The guard knows of the record before it exists: gpuckpt killed from here on leaves none.
     if (q.on_container_id) q.on_container_id(root, q.id, made);
+    if (made) {
+      // The record first, naming its snapshot: containerd's garbage collector keeps a snapshot
+      // that a container names, and may take one that nothing names yet.
+      api.create_container(*info);
+      set_writable_layer(q, upper_of(api.prepare_snapshot(d.snapshotter, q.id, d.snapshot_parent)),
+                         /*fresh=*/true);
+    } else {
+      if (api.task(q.id)) api.delete_task(q.id);  // stopped: check_restore_target saw to it
+      set_writable_layer(q, upper_of(api.snapshot_mounts(info->snapshotter, info->snapshot_key)),
+                         /*fresh=*/false);
+    }
+    t.container_id = q.id;
+    t.stdout_uri = t.stderr_uri = "file://" + stdio_log(q).string();
+    // A stdin that was a pipe (ctr's) gets one again, from the shim. Without it the shim's runc
+    // hands the task its own /dev/null, a file on a mount outside the container, and CRIU could
+    // not dump the restored container again.
+    if (!r.stdio.empty() && r.stdio[0].rfind("pipe:", 0) == 0) {
+      t.stdin_fifo = (dir / "stdin").string();
+      if (::mkfifo(t.stdin_fifo.c_str(), 0600) != 0 && errno != EEXIST)
+        throw_errno(Errc::kIo, "mkfifo ", t.stdin_fifo);
+    }
+    t.options_type = info->runtime_options_type;
+    t.options =
+        containerd::restore_options(info->runtime_options, criu_wrapper(q, dir), q.images, q.work);
+    t.timeout = q.timeout;
+    t.rootfs = api.snapshot_mounts(info->snapshotter, info->snapshot_key);
   } catch (...) {
     undo();
     throw;
   }
   try {
     (void)api.create_task(t);
+    fault_point("runtime_created");
     api.start_task(q.id, q.timeout);
   } catch (const Error& e) {
     undo();
     restore_failed(q, "containerd's restore of container " + q.id + " failed: " + e.what());
   }
   // Its CRIU has run: nothing names the directory from here on (the shim keeps its own bundle).
-  remove_restore_bundle(q.id);
+  remove_restore_bundle(root, q.id);
   try {
     return running_as(root, q.id);
   } catch (...) {
@@ -1113,43 +1288,45 @@ Container docker_restore(const RestoreRequest& q) {
   docker::Client api;
   // The container dumped (stopped since), or a new one made as `docker run` made it.
   std::string id;
-  bool made = false;
-  if (const auto have = api.inspect(q.id)) {
-    id = have->value("Id", "");
-  } else {
-    json config = d.config;
-    // The image it ran, not whatever its tag names here now: CRIU restores files by their
-    // paths in that rootfs.
-    if (!d.image_id.empty()) config["Image"] = d.image_id;
-    id = api.create(q.id == r.id ? d.name : q.id, config, d.host_config);
-    made = true;
-  }
+  const auto have = api.inspect(q.id);
+  const bool made = !have;
   const std::string name = "gpuckpt-" + std::to_string(::getpid());
-  const fs::path dir = fs::path(api.info().value("DockerRootDir", "/var/lib/docker")) /
-                       "containers" / id / "checkpoints" / name;
+  fs::path dir;
   auto undo = [&] {
     try {
-      api.kill(id);
-      if (made) api.remove(id);
+      if (!id.empty()) api.kill(id);
+      if (made) api.remove(id.empty() ? docker_create_name(r, q.id) : id);
     } catch (const Error& e) {
       spdlog::warn("removing the half-restored container {}: {}", id, e.what());
     }
     std::error_code ec;
-    fs::remove_all(dir, ec);
+    if (!dir.empty()) fs::remove_all(dir, ec);
   };
   try {
-    if (made)
-      apply_rootfs_diff(q, api.inspect(id)
-                               .value_or(json::object())
-                               .value("GraphDriver", json::object())
-                               .value("Data", json::object())
-                               .value("UpperDir", ""));
-    {
-      std::optional<Timeline::Scope> scope;
-      if (q.timeline) scope.emplace(*q.timeline, "checkpoint_dir");
-      place_images(q.images, dir);
+    if (made) {
+      // The guard knows it by the name it will have before dockerd makes it, then by its ID.
+      const std::string create_name = docker_create_name(r, q.id);
+      if (q.on_container_id) q.on_container_id(r.root, create_name, true);
+      json config = d.config;
+      // The image it ran, not whatever its tag names here now: CRIU restores files by their
+      // paths in that rootfs.
+      if (!d.image_id.empty()) config["Image"] = d.image_id;
+      id = api.create(create_name, config, d.host_config);
+      if (q.on_container_named) q.on_container_named(id);
+    } else {
+      id = docker::string_at(*have, {"Id"});
+      if (q.on_container_id) q.on_container_id(r.root, id, false);
     }
-    if (q.on_container_id) q.on_container_id(r.root, id, made);
+    set_writable_layer(
+        q, docker::string_at(api.inspect(id).value_or(json()), {"GraphDriver", "Data", "UpperDir"}),
+        made);
+    std::string data_root = docker::string_at(api.info(), {"DockerRootDir"});
+    if (data_root.empty()) data_root = "/var/lib/docker";
+    dir = fs::path(data_root) / "containers" / id / "checkpoints" / name;
+    if (q.on_path_made) q.on_path_made(dir);
+    std::optional<Timeline::Scope> scope;
+    if (q.timeline) scope.emplace(*q.timeline, "checkpoint_dir");
+    place_images(q.images, dir);
   } catch (...) {
     undo();
     throw;

@@ -36,6 +36,16 @@ struct ExternalMount {
   std::string source;       // on the host
 };
 
+// The container's writable layer, as its checkpoint holds it.
+enum class WritableLayer {
+  kNone,        // a runc bundle: its rootfs is a host directory, which stays where it is
+  kEmpty,       // an image's rootfs that it wrote nothing into
+  kCarried,     // in the images (kRootfsDiffFile)
+  kNotCarried,  // an image's rootfs without an overlay upper directory to read it from
+};
+// "none", "empty", "carried", "not_carried".
+const char* layer_name(WritableLayer l);
+
 // What containerd kept of the container (its record, not its task): what a restore needs to
 // make it again where containerd has no container of that ID (another host, a replica).
 struct ContainerdRecord {
@@ -70,9 +80,11 @@ struct ContainerRecord {
   std::vector<ExternalMount> mounts;  // bind mounts and device nodes from the host
   bool own_network = false;           // a network namespace of its own (no path in the spec)
   bool loopback_up = false;           // its loopback was up at the dump
-  // Its writable layer is in the images (kRootfsDiffFile): a container made for the restore
-  // (a replica, one on a spare) starts with it.
-  bool rootfs_diff = false;
+  // The files it wrote into its image's rootfs: a restore starts it with them, whether into a
+  // container made for it (a replica, one on a spare) or into the one dumped, whose layer may
+  // have changed since (a container moved away and back, a rollback to an older checkpoint).
+  WritableLayer layer = WritableLayer::kNone;
+  std::string layer_why;  // kNotCarried: why not (its snapshotter or storage driver)
   std::optional<ContainerdRecord> containerd;  // Runtime::kContainerd
   std::optional<DockerRecord> docker;          // Runtime::kDocker
 };
@@ -81,6 +93,11 @@ struct ContainerRecord {
 const char* runtime_name(Runtime r);
 
 nlohmann::json to_json(const ContainerRecord& r);
+// What check_restore_target reads of `r`, as to_json writes it: the record less what only the
+// restore itself needs (its OCI spec, labels, the runtime's options, Docker's config), which
+// container_record_from_json reads back. Small enough for a command line (one argument may hold
+// 128 KiB) whatever the container's spec.
+nlohmann::json target_check_json(const ContainerRecord& r);
 // Throws Error(kCorrupt) if `j` is not a container record.
 ContainerRecord container_record_from_json(const nlohmann::json& j);
 
@@ -95,11 +112,13 @@ struct DumpPlan {
   // The overlay upper directory of an image-based rootfs (containerd's snapshot, Docker's
   // overlay2 layer); empty for a runc bundle's directory, or a snapshotter without one.
   std::filesystem::path upper_dir;
+  std::string layer_why;  // an image-based rootfs without upper_dir: why (for the record)
 };
 
 // The writable layer of a planned dump into `images_dir`/kRootfsDiffFile, once its processes are
-// stopped; its size in bytes (0: none to carry). Throws Error(kIo).
-std::uint64_t write_rootfs_diff(const DumpPlan& p, const std::filesystem::path& images_dir);
+// stopped, and what `out` records of it; its size in bytes (0: none carried). Throws Error(kIo).
+std::uint64_t write_rootfs_diff(const DumpPlan& p, const std::filesystem::path& images_dir,
+                                ContainerRecord& out);
 
 // Everything a dump of `c` needs, read from runc's state, the bundle, and containerd's or
 // dockerd's own record of it, and each refusal that can be known before anything is frozen:
@@ -142,6 +161,12 @@ struct RestoreRequest {
   // under, before the runtime is asked to restore it (Docker names a container it creates).
   // `made`: its runtime's record was made for this restore (a replica's), not the one dumped.
   std::function<void(const std::string& root, const std::string& id, bool made)> on_container_id;
+  // ... and, for one that Docker creates (named to on_container_id by its name), the ID
+  // dockerd gave it, once it has.
+  std::function<void(const std::string& id)> on_container_named;
+  // A directory made for the restore outside its staging (Docker's checkpoint directory of the
+  // container): the guard removes it should gpuckpt die before it does.
+  std::function<void(const std::filesystem::path&)> on_path_made;
 };
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
@@ -163,9 +188,14 @@ Container restore_container(const RestoreRequest& q);
 // runtime's caller): its loopback is brought up again here if it was up at the dump.
 void restore_loopback(const ContainerRecord& r, pid_t init);
 
-// Removes the bundle that runc_restore wrote for container `id`, if any: a restore that runc
-// left unmade (the container's own deletion, remove_ended, removes it with it).
-void remove_restore_bundle(const std::string& id);
+// Removes the directory that a restore wrote for container `id` under the runc root `root`
+// (runc's bundle, the CRIU wrapper for containerd's shim), if any: a restore that runc left
+// unmade (the container's own deletion, remove_ended, removes it with it).
+void remove_restore_bundle(const std::filesystem::path& root, const std::string& id);
+// Deletes the task that containerd created from the images for container `c` but never started
+// (gpuckpt died between Tasks.Create and Tasks.Start); nothing for another runtime, or a task
+// that started. Returns why it failed ("" when it did not).
+std::string remove_unstarted(const Container& c);
 // Runs `fn` where the container's network is: on a thread that has entered its own network
 // namespace (that of `init`), else on this one. A readiness probe's 127.0.0.1 is then the
 // container's loopback.

@@ -351,6 +351,7 @@ pid_t Client::create_task(const CreateTask& t) {
   }
   q.n_rootfs = mp.size();
   q.rootfs = mp.data();
+  q.stdin = str(t.stdin_fifo);
   q.stdout = str(t.stdout_uri);
   q.stderr = str(t.stderr_uri);
   Gpuckpt__Containerd__Any o;

@@ -52,6 +52,7 @@ struct CreateTask {
   std::string container_id;
   std::vector<Mount> rootfs;
   std::string stdout_uri, stderr_uri;  // "file:///var/log/...": the shim makes the pipes
+  std::string stdin_fifo;              // a FIFO the shim reads the task's stdin from; "" = none
   // The runc shim's options for this task (they replace the container's for the shim).
   std::string options_type, options;
   std::chrono::seconds timeout{1800};

@@ -63,8 +63,38 @@ json Client::request(const std::string& method, const std::string& path, const j
   if (a.status >= 400 && a.status != 404)
     throw Error(a.status == 409 ? Errc::kExists : Errc::kProcess,
                 "dockerd (" + socket_.string() + "): " + method + " " + path + ": " +
-                    (j.is_object() ? j.value("message", a.body) : a.body));
+                    (string_at(j, {"message"}).empty() ? a.body : string_at(j, {"message"})));
   return j.is_discarded() ? json() : j;
+}
+
+namespace {
+
+const json* at(const json& j, std::initializer_list<const char*> path) {
+  const json* p = &j;
+  for (const char* k : path) {
+    if (!p->is_object()) return nullptr;
+    const auto it = p->find(k);
+    if (it == p->end()) return nullptr;
+    p = &*it;
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string string_at(const json& j, std::initializer_list<const char*> path) {
+  const json* p = at(j, path);
+  return p && p->is_string() ? p->get<std::string>() : std::string();
+}
+
+bool flag_at(const json& j, std::initializer_list<const char*> path) {
+  const json* p = at(j, path);
+  return p && p->is_boolean() && p->get<bool>();
+}
+
+json object_at(const json& j, std::initializer_list<const char*> path) {
+  const json* p = at(j, path);
+  return p && p->is_object() ? *p : json::object();
 }
 
 std::optional<json> Client::inspect(const std::string& id) {
@@ -104,9 +134,9 @@ std::string Client::create(const std::string& name, const json& config, const js
                          std::chrono::seconds(60));
   if (st == 404)
     throw Error(Errc::kInvalidInput, "dockerd cannot create container " + name + ": image " +
-                                         config.value("Image", std::string("?")) +
+                                         string_at(config, {"Image"}) +
                                          " is not here (docker load or import it)");
-  return j.value("Id", "");
+  return string_at(j, {"Id"});
 }
 
 void Client::start_from_checkpoint(const std::string& id, const std::string& name,

@@ -7,11 +7,19 @@
 
 #include <chrono>
 #include <filesystem>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
 namespace gpuckpt::container::docker {
+
+// The string or flag at `path` in an answer of dockerd's: "" or false where it has none (a field
+// missing, null, or of another type, as another version of dockerd may shape it), never a throw.
+std::string string_at(const nlohmann::json& j, std::initializer_list<const char*> path);
+bool flag_at(const nlohmann::json& j, std::initializer_list<const char*> path);
+// The object at `path`; an empty one where there is none.
+nlohmann::json object_at(const nlohmann::json& j, std::initializer_list<const char*> path);
 
 // dockerd's socket: $DOCKER_HOST (unix:// only), else /var/run/docker.sock.
 std::filesystem::path address();

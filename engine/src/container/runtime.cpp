@@ -55,39 +55,78 @@ std::optional<nlohmann::json> state_json(const StateRoot& root, const std::strin
 
 namespace {
 
-// dockerd keeps its runc root under its exec root (--exec-root, /var/run/docker by default):
-// each running dockerd's, read from its command line.
-std::vector<fs::path> docker_roots() {
-  std::vector<fs::path> out{"/run/docker/runtime-runc/moby"};
-  for (const pid_t d :
-       process::live_pids_where([](const process::ProcInfo& i) { return i.comm == "dockerd"; })) {
-    const auto info = process::read_proc(d);
-    if (!info) continue;
-    const auto& a = info->cmdline;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      std::string exec;
-      if (a[i] == "--exec-root" && i + 1 < a.size()) exec = a[i + 1];
-      if (a[i].rfind("--exec-root=", 0) == 0) exec = a[i].substr(12);
-      if (exec.empty()) continue;
-      fs::path root = fs::path(exec) / "runtime-runc" / "moby";
-      if (std::find(out.begin(), out.end(), root) == out.end()) out.push_back(std::move(root));
+void add_root(std::vector<StateRoot>& roots, StateRoot r) {
+  if (std::none_of(roots.begin(), roots.end(),
+                   [&](const StateRoot& k) { return k.path == r.path; }))
+    roots.push_back(std::move(r));
+}
+
+// The value of option `name` in a command line ("--name V" or "--name=V"; Go's flags take one
+// dash too); "" when absent.
+std::string option_of(const std::vector<std::string>& a, const std::string& name) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (const std::string dash : {"-", "--"}) {
+      const std::string flag = dash + name;
+      if (a[i] == flag && i + 1 < a.size()) return a[i + 1];
+      if (a[i].rfind(flag + "=", 0) == 0) return a[i].substr(flag.size() + 1);
     }
+  return {};
+}
+
+// dockerd keeps a runc root per runtime under its exec root (--exec-root, /run/docker by
+// default): runtime-runc, and one for each runtime it was given (runtime-nvidia for the NVIDIA
+// container toolkit's). Each running dockerd's exec root is read from its command line.
+void add_docker_roots(std::vector<StateRoot>& roots) {
+  std::vector<fs::path> execs{"/run/docker"};
+  for (const pid_t d :
+       process::live_pids_where([](const process::ProcInfo& i) { return i.comm == "dockerd"; }))
+    if (const auto info = process::read_proc(d))
+      if (std::string e = option_of(info->cmdline, "exec-root"); !e.empty()) execs.push_back(e);
+  for (const auto& exec : execs) {
+    add_root(roots, {Runtime::kDocker, exec / "runtime-runc" / "moby", ""});
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(exec, ec))
+      if (e.path().filename().string().rfind("runtime-", 0) == 0 &&
+          fs::is_directory(e.path() / "moby", ec))
+        add_root(roots, {Runtime::kDocker, e.path() / "moby", ""});
   }
-  return out;
+}
+
+// containerd's runc shims keep a root per namespace under /run/containerd/runc, or under the
+// Root of the runtime's options (a CRI runtime class may name one). A running shim's options
+// are in its bundle, its working directory, as options.json; its namespace is on its command
+// line.
+void add_containerd_roots(std::vector<StateRoot>& roots) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/run/containerd/runc", ec))
+    if (e.is_directory(ec))
+      add_root(roots, {Runtime::kContainerd, e.path(), e.path().filename().string()});
+  for (const pid_t s : process::live_pids_where(
+           [](const process::ProcInfo& i) { return i.comm.rfind("containerd-shim", 0) == 0; })) {
+    const auto info = process::read_proc(s);
+    if (!info) continue;
+    const std::string ns = option_of(info->cmdline, "namespace");
+    if (ns.empty() || ns.find('/') != std::string::npos) continue;
+    const fs::path bundle = fs::read_symlink("/proc/" + std::to_string(s) + "/cwd", ec);
+    if (ec) continue;
+    std::ifstream in(bundle / "options.json");
+    const auto o = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (!o.is_object() || !o.contains("root") || !o["root"].is_string()) continue;
+    if (const std::string root = o["root"].get<std::string>(); !root.empty())
+      add_root(roots, {Runtime::kContainerd, fs::path(root) / ns, ns});
+  }
 }
 
 }  // namespace
 
 std::vector<StateRoot> state_roots() {
   std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""}};
-  for (auto& d : docker_roots()) roots.push_back({Runtime::kDocker, std::move(d), ""});
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/run/containerd/runc", ec))
-    if (e.is_directory(ec)) roots.push_back({Runtime::kContainerd, e.path(), e.path().filename()});
+  add_docker_roots(roots);
+  add_containerd_roots(roots);
   if (const char* extra = std::getenv("GPUCKPT_RUNC_ROOTS"); extra && *extra) {
     std::istringstream in(extra);
     for (std::string p; std::getline(in, p, ':');)
-      if (!p.empty()) roots.push_back({Runtime::kRunc, p, ""});
+      if (!p.empty()) add_root(roots, {Runtime::kRunc, p, ""});
   }
   return roots;
 }

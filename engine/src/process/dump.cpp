@@ -409,9 +409,7 @@ void collect_dump(DumpState& d) {
     // Its processes are stopped (running again for a snapshot, whose layer is then as it is
     // now): what they wrote into the image's rootfs goes with their memory.
     auto scope = result.timeline.scope("rootfs_diff");
-    const std::uint64_t bytes = container::write_rootfs_diff(*d.container, d.images);
-    scope.set_bytes(bytes);
-    rec.container->rootfs_diff = bytes > 0;
+    scope.set_bytes(container::write_rootfs_diff(*d.container, d.images, *rec.container));
   }
   // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
   rec.tree = o.leave_running ? d.target.tree : process_tree(o.pid);

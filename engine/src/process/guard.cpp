@@ -129,6 +129,7 @@ enum class GuardOp {
   kContainer,      // a container that runc restores (root, ID), to kill or leave
   kContainerRunc,  // ... the runc restoring it
   kContainerInit,  // ... its init, restored
+  kContainerId,    // ... the ID its runtime gave it (Docker's, for one made by name)
   kKeepCopy,       // commit: the copies stay
   kHandOver,       // commit: a migration's copy is the service
   kRemove,         // a path to remove in recovery
@@ -156,6 +157,7 @@ constexpr GuardOpName kGuardOps[] = {
     {GuardOp::kContainer, "container"},
     {GuardOp::kContainerRunc, "container_runc"},
     {GuardOp::kContainerInit, "container_init"},
+    {GuardOp::kContainerId, "container_id"},
     {GuardOp::kKeepCopy, "keep_copy"},
     {GuardOp::kHandOver, "hand_over"},
     {GuardOp::kRemove, "remove"},
@@ -471,6 +473,9 @@ void Guard::container_on_recovery(const fs::path& runc_root, const std::string& 
 void Guard::container_runc(pid_t runc) {
   send(command(GuardOp::kContainerRunc,
                {{"pid", runc}, {"started", start_ticks(runc).value_or(0)}}));
+}
+void Guard::container_known_as(const std::string& id) {
+  send(command(GuardOp::kContainerId, {{"id", id}}));
 }
 void Guard::container_init(pid_t init) {
   send(command(GuardOp::kContainerInit, {{"started", start_ticks(init).value_or(0)}}));
@@ -1051,11 +1056,16 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
       continue;
     }
     if (!state) {
-      // runc made nothing it still lists: only the bundle gpuckpt wrote for it, and the
-      // runtime's record made for it, may be left.
+      // runc made nothing it still lists: only the bundle gpuckpt wrote for it, a task its
+      // runtime created from the images but never started, and the runtime's record made for
+      // it, may be left.
       if (!p.replay) {
-        container::remove_restore_bundle(c.id);
-        if (c.made && c.kill) forget_made_record(box, log);
+        container::remove_restore_bundle(box.root.path, c.id);
+        if (c.kill) {
+          if (const std::string why = container::remove_unstarted(box); !why.empty())
+            fail(log, Errc::kProcess, "the task created for container " + c.id + " stays: " + why);
+          if (c.made) forget_made_record(box, log);
+        }
       }
       continue;
     }
@@ -1342,6 +1352,11 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
     case GuardOp::kContainerInit: {
       if (p.containers.empty()) throw Error(Errc::kCorrupt, "container_init before container");
       p.containers.back().init_started = m.at("started").get<std::uint64_t>();
+      break;
+    }
+    case GuardOp::kContainerId: {
+      if (p.containers.empty()) throw Error(Errc::kCorrupt, "container_id before container");
+      p.containers.back().id = m.at("id").get<std::string>();
       break;
     }
     case GuardOp::kCriuExit: {

@@ -114,6 +114,9 @@ class Guard {
   // it); and, restored, its init is `init` (what a later run's replay knows it by).
   void container_runc(pid_t runc);
   void container_init(pid_t init);
+  // ... its runtime knows it as `id` now: Docker gives a container it creates an ID, and the
+  // guard was told its name before (nothing is left unnamed if gpuckpt dies in between).
+  void container_known_as(const std::string& id);
   // The copy is the service now (a restore's commit): it is left on recovery, and the paths
   // renamed aside for a rollback are removed (as hand_over). Done even with the guard dead.
   void keep_copy();

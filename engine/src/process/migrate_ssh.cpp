@@ -174,7 +174,8 @@ std::string remote_restore_command(const MigrateOptions& o, bool release,
     c += " --container " + shell_quote(box->copy_id);
     // Checked there before it answers that it receives, so before anything is frozen here:
     // the ID free there, its runtime, image, rootfs and mount sources.
-    c += " --expect-container " + shell_quote(container::to_json(box->plan.record).dump());
+    c +=
+        " --expect-container " + shell_quote(container::target_check_json(box->plan.record).dump());
   } else if (!release)
     c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());

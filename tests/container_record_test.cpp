@@ -1,0 +1,131 @@
+// The container record as a checkpoint keeps it, and as a migration's target reads it before
+// anything is frozen: what each must hold, and what it must refuse.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "container/checkpoint.h"
+#include "container/docker.h"
+#include "gpuckpt/error.h"
+#include "test_support.h"
+
+namespace gpuckpt {
+namespace {
+
+using container::ContainerRecord;
+using container::WritableLayer;
+using nlohmann::json;
+
+ContainerRecord containerd_record() {
+  ContainerRecord r;
+  r.runtime = container::Runtime::kContainerd;
+  r.root = "/run/containerd/runc/k8s.io";
+  r.id = "llm-0";
+  r.rootfs = "/run/containerd/io.containerd.runtime.v2.task/k8s.io/llm-0/rootfs";
+  r.mounts = {{"/models", "/srv/models"}, {"/dev/nvidia0", "/dev/nvidia0"}};
+  r.layer = WritableLayer::kCarried;
+  container::ContainerdRecord d;
+  d.ns = "k8s.io";
+  d.image = "registry.local/llm:1";
+  d.image_digest = "sha256:" + std::string(64, 'a');
+  d.runtime = "io.containerd.runc.v2";
+  d.snapshotter = "overlayfs";
+  d.snapshot_parent = "sha256:" + std::string(64, 'b');
+  // What a serving pod carries: a large spec and many labels.
+  for (int i = 0; i < 2000; ++i) d.labels["label-" + std::to_string(i)] = std::string(64, 'x');
+  d.options = std::string(4096, '\x01');
+  r.containerd = d;
+  r.spec = {{"ociVersion", "1.0.2"}, {"process", {{"env", json::array()}}}};
+  for (int i = 0; i < 3000; ++i)
+    r.spec["process"]["env"].push_back("VAR_" + std::to_string(i) + "=" + std::string(64, 'v'));
+  return r;
+}
+
+TEST(ContainerRecord, WhatTheTargetChecksFitsOneCommandLineArgumentWhateverTheSpec) {
+  const ContainerRecord r = containerd_record();
+  ASSERT_GT(container::to_json(r).dump().size(), 128u * 1024) << "the test's record is too small";
+  const json j = container::target_check_json(r);
+  EXPECT_LT(j.dump().size(), 8u * 1024) << j.dump().substr(0, 400);
+  const ContainerRecord back = container::container_record_from_json(j);
+  EXPECT_EQ(back.runtime, r.runtime);
+  EXPECT_EQ(back.id, r.id);
+  EXPECT_EQ(back.root, r.root);
+  EXPECT_EQ(back.rootfs, r.rootfs);
+  ASSERT_EQ(back.mounts.size(), 2u);
+  EXPECT_EQ(back.mounts[0].source, "/srv/models");
+  EXPECT_EQ(back.layer, WritableLayer::kCarried);
+  ASSERT_TRUE(back.containerd);
+  EXPECT_EQ(back.containerd->ns, "k8s.io");
+  EXPECT_EQ(back.containerd->image, r.containerd->image);
+  EXPECT_EQ(back.containerd->snapshotter, "overlayfs");
+  EXPECT_EQ(back.containerd->snapshot_parent, r.containerd->snapshot_parent);
+}
+
+TEST(ContainerRecord, DockersImageAndNameReachTheTargetWithoutItsConfig) {
+  ContainerRecord r;
+  r.runtime = container::Runtime::kDocker;
+  r.root = "/run/docker/runtime-runc/moby";
+  r.id = std::string(64, 'c');
+  r.rootfs = "/var/lib/docker/overlay2/x/merged";
+  r.spec = json::object();
+  r.docker = container::DockerRecord{
+      "web",
+      {{"Image", "localhost/web:1"}, {"Env", json::array({std::string(200000, 'e')})}},
+      {{"Binds", json::array()}},
+      "sha256:" + std::string(64, 'd')};
+  const json j = container::target_check_json(r);
+  EXPECT_LT(j.dump().size(), 4u * 1024);
+  const ContainerRecord back = container::container_record_from_json(j);
+  ASSERT_TRUE(back.docker);
+  EXPECT_EQ(back.docker->name, "web");
+  EXPECT_EQ(back.docker->image_id, r.docker->image_id);
+  EXPECT_EQ(container::docker::string_at(back.docker->config, {"Image"}), "localhost/web:1");
+}
+
+TEST(ContainerRecord, ARecordOfAnOlderGpuckptKeepsWhatItSaidOfTheLayer) {
+  json j = container::to_json(containerd_record());
+  j.erase("writable_layer");
+  j["rootfs_diff"] = true;
+  EXPECT_EQ(container::container_record_from_json(j).layer, WritableLayer::kCarried);
+  j["rootfs_diff"] = false;
+  EXPECT_EQ(container::container_record_from_json(j).layer, WritableLayer::kEmpty);
+  j["runtime"] = "runc";
+  j.erase("containerd");
+  EXPECT_EQ(container::container_record_from_json(j).layer, WritableLayer::kNone);
+}
+
+TEST(ContainerRecord, ALayerItDoesNotKnowIsACorruptRecord) {
+  json j = container::to_json(containerd_record());
+  j["writable_layer"] = "somewhere";
+  const Error e = test::error_from([&] { (void)container::container_record_from_json(j); });
+  EXPECT_EQ(e.code(), Errc::kCorrupt);
+  j["writable_layer"] = 3;
+  EXPECT_EQ(test::error_from([&] { (void)container::container_record_from_json(j); }).code(),
+            Errc::kCorrupt);
+}
+
+TEST(ContainerRecord, ALayerThatDidNotTravelSaysWhy) {
+  ContainerRecord r = containerd_record();
+  r.layer = WritableLayer::kNotCarried;
+  r.layer_why = "containerd's snapshotter native gives its snapshot no overlay upper directory";
+  const ContainerRecord back = container::container_record_from_json(container::to_json(r));
+  EXPECT_EQ(back.layer, WritableLayer::kNotCarried);
+  EXPECT_EQ(back.layer_why, r.layer_why);
+}
+
+// dockerd's answers are input: a field of another shape (null where an object was, a number
+// where a string was) reads as absent, never as an exception that escapes the command.
+TEST(DockerAnswer, AFieldOfAnotherShapeReadsAsAbsent) {
+  const json a = json::parse(R"({"Id": 7, "GraphDriver": {"Name": "vfs", "Data": null},
+                                 "State": {"Running": "yes"}, "Name": "/web"})");
+  EXPECT_EQ(container::docker::string_at(a, {"GraphDriver", "Data", "UpperDir"}), "");
+  EXPECT_EQ(container::docker::string_at(a, {"Id"}), "");
+  EXPECT_FALSE(container::docker::flag_at(a, {"State", "Running"}));
+  EXPECT_EQ(container::docker::string_at(a, {"Name"}), "/web");
+  EXPECT_TRUE(container::docker::object_at(a, {"GraphDriver", "Data"}).empty());
+  EXPECT_EQ(container::docker::string_at(json(), {"Id"}), "");
+}
+
+}  // namespace
+}  // namespace gpuckpt
