@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "flags.h"
+#include "gpuckpt/migrate_wire.h"
 
 namespace gpuckpt::cli {
 
@@ -282,19 +283,14 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
     // with this host's GPUs (the controller checks them before it freezes anything); then the
     // result as one line, and the copy stays only if "commit" comes back on stdin.
     r.on_receiving = [] {
-      std::printf("%s\n", json_text(nlohmann::json{{"receiving", true},
-                                                   {"devices", devices_json(list_devices())}})
-                              .c_str());
       std::fflush(stdout);
+      migrate_wire::send_line(STDOUT_FILENO, migrate_wire::receiving(devices_json(list_devices())));
     };
     r.confirm = [&](const RestoreResult& res) {
       hangup->stop();
-      std::printf("%s\n", json_text(result_json(res)).c_str());
       std::fflush(stdout);
-      std::string line;
-      char c;
-      while (::read(STDIN_FILENO, &c, 1) == 1 && c != '\n' && line.size() < 64) line += c;
-      return line == "commit";
+      migrate_wire::send_line(STDOUT_FILENO, result_json(res));
+      return migrate_wire::read_commit(STDIN_FILENO);
     };
   }
   const RestoreResult res = restore(r);

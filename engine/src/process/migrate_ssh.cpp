@@ -22,6 +22,7 @@
 #include "device/cuda_driver.h"
 #include "device/nvml.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/migrate_wire.h"
 #include "gpuckpt/support.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
@@ -30,7 +31,6 @@
 #include "remote/remote_checkpoint.h"
 #include "remote/ssh.h"
 #include "util/fault.h"
-#include "util/no_sigpipe.h"
 #include "util/poll_timeout.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
@@ -41,11 +41,6 @@ using nlohmann::json;
 namespace gpuckpt::process {
 
 namespace {
-
-// The target's error code; a word no code has is the target's bug.
-Errc target_errc(const std::string& name) {
-  return errc_from_name(name).value_or(Errc::kInternal);
-}
 
 // One line of `fd`, waiting at most until `deadline`; nullopt at EOF.
 std::optional<std::string> read_line_until(int fd, std::chrono::steady_clock::time_point deadline,
@@ -259,11 +254,10 @@ std::optional<Error> target_failure(Connection& c, const std::string& where,
   try {
     const auto line =
         read_answer(c.out(), std::chrono::steady_clock::now() + limit, "the target " + where);
-    const json j = line ? json::parse(*line, nullptr, false) : json();
-    if (!j.is_object() || j.value("ok", true)) return std::nullopt;
-    const json err = j.value("error", json::object());
-    return Error(target_errc(err.value("code", "internal")),
-                 "the restore on " + where + " failed: " + err.value("message", *line));
+    const auto f = migrate_wire::failure_of(line ? json::parse(*line, nullptr, false) : json());
+    if (!f) return std::nullopt;
+    return Error(f->code, "the restore on " + where +
+                              " failed: " + (f->message.empty() ? *line : f->message));
   } catch (const Error&) {
     return std::nullopt;
   }
@@ -278,15 +272,15 @@ json await_receiving(Connection& c, const MigrateOptions& o, const std::string& 
       c.out(), std::chrono::steady_clock::now() + std::chrono::seconds(60), "the target " + where);
   json j;
   if (line) j = json::parse(*line, nullptr, false);
-  if (line && j.is_object() && j.value("receiving", false)) return j;
+  if (line && migrate_wire::is_receiving(j)) return j;
   std::string why;
   Errc code = Errc::kIo;
   if (!line) {
     why = "ssh: " + c.wait(std::chrono::seconds(10)).describe();
-  } else if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+  } else if (const auto f = migrate_wire::failure_of(j)) {
     // The target refused (a missing mount source, a bad option): its reason, with its code.
-    why = j["error"].value("message", *line);
-    code = target_errc(j["error"].value("code", "io"));
+    why = f->message.empty() ? *line : f->message;
+    code = f->code;
   } else {
     why = "it answered: " + line->substr(0, 300);
   }
@@ -389,23 +383,18 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box
     } catch (const json::exception&) {
       throw Error(Errc::kIo, "the target " + where + " answered: " + line->substr(0, 300));
     }
-    if (!answer.value("ok", false)) {
-      const json err = answer.value("error", json::object());
-      throw Error(target_errc(err.value("code", "internal")),
-                  "the restore on " + where + " failed: " + err.value("message", *line));
-    }
+    if (const auto f = migrate_wire::failure_of(answer))
+      throw Error(f->code, "the restore on " + where +
+                               " failed: " + (f->message.empty() ? *line : f->message));
+    if (!answer.is_object() || !answer.value("ok", false))
+      throw Error(Errc::kIo, "the target " + where + " answered: " + line->substr(0, 300));
     res.timeline.add("target_restore", t1, answered);
     add_target_stages(res.timeline, answer, answered);
     fault_point("commit");
     // Commit: the target keeps its copy once it reads this line, and exits 0. From before the
     // write: an interrupt after it must not roll back what the target may already keep.
     res.committed = std::make_shared<const CommitScope>();
-    {
-      NoSigpipe nosig;
-      static const char kCommit[] = "commit\n";
-      if (::write(conn->in(), kCommit, sizeof kCommit - 1) != sizeof kCommit - 1)
-        throw_errno(Errc::kIo, "send the commit to ", where);
-    }
+    migrate_wire::send_commit(conn->in(), where);
     const ExitStatus st = conn->wait(std::chrono::seconds(60));
     if (!st.ok())
       throw Error(Errc::kIo, "the target " + where + " did not confirm the commit (" +
