@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "flags.h"
+#include "gpuckpt/names.h"
 
 namespace gpuckpt::cli {
 
@@ -54,10 +55,10 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
       compression_adapts(Compression::kAuto, false);
   Timeline dump_tl, restore_tl;
   // A streamed dump copies the pages out of CRIU's pipe as well: part of its CPU budget.
-  dump_tl.add_measured("criu_dump", 0, r.process_bytes);
-  dump_tl.add_measured("compress_write", 0, r.process_bytes);
-  restore_tl.add_measured("read_decompress", 0, r.process_bytes);
-  restore_tl.add_measured("criu_restore_tasks", 0, r.process_bytes);
+  dump_tl.add_measured(stage::kCriuDump, 0, r.process_bytes);
+  dump_tl.add_measured(stage::kCompressWrite, 0, r.process_bytes);
+  restore_tl.add_measured(stage::kReadDecompress, 0, r.process_bytes);
+  restore_tl.add_measured(stage::kCriuRestoreTasks, 0, r.process_bytes);
   const auto dump_floor = transient_floor(dump_tl, path, ctx_huge);
   const auto restore_floor = transient_floor(restore_tl, path, ctx_huge);
   const auto restore_floor_4k = transient_floor(restore_tl, path, ctx_small);

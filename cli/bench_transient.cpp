@@ -13,6 +13,7 @@
 
 #include "commands.h"
 #include "flags.h"
+#include "gpuckpt/names.h"
 
 namespace gpuckpt::cli {
 
@@ -124,7 +125,7 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
                  format_seconds(last.timeline.total_seconds()));
     // The next run restores the same pid: this one must be gone first.
     if (stop) {
-      fault_point("bench_stop");
+      fault_point(fault::kBenchStop);
       const auto left = stop_restored(last, grace);
       set_current(std::nullopt);
       if (!left.empty())

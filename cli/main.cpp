@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "context.h"
 #include "flags.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "signals.h"
 
@@ -118,7 +119,7 @@ int main(int argc, char** argv) {
   app.parse_complete_callback([&] { spdlog::set_level(spdlog::level::from_str(ctx.log_level)); });
 
   try {
-    fault_point("parse");  // a signal before the command line is parsed: tests stop here
+    fault_point(fault::kParse);  // a signal before the command line is parsed: tests stop here
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     cli::stop_here_if_interrupted();  // the interrupt's JSON is the one printed

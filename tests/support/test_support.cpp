@@ -1,5 +1,7 @@
 #include "test_support.h"
 
+#include "gpuckpt/names.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -25,6 +27,7 @@
 #include <thread>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/process.h"
 #include "probe/probe.h"
 #include "process/proc_info.h"
@@ -85,6 +88,10 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {
 
 Child paused_cli(const std::vector<std::string>& args, const std::string& point,
                  const fs::path& dir, Resume resume) {
+  // A point gpuckpt does not have would never pause it: the test would wait out its timeout.
+  if (std::none_of(std::begin(fault::kAll), std::end(fault::kAll),
+                   [&](const char* p) { return point == p; }))
+    throw Error(Errc::kUsage, "no fault point '" + point + "' (gpuckpt/names.h)");
   const fs::path mark = dir / ("mark-" + point);
   fs::remove(mark);
   SpawnOptions o;

@@ -23,6 +23,7 @@
 #include "container/docker.h"
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
 #include "trust/keys.h"
@@ -661,7 +662,7 @@ void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fre
                 "writable layer, but its images have no " +
                     std::string(kRootfsDiffFile));
   std::optional<Timeline::Scope> scope;
-  if (q.timeline) scope.emplace(*q.timeline, "rootfs_apply");
+  if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
   if (scope && r.layer == WritableLayer::kCarried) scope->set_bytes(fs::file_size(diff, ec));
   if (upper.empty())
     throw Error(
@@ -1254,7 +1255,7 @@ Container containerd_restore(const RestoreRequest& q) {
   }
   try {
     (void)api.create_task(t);
-    fault_point("runtime_created");
+    fault_point(fault::kRuntimeCreated);
     api.start_task(q.id, q.timeout);
   } catch (const Error& e) {
     undo();
@@ -1325,7 +1326,7 @@ Container docker_restore(const RestoreRequest& q) {
     dir = fs::path(data_root) / "containers" / id / "checkpoints" / name;
     if (q.on_path_made) q.on_path_made(dir);
     std::optional<Timeline::Scope> scope;
-    if (q.timeline) scope.emplace(*q.timeline, "checkpoint_dir");
+    if (q.timeline) scope.emplace(*q.timeline, stage::kCheckpointDir);
     place_images(q.images, dir);
   } catch (...) {
     undo();

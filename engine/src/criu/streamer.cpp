@@ -14,6 +14,7 @@
 #include <optional>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "util/fault.h"
 #include "util/fd_passing.h"
 #include "util/no_sigpipe.h"
@@ -342,7 +343,7 @@ void RestoreStreamer::serve(const image::ManifestEntry* e, UniqueFd pipe) {
   try {
     // criu asks for a task's pages once it has forked that task: a restore held here is half
     // done (tests stop it here).
-    if (e->path.starts_with("pages-")) fault_point("restore_pages");
+    if (e->path.starts_with("pages-")) fault_point(fault::kRestorePages);
     // A false return is criu closing the image before its end: it needed no more of it.
     source_.write_to(*e, pipe.get());
     ++served_;

@@ -7,6 +7,7 @@
 #include "device/nvml.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 
 namespace gpuckpt {
 
@@ -66,7 +67,7 @@ CudaActionResult run_cuda_action(const CudaActionOptions& o) {
   // Each step in its own gpuckpt process pays cuInit once: shown as "cuda_init" when it was
   // paid by this call (not when the process had loaded the driver before).
   if (d.load_start() >= r.timeline.origin())
-    r.timeline.add("cuda_init", d.load_start(), d.load_end());
+    r.timeline.add(stage::kCudaInit, d.load_start(), d.load_end());
   d.require_checkpoint_api();
   r.pid = o.pid;
   r.state_before = device::process_state(o.pid);
@@ -86,12 +87,12 @@ CudaActionResult run_cuda_action(const CudaActionOptions& o) {
 
   std::optional<std::uint64_t> used = r.gpu_memory_used_before;
   if (do_lock) {
-    auto s = r.timeline.scope("cuda_lock");
+    auto s = r.timeline.scope(stage::kCudaLock);
     device::lock(o.pid, o.lock_timeout);
   }
   if (do_ckpt) {
     try {
-      auto s = r.timeline.scope("cuda_checkpoint");
+      auto s = r.timeline.scope(stage::kCudaCheckpoint);
       device::checkpoint(o.pid);
       const auto after = vram_used(devices);
       s.set_bytes(delta(used, after));
@@ -108,14 +109,14 @@ CudaActionResult run_cuda_action(const CudaActionOptions& o) {
     }
   }
   if (do_restore) {
-    auto s = r.timeline.scope("cuda_restore");
+    auto s = r.timeline.scope(stage::kCudaRestore);
     device::restore(o.pid, o.gpu_map);
     const auto after = vram_used(devices);
     s.set_bytes(delta(used, after));
     used = after;
   }
   if (do_unlock) {
-    auto s = r.timeline.scope("cuda_unlock");
+    auto s = r.timeline.scope(stage::kCudaUnlock);
     device::unlock(o.pid);
   }
   r.gpu_memory_used_after = vram_used(devices);

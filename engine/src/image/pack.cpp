@@ -13,6 +13,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/gpuckpt.h"
 #include "gpuckpt/image.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "image/aligned_buffer.h"
 #include "image/chunk_codec.h"
@@ -358,7 +359,7 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
   Timeline& tl = res.timeline;
   InputTree tree;
   {
-    auto s = tl.scope("scan");
+    auto s = tl.scope(stage::kScan);
     tree = scan_input(input);
   }
   Manifest m = new_manifest(input, tree.single_file, opts);
@@ -377,11 +378,12 @@ TransferResult pack(const fs::path& input, const fs::path& output, const PackOpt
   const PipelineStats ps = compress_into(
       plan, make_config(opts, threads, slots, buf_bytes, plan.raw_total), opts.zstd_level, sink,
       opts.compression == Compression::kAdaptive ? &skipped : nullptr);
-  add_pipeline_stages(tl, ps, "compress_write", "compress", plan.raw_total, sink.stored(), true);
-  tl.add("sync", sink.sync_start, sink.sync_end);
-  fault_point("pack_commit");  // every blob written, nothing published
+  add_pipeline_stages(tl, ps, stage::kCompressWrite, stage::kCompress, plan.raw_total,
+                      sink.stored(), true);
+  tl.add(stage::kSync, sink.sync_start, sink.sync_end);
+  fault_point(fault::kPackCommit);  // every blob written, nothing published
   {
-    auto s = tl.scope("commit");
+    auto s = tl.scope(stage::kCommit);
     commit(m, key ? &*key : nullptr, tmp, output, opts.force);
   }
   res.raw_bytes = plan.raw_total;

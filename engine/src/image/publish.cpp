@@ -7,6 +7,7 @@
 #include <cerrno>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "image/manifest.h"
 #include "util/fault.h"
 
@@ -80,8 +81,8 @@ void publish(TempDir& tmp, const fs::path& final_path, bool replace) {
   if (rename2(tmp.path(), final_path, RENAME_EXCHANGE) == 0) {
     retire(tmp.path());  // before the names are durable: never a sealed copy beside the output
     fsync_dir(parent);
-    fault_point("replaced");  // the new one published; the old one not yet removed
-    return;                   // tmp's destructor removes the old content
+    fault_point(fault::kReplaced);  // the new one published; the old one not yet removed
+    return;                         // tmp's destructor removes the old content
   }
   if (errno != EINVAL) throw_errno(Errc::kIo, "replace ", final_path, " with ", tmp.path());
   // No RENAME_EXCHANGE: move the old one aside first. A crash between the two renames
@@ -110,7 +111,7 @@ void unpublish(const fs::path& published) {
   const fs::path parent = published.parent_path().empty() ? fs::path(".") : published.parent_path();
   fsync_dir(parent);
   retire(aside);
-  fault_point("unpublished");  // no longer a checkpoint; not yet removed
+  fault_point(fault::kUnpublished);  // no longer a checkpoint; not yet removed
   std::error_code ec;
   fs::remove_all(aside, ec);
   if (ec) throw Error(Errc::kIo, "cannot remove " + aside.string() + ": " + ec.message());

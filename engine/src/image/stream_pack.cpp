@@ -15,6 +15,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/gpuckpt.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "image/async_io.h"
 #include "image/chunk_codec.h"
@@ -510,7 +511,7 @@ TransferResult StreamPacker::finish(const nlohmann::json& extra) {
             [](const ManifestEntry& a, const ManifestEntry& b) { return a.path < b.path; });
   m_.extra = checked_extra(extra);
   {
-    auto s = res.timeline.scope("commit");
+    auto s = res.timeline.scope(stage::kCommit);
     const std::string text = serialize(m_);
     if (text.size() > kMaxManifestBytes)
       throw Error(Errc::kUsage, "the manifest would be " + std::to_string(text.size() >> 20) +

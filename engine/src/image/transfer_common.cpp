@@ -11,6 +11,7 @@
 #include <ctime>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "image/aligned_buffer.h"
 #include "image/chunk_codec.h"
@@ -80,9 +81,9 @@ void add_pipeline_stages(Timeline& t, const PipelineStats& s, const std::string&
     if (a != TP{} && b >= a) t.add(name, a, b, bytes);
   };
   t.add(overall, s.start, s.end, raw);
-  window("read", s.read_first, s.read_last, s.bytes_read);
+  window(stage::kRead, s.read_first, s.read_last, s.bytes_read);
   window(work, s.work_first, s.work_last, raw);
-  if (has_write) window("write", s.sink_first, s.sink_last, stored);
+  if (has_write) window(stage::kWrite, s.sink_first, s.sink_last, stored);
 }
 
 void fill_result(TransferResult& r, const PipelineStats& s, unsigned threads, unsigned slots,

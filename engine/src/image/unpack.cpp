@@ -9,6 +9,7 @@
 
 #include "gpuckpt/error.h"
 #include "gpuckpt/image.h"
+#include "gpuckpt/names.h"
 #include "image/aligned_buffer.h"
 #include "image/chunk_codec.h"
 #include "image/manifest.h"
@@ -285,7 +286,7 @@ OpenCheckpoint open_checkpoint(const fs::path& checkpoint, const UnpackOptions& 
   OpenCheckpoint ck;
   ck.path = checkpoint;
   {
-    auto s = tl.scope("manifest");
+    auto s = tl.scope(stage::kManifest);
     ck.m = load_manifest(checkpoint);
     check_signature_intact(ck.m, checkpoint);
     check_blobs(ck.m, checkpoint);
@@ -394,7 +395,7 @@ TransferResult from_remote(const fs::path& checkpoint, const UnpackOptions& opts
   Timeline tl;
   const auto t0 = Timeline::Clock::now();
   const remote::LocalView view(checkpoint.string(), remote::LocalView::Fetch::kEverything, {}, to);
-  tl.add("download", t0, Timeline::Clock::now(), view.stats().bytes);
+  tl.add(stage::kDownload, t0, Timeline::Clock::now(), view.stats().bytes);
   TransferResult r = fn(view.path());
   tl.append(r.timeline);
   r.timeline = std::move(tl);
@@ -418,16 +419,16 @@ TransferResult unpack(const fs::path& checkpoint, const fs::path& output,
   check_output(output, opts.force);
   TempDir tmp = make_temp_tree(output);
   {
-    auto s = tl.scope("create_tree");
+    auto s = tl.scope(stage::kCreateTree);
     create_skeleton(ck.m, tmp.path(), checkpoint);
   }
   TreeSink sink(ck.plan, ck.m, checkpoint, tmp.path(), opts.direct_io);
   const PipelineStats ps = stream_chunks(ck, "unpack", opts, sink);
   const std::uint64_t raw = ck.m.raw_bytes();
-  add_pipeline_stages(tl, ps, "read_decompress", "decompress", raw, raw, true);
-  fault_point("unpack_commit");  // every file written, nothing published
+  add_pipeline_stages(tl, ps, stage::kReadDecompress, stage::kDecompress, raw, raw, true);
+  fault_point(fault::kUnpackCommit);  // every file written, nothing published
   {
-    auto s = tl.scope("commit");
+    auto s = tl.scope(stage::kCommit);
     finish_dirs(ck.m, tmp.path());
     if (!opts.force) take_empty_output(output);
     publish(tmp, output, opts.force);

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/process.h"
 #include "probe/probe.h"
 #include "util/subprocess.h"
@@ -61,7 +62,7 @@ Timeline measure_cold_start(const ColdStartOptions& o) {
     }
   } stopper{child, o};
   {
-    auto s = t.scope("spawn");
+    auto s = t.scope(stage::kSpawn);
     child = spawn(o.argv, so);
   }
   const std::string what = o.argv[0];
@@ -71,7 +72,7 @@ Timeline measure_cold_start(const ColdStartOptions& o) {
                                       ") before it answered the probe");
   };
   {
-    auto s = t.scope("ready");
+    auto s = t.scope(stage::kReady);
     if (o.probe.kind == K::kStdoutLine) {
       try {
         wait_for_line(child.stdout_fd(), o.probe.target, o.probe.timeout);
@@ -93,7 +94,7 @@ Timeline measure_cold_start(const ColdStartOptions& o) {
     ask.timeout = std::max(std::chrono::milliseconds(1),
                            std::chrono::duration_cast<std::chrono::milliseconds>(
                                t.origin() + o.probe.timeout - Timeline::Clock::now()));
-    auto s = t.scope("first_answer");
+    auto s = t.scope(stage::kFirstAnswer);
     wait_ready(ask, exited);
   }
   return t;

@@ -16,6 +16,7 @@
 #include "criu/stats.h"
 #include "criu/streamer.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/process.h"
 #include "gpuckpt/support.h"
 #include "image/stream_pack.h"
@@ -330,7 +331,7 @@ void build_criu_args(DumpState& d) {
     guard.cuda_report(report);
     guard.criu_started(criu_pid);
   };
-  a.on_start = [](pid_t) { fault_point("criu_dump"); };
+  a.on_start = [](pid_t) { fault_point(fault::kCriuDump); };
   a.env = {std::string(criu::kEnvReport) + "=" + d.report_path.string(),
            std::string(criu::kEnvFinalState) + "=" + (o.leave_running ? "running" : "stopped"),
            std::string(criu::kEnvLockTimeoutMs) + "=" + std::to_string(o.lock_timeout.count())};
@@ -347,7 +348,7 @@ void start_streaming(DumpState& d) {
     PackOptions po = d.o.pack;
     po.on_temp_path = [&guard = d.guard](const fs::path& p) {
       guard.remove_on_recovery(p);
-      fault_point("compress_write");
+      fault_point(fault::kCompressWrite);
     };
     d.packer.emplace(d.o.output, po, d.images, d.copy);
     d.streamer.emplace(d.images, *d.packer);
@@ -408,7 +409,7 @@ void collect_dump(DumpState& d) {
   if (d.container) {
     // Its processes are stopped (running again for a snapshot, whose layer is then as it is
     // now): what they wrote into the image's rootfs goes with their memory.
-    auto scope = result.timeline.scope("rootfs_diff");
+    auto scope = result.timeline.scope(stage::kRootfsDiff);
     scope.set_bytes(container::write_rootfs_diff(*d.container, d.images, *rec.container));
   }
   // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
@@ -436,7 +437,7 @@ void collect_dump(DumpState& d) {
   // Only what this dump locked: a task that was locked or checkpointed before it is left so.
   if (!o.leave_running && plugin) d.guard.cuda(plugin->locked_pids);
   add_dump_stages(result.timeline, d.run, result.image_bytes, stats, plugin);
-  if (const Stage* f = result.timeline.find("frozen")) result.frozen_seconds = f->seconds;
+  if (const Stage* f = result.timeline.find(stage::kFrozen)) result.frozen_seconds = f->seconds;
   rec.cuda = plugin && plugin->cuda;
   if (!rec.cuda) rec.driver.reset();
   result.gpu = rec.cuda;
@@ -455,10 +456,12 @@ void publish_checkpoint(DumpState& d) {
         d.packer->finish(to_extra(rec)).skipped_compression_bytes;
     // compress_write overlaps criu_dump: from CRIU's first image byte to the published
     // manifest.
-    tl.add("compress_write", d.packer->first_byte, Timeline::Clock::now(), d.packer->raw_bytes());
+    tl.add(stage::kCompressWrite, d.packer->first_byte, Timeline::Clock::now(),
+           d.packer->raw_bytes());
     // Not an interval: the time CRIU's images waited for gpuckpt, summed. Near criu_memdump,
     // compression and the writes bound the dump; far below it, CRIU's own page chain did.
-    tl.add("capture_wait", d.packer->first_byte, d.packer->first_byte + d.packer->waited_for_room);
+    tl.add(stage::kCaptureWait, d.packer->first_byte,
+           d.packer->first_byte + d.packer->waited_for_room);
     d.packer.reset();
   } else {
     PackOptions po = d.o.pack;
@@ -468,9 +471,9 @@ void publish_checkpoint(DumpState& d) {
     po.extra = to_extra(rec);
     po.on_temp_path = [&guard = d.guard](const fs::path& p) {
       guard.remove_on_recovery(p);
-      fault_point("compress_write");
+      fault_point(fault::kCompressWrite);
     };
-    auto scope = tl.scope("compress_write");
+    auto scope = tl.scope(stage::kCompressWrite);
     const TransferResult tr = pack(d.images, d.o.output, po);
     scope.set_bytes(tr.raw_bytes);
     d.out.result.skipped_compression_bytes = tr.skipped_compression_bytes;
@@ -490,7 +493,7 @@ DumpOutcome dump_keep_stopped(const DumpOptions& o, Guard& guard, image::PackCop
 
   DumpState d{o, guard, target, plan, copy};
   {
-    Timeline::Scope preflight(d.out.result.timeline, "preflight");
+    Timeline::Scope preflight(d.out.result.timeline, stage::kPreflight);
     prepare_criu(d);
     choose_staging(d);
     fill_record(d);
@@ -558,7 +561,7 @@ DumpResult dump(const DumpOptions& opts) {
   if (remote && !opts.leave_running) {
     // The tree is still stopped: a failed upload resumes it, exactly like a failed write.
     try {
-      fault_point("upload");
+      fault_point(fault::kUpload);
       remote->finish_upload(out.result.timeline);
     } catch (...) {
       const std::string undone = guard.abort();
@@ -574,11 +577,11 @@ DumpResult dump(const DumpOptions& opts) {
              " was complete and stays (gpuckpt verify checks it): use it, remove it, or dump "
              "again with --force";
     });
-  fault_point("published");  // the checkpoint is whole; the guard not yet told
+  fault_point(fault::kPublished);  // the checkpoint is whole; the guard not yet told
   const auto durable = Timeline::Clock::now();
   guard.durable(!opts.leave_running);
   say_kept.reset();
-  fault_point("durable");
+  fault_point(fault::kDurable);
   if (!opts.leave_running) {
     const auto left = process::end_tree(out.record.tree);
     out.result.process_end_seconds =
@@ -594,7 +597,7 @@ DumpResult dump(const DumpOptions& opts) {
   guard.disarm();
   if (box && !opts.leave_running) {
     // Its runtime still lists it, stopped: the ID is freed for the restore.
-    auto scope = out.result.timeline.scope("runtime_delete");
+    auto scope = out.result.timeline.scope(stage::kRuntimeDelete);
     if (const std::string why = container::remove_ended(*box); !why.empty())
       spdlog::warn("the checkpoint is complete, but the ended container stays listed: {}", why);
   }

@@ -15,6 +15,7 @@
 #include "container/checkpoint.h"
 #include "criu/criu.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/process.h"
 #include "image/publish.h"
 #include "probe/probe.h"
@@ -138,7 +139,7 @@ void release_original(const MigrateOptions& o, const DumpOutcome& dumped,
                       const fs::path& checkpoint, Guard& guard, Timeline& tl,
                       const ContainerMove* c) {
   guard.restore_on_recovery(checkpoint, o.staging_root, o.criu.binary, c ? c->box.id : "");
-  auto scope = tl.scope("end_original");
+  auto scope = tl.scope(stage::kEndOriginal);
   if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
     const std::string undone = guard.abort();
     throw Error(Errc::kProcess, "migration failed: process " + std::to_string(left.front()) +
@@ -150,7 +151,7 @@ void release_original(const MigrateOptions& o, const DumpOutcome& dumped,
 }
 
 void end_original(const DumpOutcome& dumped, const ContainerMove* c, Timeline& tl) {
-  auto scope = tl.scope("end_original");
+  auto scope = tl.scope(stage::kEndOriginal);
   if (const auto left = end_tree(dumped.record.tree); !left.empty()) {
     spdlog::warn("process {} of the original tree did not end after SIGKILL", left.front());
     return;
@@ -268,13 +269,13 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   res.committed = std::make_shared<const CommitScope>();
   guard.hand_over(/*end_original=*/!release);
   if (!release) {
-    fault_point("end_original");
+    fault_point(fault::kEndOriginal);
     end_original(dumped, c, res.timeline);
   }
   guard.disarm();
   if (!o.keep_checkpoint) {
     try {
-      fault_point("remove_checkpoint");
+      fault_point(fault::kRemoveCheckpoint);
       image::unpublish(res.checkpoint);
     } catch (const Error& e) {
       spdlog::warn("{}", e.what());

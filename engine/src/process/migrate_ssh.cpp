@@ -23,6 +23,7 @@
 #include "device/nvml.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/migrate_wire.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "process/dump_impl.h"
 #include "process/guard.h"
@@ -311,7 +312,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box
   argv.push_back(remote_restore_command(o, release, box));
   std::optional<Connection> conn;
   {
-    auto scope = res.timeline.scope("target_preflight");
+    auto scope = res.timeline.scope(stage::kTargetPreflight);
     conn.emplace(argv);
     const json ready = await_receiving(*conn, o, where);
     if (!used.empty()) {
@@ -355,7 +356,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box
   json answer;
   try {
     if (release) release_original(o, *dumped, res.checkpoint, guard, res.timeline, box);
-    fault_point("transfer");
+    fault_point(fault::kTransfer);
     // The manifest, then what is still unsent (all of it, if the dump was staged).
     std::uint64_t sent = 0;
     try {
@@ -368,7 +369,7 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box
       throw;
     }
     const auto t1 = Timeline::Clock::now();
-    res.timeline.add("transfer", sender.first_byte(), t1, sent);
+    res.timeline.add(stage::kTransfer, sender.first_byte(), t1, sent);
     // The target restores and probes: bounded by its probe, plus CRIU's own bound.
     const auto deadline = std::chrono::steady_clock::now() + o.probe.timeout + o.criu.timeout;
     const auto line = read_answer(conn->out(), deadline, "the target " + where);
@@ -388,9 +389,9 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box
                                " failed: " + (f->message.empty() ? *line : f->message));
     if (!answer.is_object() || !answer.value("ok", false))
       throw Error(Errc::kIo, "the target " + where + " answered: " + line->substr(0, 300));
-    res.timeline.add("target_restore", t1, answered);
+    res.timeline.add(stage::kTargetRestore, t1, answered);
     add_target_stages(res.timeline, answer, answered);
-    fault_point("commit");
+    fault_point(fault::kCommit);
     // Commit: the target keeps its copy once it reads this line, and exits 0. From before the
     // write: an interrupt after it must not roll back what the target may already keep.
     res.committed = std::make_shared<const CommitScope>();

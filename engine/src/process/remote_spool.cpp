@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "process/support.h"
 
@@ -51,7 +52,7 @@ remote::Upload& RemoteSpool::start_upload(const ProgressFn& progress) {
 
 void RemoteSpool::finish_upload(Timeline& tl) {
   const remote::TransferStats st = upload_->finish(local_);
-  tl.add("upload", upload_->first_request(), Timeline::Clock::now(), st.bytes);
+  tl.add(stage::kUpload, upload_->first_request(), Timeline::Clock::now(), st.bytes);
   spdlog::info("uploaded {} in {} objects to {} in {} ({} connections)", st.bytes, st.objects,
                url_->str(), format_seconds(st.seconds), st.connections);
   upload_.reset();

@@ -22,6 +22,7 @@
 #include "device/cuda_checkpoint.h"
 #include "device/cuda_driver.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/process.h"
 #include "gpuckpt/support.h"
 #include "image/stream_pack.h"
@@ -264,7 +265,7 @@ void stage_images(RestoreState& r) {
     r.streamer.emplace(r.images, *r.source);
   } else {
     if (r.arrival) r.arrival->wait_complete();  // unpack reads the blobs as they are
-    auto scope = r.out.timeline.scope("read_decompress");
+    auto scope = r.out.timeline.scope(stage::kReadDecompress);
     const TransferResult tr = unpack(o.checkpoint, r.images, o.unpack);
     scope.set_bytes(tr.raw_bytes);
   }
@@ -310,7 +311,7 @@ void build_criu_args(RestoreState& r) {
   a.before_start = [guard = r.guard](pid_t criu_pid) {
     if (guard) guard->criu_started(criu_pid);
   };
-  a.on_start = [](pid_t) { fault_point("criu_restore"); };
+  a.on_start = [](pid_t) { fault_point(fault::kCriuRestore); };
   a.on_end = [guard = r.guard](const ExitStatus& st, const fs::path& log) {
     // Clean: it failed by itself and ended what it had restored. An exit 0 without a pidfile
     // is no clean failure: what it left is the recovery's to end.
@@ -335,8 +336,9 @@ void criu_restore_in_new_pidns(RestoreState& r) {
   const auto on_init = [&r](pid_t init) {
     if (r.guard) r.guard->copy_on_recovery(0, init, fate(r));
   };
-  const PidnsRun pr = run_in_new_pidns(run.argv, a.env, r.staging.path() / "criu-restore.out",
-                                       a.timeout, on_init, [] { fault_point("criu_restore"); });
+  const PidnsRun pr =
+      run_in_new_pidns(run.argv, a.env, r.staging.path() / "criu-restore.out", a.timeout, on_init,
+                       [] { fault_point(fault::kCriuRestore); });
   run.end = std::chrono::steady_clock::now();
   r.out.pidns_init = pr.init_pid;
   if (!pr.criu.ok()) {
@@ -391,12 +393,12 @@ void finish_streaming(RestoreState& r) {
     throw;
   }
   // read_decompress overlaps criu_restore: CRIU reads its images while it restores.
-  r.out.timeline.add("read_decompress", r.run.start, Timeline::Clock::now(),
+  r.out.timeline.add(stage::kReadDecompress, r.run.start, Timeline::Clock::now(),
                      r.source->raw_written());
   // Not an interval: the time gpuckpt's feed waited for CRIU to read, summed over the files.
   // Near read_decompress, CRIU's copy bounds the restore; far below it, the reads and the
   // decompression do.
-  r.out.timeline.add("feed_wait", r.run.start, r.run.start + r.source->waited_for_reader());
+  r.out.timeline.add(stage::kFeedWait, r.run.start, r.run.start + r.source->waited_for_reader());
   r.streamer.reset();
 }
 
@@ -431,8 +433,8 @@ void check_restored(RestoreState& r) {
 
 void wait_first_answer(RestoreState& r) {
   if (r.o.probe.kind == ReadinessProbe::Kind::kNone) return;
-  fault_point("first_answer");
-  auto scope = r.out.timeline.scope("first_answer");
+  fault_point(fault::kFirstAnswer);
+  auto scope = r.out.timeline.scope(stage::kFirstAnswer);
   const pid_t pid = r.out.pid;
   r.out.first_answer = wait_ready(r.o.probe, [pid] {
     if (!alive(pid))
@@ -521,7 +523,7 @@ void restore_container(RestoreState& r) {
     q.on_path_made = [g = r.guard](const fs::path& p) { g->remove_on_recovery(p); };
     q.on_runc_started = [g = r.guard](pid_t runc) { g->container_runc(runc); };
   }
-  fault_point("criu_restore");
+  fault_point(fault::kCriuRestore);
   r.run.log = q.work / criu::kRestoreLogName;
   r.run.start = std::chrono::steady_clock::now();
   const container::Container c = container::restore_container(q);
@@ -532,9 +534,9 @@ void restore_container(RestoreState& r) {
   out.ns_pid = 1;
   try {
     if (r.guard) r.guard->container_init(c.init_pid);
-    fault_point("criu_restored");
+    fault_point(fault::kCriuRestored);
     {
-      auto scope = out.timeline.scope("network");
+      auto scope = out.timeline.scope(stage::kNetwork);
       container::restore_loopback(rec, c.init_pid);
     }
     if (const std::string why = collect_restored(r); !why.empty())
@@ -602,7 +604,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   build_criu_args(r);
   move_endpoints_aside(r);  // as late as can be: the path is unreachable until criu binds it
   run_criu_restore(r);
-  fault_point("criu_restored");  // the copy runs; gpuckpt has not looked at it yet
+  fault_point(fault::kCriuRestored);  // the copy runs; gpuckpt has not looked at it yet
   finish_streaming(r);
   check_restored(r);
   wait_first_answer(r);
@@ -684,7 +686,7 @@ RestoreResult restore(const RestoreOptions& opts) {
           rx.join();
         });
         const std::uint64_t received = rx.join();  // to the end marker: a commit line may follow
-        tl.add("receive", t0, rx.ended(), received);
+        tl.add(stage::kReceive, t0, rx.ended(), received);
       } else {
         const auto dl = remote->start_download();
         restore_as_it_arrives(dl->arrival(), [&] {
@@ -702,7 +704,7 @@ RestoreResult restore(const RestoreOptions& opts) {
                        opts.checkpoint.string(), e.what());
         }
         const auto ended = dl->ended();
-        tl.add("download", t0,
+        tl.add(stage::kDownload, t0,
                ended == Timeline::Clock::time_point{} ? Timeline::Clock::now() : ended, st.bytes);
         spdlog::info("downloaded {} in {} objects from {} in {} ({} connections)", st.bytes,
                      st.objects, opts.checkpoint.string(), format_seconds(st.seconds),

@@ -1,4 +1,5 @@
 #include "process/stages.h"
+#include "gpuckpt/names.h"
 
 #include <algorithm>
 #include <string>
@@ -65,23 +66,23 @@ void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_byt
                      const std::optional<criu::DumpStats>& stats,
                      const std::optional<criu::PluginReport>& plugin) {
   Pending p;
-  p.add("criu_dump", run.start, run.end, image_bytes);
-  const criu::PluginHook* lock = plugin ? plugin->find("device_lock") : nullptr;
-  const criu::PluginHook* ckpt = plugin ? plugin->find("device_checkpoint") : nullptr;
+  p.add(stage::kCriuDump, run.start, run.end, image_bytes);
+  const criu::PluginHook* lock = plugin ? plugin->find(stage::kDeviceLock) : nullptr;
+  const criu::PluginHook* ckpt = plugin ? plugin->find(stage::kDeviceCheckpoint) : nullptr;
   if (stats) {
     // PAUSE_DEVICES (device_lock) is the first thing CRIU does once its freezing timer starts.
     Clock::time_point freeze_start =
         lock ? at_ns(lock->start_ns)
              : std::max(run.start, run.end - us(stats->frozen_us) - us(stats->freezing_us));
     const auto frozen_start = freeze_start + us(stats->freezing_us);
-    p.add("freeze", freeze_start, frozen_start);
-    p.add("frozen", frozen_start, frozen_start + us(stats->frozen_us));
+    p.add(stage::kFreeze, freeze_start, frozen_start);
+    p.add(stage::kFrozen, frozen_start, frozen_start + us(stats->frozen_us));
     const auto mem_start = ckpt ? std::max(frozen_start, at_ns(ckpt->end_ns)) : frozen_start;
     const auto mem_end = mem_start + us(stats->memdump_us);
     const std::uint64_t page_bytes = stats->pages_written * 4096;
-    p.add("criu_memdump", mem_start, mem_end, page_bytes);
+    p.add(stage::kCriuMemdump, mem_start, mem_end, page_bytes);
     // CRIU times the page writes inside the page dump (mem.c): memwrite is nested in memdump.
-    p.add("criu_memwrite", mem_end - us(stats->memwrite_us), mem_end, page_bytes);
+    p.add(stage::kCriuMemwrite, mem_end - us(stats->memwrite_us), mem_end, page_bytes);
   }
   if (plugin) p.add_plugin(*plugin);
   p.flush(tl);
@@ -92,10 +93,10 @@ void add_restore_stages(Timeline& tl, const criu::Run& run,
                         const std::optional<criu::PluginReport>& plugin,
                         const std::optional<criu::FillStats>& fill) {
   Pending p;
-  p.add("criu_restore", run.start, run.end);
+  p.add(stage::kCriuRestore, run.start, run.end);
   if (stats) {
-    p.add("criu_forking", run.start, run.start + us(stats->forking_us));
-    p.add("criu_restore_tasks", run.start, run.start + us(stats->restore_us),
+    p.add(stage::kCriuForking, run.start, run.start + us(stats->forking_us));
+    p.add(stage::kCriuRestoreTasks, run.start, run.start + us(stats->restore_us),
           stats->pages_restored * 4096);
   }
   if (fill) {
@@ -104,7 +105,7 @@ void add_restore_stages(Timeline& tl, const criu::Run& run,
     auto at = [&](double s) {
       return run.start + us(static_cast<std::uint64_t>(std::clamp(s, 0.0, run_s) * 1e6));
     };
-    p.add("memory_fill", at(fill->start_s), at(fill->end_s), fill->bytes);
+    p.add(stage::kMemoryFill, at(fill->start_s), at(fill->end_s), fill->bytes);
   }
   if (plugin) p.add_plugin(*plugin);
   p.flush(tl);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/names.h"
 #include "gpuckpt/process.h"
 #include "gpuckpt/support.h"
 #include "image/manifest.h"
@@ -550,7 +551,7 @@ TransferStats Upload::finish(const fs::path& dir) {
                          "; no manifest was written there, so it holds no checkpoint");
   }
   // The manifest last: from this PUT on the checkpoint is complete and durable in the store.
-  fault_point("upload_manifest");
+  fault_point(fault::kUploadManifest);
   // Absent in both cases (a replacement removed the old one above): a manifest there now is
   // another writer's, whose checkpoint must not be taken for this one.
   if (!s3_.put_if_absent(url_.bucket, url_.key(kManifestName), manifest))

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "gpuckpt/names.h"
 #include "gpuckpt/report.h"
 
 namespace gpuckpt {
@@ -20,10 +21,12 @@ std::string base_name(std::string n) {
 }
 
 Side side_of(const std::string& name) {
-  static const char* const dump[] = {"compress_write", "criu_dump", "criu_memdump", "criu_memwrite",
-                                     "device_checkpoint"};
-  static const char* const restore[] = {"read_decompress", "criu_restore_tasks", "device_restore"};
-  static const char* const network[] = {"transfer", "receive", "upload", "download", "send"};
+  static const char* const dump[] = {stage::kCompressWrite, stage::kCriuDump, stage::kCriuMemdump,
+                                     stage::kCriuMemwrite, stage::kDeviceCheckpoint};
+  static const char* const restore[] = {stage::kReadDecompress, stage::kCriuRestoreTasks,
+                                        stage::kDeviceRestore};
+  static const char* const network[] = {stage::kTransfer, stage::kReceive, stage::kUpload,
+                                        stage::kDownload};
   for (const char* d : dump)
     if (name == d) return Side::kDump;
   for (const char* r : restore)
@@ -40,7 +43,7 @@ double cost(double bytes, double gbps) {
 
 // CRIU's dump stages nest (criu_memwrite within criu_memdump within criu_dump): one copy.
 bool is_criu_dump(const std::string& n) {
-  return n == "criu_dump" || n == "criu_memdump" || n == "criu_memwrite";
+  return n == stage::kCriuDump || n == stage::kCriuMemdump || n == stage::kCriuMemwrite;
 }
 
 // The larger of candidate floors; a ceiling of 0 (not measured) gives none.
@@ -69,13 +72,13 @@ struct CpuWork {
 
 CpuWork cpu_work(const std::string& n, double raw, const PathCeilings& p, const FloorContext& c) {
   CpuWork w;
-  if (n == "compress_write") {
+  if (n == stage::kCompressWrite) {
     w.zstd = cost(raw, p.zstd_compress_gbps);
   } else if (is_criu_dump(n)) {
     w.memcpy = cost(raw, p.memcpy_gbps);
-  } else if (n == "read_decompress") {
+  } else if (n == stage::kReadDecompress) {
     w.zstd = cost(raw, p.zstd_decompress_gbps);
-  } else if (n == "criu_restore_tasks") {
+  } else if (n == stage::kCriuRestoreTasks) {
     w.memcpy = cost(raw, p.memcpy_gbps);
     if (c.huge_pages && p.fill_huge_gbps > 0)
       w.fill = cost(raw, p.fill_huge_gbps) *
@@ -146,7 +149,7 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
   const double ratio = stored_ratio(p, c);
   const double cores = std::max(1u, p.cores);
   Slowest w;
-  if (n == "compress_write") {
+  if (n == stage::kCompressWrite) {
     // zstd is its only CPU work: no budget to add.
     return best_share(c.adaptive_compression, [&](double r) {
       Slowest m;
@@ -155,23 +158,24 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
     });
   } else if (is_criu_dump(n)) {
     w.add(raw, p.memcpy_gbps, "memcpy");
-  } else if (n == "read_decompress") {
+  } else if (n == stage::kReadDecompress) {
     w.add(raw / ratio, p.disk_read_gbps, "disk read");
     w.add(raw, p.zstd_decompress_gbps * cores, "zstd");
-  } else if (n == "criu_restore_tasks") {
+  } else if (n == stage::kCriuRestoreTasks) {
     if (c.huge_pages && p.fill_huge_gbps > 0)
       w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
     else
       w.add(raw, p.fill_gbps, "memory fill");
-  } else if (n == "memory_fill") {
+  } else if (n == stage::kMemoryFill) {
     // The populate threads alone, inside criu_restore_tasks (whose floor and CPU budget count
     // the fill already): how fast this restore met its memory against the ceiling.
     w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
-  } else if (n == "transfer" || n == "receive" || n == "upload" || n == "download" || n == "send") {
+  } else if (n == stage::kTransfer || n == stage::kReceive || n == stage::kUpload ||
+             n == stage::kDownload) {
     if (p.network_gbps) w.add(raw, *p.network_gbps, "network");
-  } else if (n == "device_checkpoint") {
+  } else if (n == stage::kDeviceCheckpoint) {
     if (p.pcie_d2h_gbps) w.add(raw, *p.pcie_d2h_gbps, "PCIe D2H");
-  } else if (n == "device_restore") {
+  } else if (n == stage::kDeviceRestore) {
     if (p.pcie_h2d_gbps) w.add(raw, *p.pcie_h2d_gbps, "PCIe H2D");
   }
   add_cpu_budget(w, cpu_work(n, raw, p, c), p);
@@ -193,7 +197,7 @@ std::optional<Floor> transient_floor(const Timeline& t, const PathCeilings& p,
     const Side side = side_of(n);
     if (side == Side::kNone) continue;
     const CpuWork w = cpu_work(n, static_cast<double>(s.bytes), p, c);
-    if (c.adaptive_compression && n == "compress_write") {
+    if (c.adaptive_compression && n == stage::kCompressWrite) {
       mixed_raw += static_cast<double>(s.bytes);
       mixed_zstd += w.zstd;
       continue;
