@@ -14,7 +14,9 @@ namespace gpuckpt::cli {
 namespace {
 
 struct DumpBenchArgs {
-  std::string dir, staging = "/dev/shm", size = "1G", content = "mixed", memory = "cold";
+  std::string dir, staging = "/dev/shm", size = "1G";
+  DumpRestoreBenchOptions::Content content = DumpRestoreBenchOptions::Content::kMixed;
+  DumpRestoreBenchOptions::Memory memory = DumpRestoreBenchOptions::Memory::kCold;
   unsigned runs = 3;
   CriuFlags criu;
 };
@@ -26,8 +28,7 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
   o.size = parse_bytes(a.size);
   o.content = a.content;
   o.runs = a.runs;
-  o.memory = a.memory == "warm" ? DumpRestoreBenchOptions::Memory::kWarm
-                                : DumpRestoreBenchOptions::Memory::kCold;
+  o.memory = a.memory;
   o.criu = a.criu.settings();
   o.log = [](const std::string& line) { spdlog::info("{}", line); };
   // The floors, measured in the same run, on the same disk, before the methods.
@@ -108,8 +109,8 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
             r.checkpoint_bytes.count(m.name) ? r.checkpoint_bytes.at(m.name) : 0}});
     ctx.emit({{"bench", "dump"},
               {"process_bytes", r.process_bytes},
-              {"content", a.content},
-              {"memory", a.memory},
+              {"content", bench_content_name(a.content)},
+              {"memory", bench_memory_name(a.memory)},
               {"runs", a.runs},
               {"floors",
                {{"dump", floor_json(dump_floor)},
@@ -123,8 +124,8 @@ void run_dump_bench(const DumpBenchArgs& a, Context& ctx) {
   std::printf(
       "dump and restore of a %s process (%s weights), median of %u runs, on %s, restores into "
       "%s memory:\n",
-      human_bytes(r.process_bytes).c_str(), a.content.c_str(), a.runs, a.dir.c_str(),
-      a.memory.c_str());
+      human_bytes(r.process_bytes).c_str(), bench_content_name(a.content), a.runs, a.dir.c_str(),
+      bench_memory_name(a.memory));
   std::printf("%-9s %10s %8s %8s %10s %12s %7s   %10s %8s %8s %12s %7s %11s\n", "method", "dump",
               "vs criu", "of floor", "exited", "extra mem", "of proc", "restore", "vs criu",
               "of floor", "extra mem", "of proc", "on disk");
@@ -173,14 +174,18 @@ void add_bench_dumprestore(CLI::App& bench, Context& ctx) {
       ->required();
   c->add_option("--size", a->size, "Process memory (weights), e.g. 4G");
   c->add_option("--content", a->content, "Weights: mixed (half random, half fp16-like) or bf16")
-      ->check(CLI::IsMember({"mixed", "bf16"}));
+      ->transform(enum_option(
+          {DumpRestoreBenchOptions::Content::kMixed, DumpRestoreBenchOptions::Content::kBf16},
+          bench_content_name));
   c->add_option("--runs", a->runs, "Runs per method (medians reported)")->check(CLI::Range(1, 100));
   c->add_option("--staging", a->staging, "tmpfs for the staged method (and CRIU's socket)");
   c->add_option("--memory", a->memory,
                 "The memory each restore meets: cold (what the dumped process freed has gone "
                 "back to the VM's host, as on an idle node; the default) or warm (freed a moment "
                 "before, as right after a process of that size ended here)")
-      ->check(CLI::IsMember({"cold", "warm"}));
+      ->transform(enum_option(
+          {DumpRestoreBenchOptions::Memory::kCold, DumpRestoreBenchOptions::Memory::kWarm},
+          bench_memory_name));
   a->criu.add(c);
   c->fallthrough();
   c->callback([a, &ctx] { run_dump_bench(*a, ctx); });

@@ -316,11 +316,11 @@ void emit_json(const Context& ctx, const BenchArgs& a, const IoBench& b, const f
              {{"ratio", pr.compressed_bytes ? double(b.raw) / double(pr.compressed_bytes) : 0},
               {"io_uring", pr.io_uring},
               {"direct_io", pr.direct_io},
-              {"timeline", to_json(pr.timeline)}}},
+              {"timeline", timeline_json(pr.timeline)}}},
             {"unpack",
              {{"io_uring", ur.io_uring},
               {"direct_io", ur.direct_io},
-              {"timeline", to_json(ur.timeline)}}}});
+              {"timeline", timeline_json(ur.timeline)}}}});
 }
 
 void print_human(const BenchArgs& a, const IoBench& b, const fs::path& work) {

@@ -68,7 +68,7 @@ void run_coldstart(const ColdArgs& a, Context& ctx) {
   }
   if (ctx.json) {
     const nlohmann::json extra = {{"command", a.command}, {"probe", describe_probe(o.probe)}};
-    ctx.emit(bench_json("coldstart", runs, extra));
+    ctx.emit_ordered(bench_json("coldstart", runs, extra));
     return;
   }
   print_runs("cold start (decision -> first answer)", runs);
@@ -146,7 +146,7 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
     }
     if (a.keep) extra["pid"] = last.pid;
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = last.first_answer;
-    ctx.emit(bench_json("restore", runs, extra));
+    ctx.emit_ordered(bench_json("restore", runs, extra));
     return;
   }
   print_runs("restore (interruption -> serving)", runs);
@@ -183,7 +183,7 @@ void run_migrate(const MigrateArgs& a, Context& ctx) {
                             {"skipped_compression_bytes", r.skipped_compression_bytes},
                             {"huge_page_bytes", r.huge_page_bytes}};
     if (o.probe.kind != ReadinessProbe::Kind::kNone) extra["first_answer"] = r.first_answer;
-    ctx.emit(bench_json("migrate", {r.timeline}, extra));
+    ctx.emit_ordered(bench_json("migrate", {r.timeline}, extra));
     return;
   }
   print_runs("migration (decision -> answering elsewhere)", {r.timeline});

@@ -126,7 +126,7 @@ void add_device_commands(CLI::App& app, Context& ctx) {
                           {"restore_tid", r.restore_tid},
                           {"gpu_memory_used_before", nullptr},
                           {"gpu_memory_used_after", nullptr},
-                          {"timeline", to_json(r.timeline)}};
+                          {"timeline", timeline_json(r.timeline)}};
       if (r.gpu_memory_used_before) j["gpu_memory_used_before"] = *r.gpu_memory_used_before;
       if (r.gpu_memory_used_after) j["gpu_memory_used_after"] = *r.gpu_memory_used_after;
       if (!opts.gpu_map.empty()) j["gpu_map"] = opts.gpu_map.to_string();

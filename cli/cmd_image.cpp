@@ -61,7 +61,7 @@ nlohmann::json result_json(const char* command, const TransferResult& r) {
           {"io_uring", r.io_uring},
           {"direct_io", r.direct_io},
           {"gbps", gbps(r.raw_bytes, r.timeline)},
-          {"timeline", to_json(r.timeline)}};
+          {"timeline", timeline_json(r.timeline)}};
 }
 
 void print_summary(const char* verb, const TransferResult& r) {

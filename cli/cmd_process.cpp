@@ -79,19 +79,23 @@ void print_header(const char* fmt, auto... args) {
 // stream through gpuckpt and DIR holds only CRIU's socket, log and stats; naming a staging
 // directory asks for the images to be staged there, unless --staging-mode stream says otherwise.
 struct StagingFlags {
-  std::string dir = "/dev/shm", mode;
-  CLI::Option* dir_opt = nullptr;
+  std::string dir = "/dev/shm";
+  StagingMode mode = StagingMode::kAuto;
+  CLI::Option *dir_opt = nullptr, *mode_opt = nullptr;
   void add(CLI::App* c, const std::string& what) {
     dir_opt = c->add_option("--staging", dir, what + " (implies --staging-mode staged)");
-    c->add_option("--staging-mode", mode,
-                  "stream: CRIU's images flow through gpuckpt's streamer, no copy of the "
-                  "process's memory in tmpfs; staged: through a directory under --staging; "
-                  "auto (default): staged for a snapshot (--leave-running) when --staging has "
-                  "room, which shortens the time the process is frozen, else stream")
-        ->check(CLI::IsMember({"stream", "staged", "auto"}));
+    mode_opt = c->add_option("--staging-mode", mode,
+                             "stream: CRIU's images flow through gpuckpt's streamer, no copy of "
+                             "the process's memory in tmpfs; staged: through a directory under "
+                             "--staging; auto (default): staged for a snapshot (--leave-running) "
+                             "when --staging has room, which shortens the time the process is "
+                             "frozen, else stream")
+                   ->transform(
+                       enum_option({StagingMode::kStream, StagingMode::kStaged, StagingMode::kAuto},
+                                   staging_mode_name));
   }
   StagingMode resolve() const {
-    if (!mode.empty()) return parse_staging_mode(mode);
+    if (mode_opt && mode_opt->count() > 0) return mode;
     return dir_opt && dir_opt->count() > 0 ? StagingMode::kStaged : StagingMode::kAuto;
   }
 };
@@ -103,17 +107,54 @@ constexpr const char* kThreadsHelp =
     "staged --leave-running snapshot compresses while the process runs again), at the cost of "
     "a longer dump or restore where compression is the bound";
 
-struct DumpArgs {
-  TargetFlags target;
-  std::string output, spool;
+// What dump and migrate both take for the dump they make: one group, so that the two stay alike.
+struct DumpFlags {
   StagingFlags staging;
-  bool leave_running = false, force = false, tcp_established = false;
+  bool force = false, tcp_established = false;
   int level = 1;
   CompressFlag compress;
   unsigned threads = 0;
   int lock_timeout_ms = 10000;
   CriuFlags criu;
   SignFlags sign;
+
+  struct Help {
+    std::string tcp, force, staging, threads;
+  };
+  void add(CLI::App* c, const Help& h) {
+    c->add_flag("--tcp-established", tcp_established, h.tcp);
+    c->add_flag("--force", force, h.force);
+    staging.add(c, h.staging);
+    c->add_option("--level", level, "zstd level")->check(CLI::Range(-7, 22));
+    compress.add(c, kCompressAutoForDumps);
+    c->add_option("--threads", threads, h.threads)->check(CLI::Range(0u, 1024u));
+    c->add_option("--lock-timeout", lock_timeout_ms, "CUDA lock timeout (ms)")
+        ->check(CLI::PositiveNumber);
+    criu.add(c);
+    sign.add(c);
+  }
+  // Into DumpOptions or MigrateOptions, which name these the same.
+  template <typename Options>
+  void apply(Options& o, const Context& ctx) const {
+    o.staging_root = staging.dir;
+    o.staging_mode = staging.resolve();
+    o.pack.zstd_level = level;
+    o.pack.compression = compress.value();
+    o.pack.threads = threads;
+    o.pack.force = force;
+    o.pack.progress = ctx.progress();
+    o.pack.sign_key = sign.path();
+    o.lock_timeout = std::chrono::milliseconds(lock_timeout_ms);
+    o.tcp_established = tcp_established;
+    o.criu = criu.settings();
+  }
+};
+
+struct DumpArgs {
+  TargetFlags target;
+  std::string output, spool;
+  bool leave_running = false;
+  DumpFlags flags;
 };
 
 void run_dump(const DumpArgs& o, Context& ctx) {
@@ -124,17 +165,7 @@ void run_dump(const DumpArgs& o, Context& ctx) {
   d.output = o.output;
   d.spool_root = o.spool;
   d.leave_running = o.leave_running;
-  d.staging_root = o.staging.dir;
-  d.staging_mode = o.staging.resolve();
-  d.pack.zstd_level = o.level;
-  d.pack.compression = o.compress.value();
-  d.pack.threads = o.threads;
-  d.pack.force = o.force;
-  d.pack.progress = ctx.progress();
-  d.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
-  d.tcp_established = o.tcp_established;
-  d.criu = o.criu.settings();
-  d.pack.sign_key = o.sign.path();
+  o.flags.apply(d, ctx);
   const DumpResult r = dump(d);
   ctx.progress_done();
   if (ctx.json) {
@@ -156,7 +187,7 @@ void run_dump(const DumpArgs& o, Context& ctx) {
               {"staging_note", r.staging_note},
               {"frozen_seconds", r.frozen_seconds},
               {"process_end_seconds", r.process_end_seconds},
-              {"timeline", to_json(r.timeline)}});
+              {"timeline", timeline_json(r.timeline)}});
     return;
   }
   print_header(
@@ -190,10 +221,6 @@ void add_dump(CLI::App& app, Context& ctx) {
                 "A whole runc container, by ID (runc's root, or one in $GPUCKPT_RUNC_ROOTS): it "
                 "ends, and runc forgets it, once the checkpoint is durable; `restore "
                 "--container` brings it back");
-  c->add_flag("--tcp-established", o->tcp_established,
-              "Dump established TCP connections with their state, so clients stay connected "
-              "(default: they are not dumped and a client in mid-request sees a reset; "
-              "listening sockets come back either way)");
   c->add_option("-o,--output", o->output,
                 "Checkpoint to write: a directory, or s3://BUCKET/PREFIX in object storage "
                 "(credentials, region and endpoint as for the AWS CLI: AWS_ACCESS_KEY_ID, "
@@ -208,15 +235,11 @@ void add_dump(CLI::App& app, Context& ctx) {
   c->add_flag("--leave-running", o->leave_running,
               "Snapshot: the process continues after the dump (default: it ends once the "
               "checkpoint is written)");
-  c->add_flag("--force", o->force, "Replace an existing checkpoint");
-  o->staging.add(c, "Where CRIU writes its images first (tmpfs)");
-  c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
-  o->compress.add(c, kCompressAutoForDumps);
-  c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
-  c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
-      ->check(CLI::PositiveNumber);
-  o->criu.add(c);
-  o->sign.add(c);
+  o->flags.add(c, {"Dump established TCP connections with their state, so clients stay "
+                   "connected (default: they are not dumped and a client in mid-request sees a "
+                   "reset; listening sockets come back either way)",
+                   "Replace an existing checkpoint", "Where CRIU writes its images first (tmpfs)",
+                   kThreadsHelp});
   c->callback([o, &ctx] { run_dump(*o, ctx); });
 }
 
@@ -267,7 +290,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
                      {"ns_pid", res.ns_pid},
                      {"gpu", res.gpu},
                      {"tree", res.tree},
-                     {"timeline", to_json(res.timeline)},
+                     {"timeline", timeline_json(res.timeline)},
                      {"staging_mode", staging_mode_name(res.staging_mode)},
                      {"huge_page_bytes", res.huge_page_bytes}};
     if (res.pidns_init > 0) j["pidns_init"] = res.pidns_init;
@@ -360,18 +383,12 @@ void add_restore(CLI::App& app, Context& ctx) {
 struct MigrateArgs {
   TargetFlags target;
   std::string new_id;
-  std::string to, gpu_map, handoff = "auto", ssh_config, remote_gpuckpt = "gpuckpt", spool,
-                           remote_spool;
-  StagingFlags staging;
-  bool keep = false, force = false, tcp_established = false, no_huge_pages = false;
-  int level = 1;
-  CompressFlag compress;
-  unsigned threads = 0;
-  int lock_timeout_ms = 10000;
+  std::string to, gpu_map, ssh_config, remote_gpuckpt = "gpuckpt", spool, remote_spool;
+  MigrateHandoff handoff = MigrateHandoff::kAuto;
+  bool keep = false, no_huge_pages = false;
   int stall_timeout_s = 60;
+  DumpFlags flags;
   ProbeFlags probe;
-  CriuFlags criu;
-  SignFlags sign;
   TrustFlags trust;
 };
 
@@ -390,21 +407,9 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   if (!o.gpu_map.empty()) m.gpu_map = parse_gpu_map(o.gpu_map);
   m.probe = o.probe.probe();
   m.keep_checkpoint = o.keep;
-  m.staging_root = o.staging.dir;
-  m.staging_mode = o.staging.resolve();
-  m.pack.zstd_level = o.level;
-  m.pack.compression = o.compress.value();
-  m.pack.threads = o.threads;
-  m.pack.force = o.force;
-  m.pack.progress = ctx.progress();
-  m.lock_timeout = std::chrono::milliseconds(o.lock_timeout_ms);
-  m.tcp_established = o.tcp_established;
+  o.flags.apply(m, ctx);
   m.huge_pages = !o.no_huge_pages;
-  m.handoff = o.handoff == "frozen"    ? MigrateHandoff::kFrozen
-              : o.handoff == "release" ? MigrateHandoff::kRelease
-                                       : MigrateHandoff::kAuto;
-  m.criu = o.criu.settings();
-  m.pack.sign_key = o.sign.path();
+  m.handoff = o.handoff;
   m.trust = o.trust.options();
   const MigrateResult res = migrate(m);  // holds the commit until this has reported it
   ctx.progress_done();
@@ -416,7 +421,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
                      {"target", res.target},
                      {"skipped_compression_bytes", res.skipped_compression_bytes},
                      {"container", res.container},
-                     {"timeline", to_json(res.timeline)}};
+                     {"timeline", timeline_json(res.timeline)}};
     if (!res.target_result.is_null()) j["target_result"] = res.target_result;
     if (o.keep) j["checkpoint"] = res.checkpoint;
     if (m.probe.kind != ReadinessProbe::Kind::kNone) j["first_answer"] = res.first_answer;
@@ -460,9 +465,9 @@ void add_migrate(CLI::App& app, Context& ctx) {
                 "rollback restores the original). auto: release for TCP or abstract-socket "
                 "listeners, else frozen; a container: release for a copy under its own ID, or "
                 "for host-network listeners, else frozen")
-      ->check(CLI::IsMember({"auto", "frozen", "release"}));
-  c->add_flag("--tcp-established", o->tcp_established,
-              "Carry established TCP connections over (see dump --tcp-established)");
+      ->transform(
+          enum_option({MigrateHandoff::kAuto, MigrateHandoff::kFrozen, MigrateHandoff::kRelease},
+                      handoff_name));
   c->add_option("--to", o->to,
                 "Where to: a directory on this host that the checkpoint is written to and "
                 "restored from, or ssh://[USER@]HOST[:PORT], another host with gpuckpt (OpenSSH, "
@@ -489,21 +494,13 @@ void add_migrate(CLI::App& app, Context& ctx) {
   c->add_flag("--keep-checkpoint", o->keep,
               "Keep the checkpoint after a successful migration (ssh://: in --spool, as "
               "COMM-PID.ckpt)");
-  c->add_flag("--force", o->force,
-              "Replace a checkpoint of this process already in --to (one that a failed "
-              "migration kept, so that it can be retried)");
-  o->staging.add(c, "tmpfs staging directory for CRIU's images");
-  c->add_option("--level", o->level, "zstd level")->check(CLI::Range(-7, 22));
-  o->compress.add(c, kCompressAutoForDumps);
-  c->add_option("--threads", o->threads,
-                std::string(kThreadsHelp) + " (ssh://: this host's; the target uses its own)")
-      ->check(CLI::Range(0u, 1024u));
-  c->add_option("--lock-timeout", o->lock_timeout_ms, "CUDA lock timeout (ms)")
-      ->check(CLI::PositiveNumber);
+  o->flags.add(c, {"Carry established TCP connections over (see dump --tcp-established)",
+                   "Replace a checkpoint of this process already in --to (one that a failed "
+                   "migration kept, so that it can be retried)",
+                   "tmpfs staging directory for CRIU's images",
+                   std::string(kThreadsHelp) + " (ssh://: this host's; the target uses its own)"});
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
   o->probe.add(c);
-  o->criu.add(c);
-  o->sign.add(c);
   o->trust.add(c);
   c->callback([o, &ctx] { run_migrate(*o, ctx); });
 }

@@ -57,7 +57,7 @@ void run_report(const ReportArgs& a, Context& ctx) {
     spdlog::info("wrote {}", a.html);
   }
   if (ctx.json)
-    ctx.emit(nlohmann::json::parse(render_json(r)));
+    ctx.emit_ordered(render_json(r));
   else
     std::cout << render_table(r);
 }

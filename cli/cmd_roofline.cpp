@@ -96,7 +96,7 @@ void run_roofline(const RooflineArgs& a, Context& ctx) {
     if (c.target == "gpu") path_from_gpu_ceilings(c, *path);
   }
   if (ctx.json) {
-    ctx.emit(roofline_json(c, placement, kernel, path));
+    ctx.emit_ordered(roofline_json(c, placement, kernel, path));
   } else {
     print_human(c, placement, kernel);
     if (path) std::printf("%s", render_path(*path).c_str());

@@ -56,12 +56,16 @@ void Context::emit(const nlohmann::json& j) const {
   std::cout << json_text(j, 2) << std::endl;
 }
 
+void Context::emit_ordered(const nlohmann::ordered_json& j) const {
+  std::cout << json_text(j, 2) << std::endl;
+}
+
 std::string json_text(const nlohmann::json& j, int indent) {
   return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-nlohmann::json to_json(const Timeline& t) {
-  return timeline_json(t);
+std::string json_text(const nlohmann::ordered_json& j, int indent) {
+  return j.dump(indent, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 nlohmann::json signature_json(const SignatureInfo& s) {

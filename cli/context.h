@@ -24,16 +24,17 @@ struct Context {
   ProgressFn progress() const;
   // Ends a progress line, if one was drawn.
   void progress_done() const;
-  // Prints `j` as one JSON document on stdout.
+  // Prints `j` as one JSON document on stdout; `emit_ordered`, in its members' order (the
+  // engine's documents: reports, roofline, bench).
   void emit(const nlohmann::json& j) const;
+  void emit_ordered(const nlohmann::ordered_json& j) const;
 };
 
 // `j` as text (`indent` as nlohmann's dump). Bytes that are not UTF-8 (a path, a process's
 // name) come out as U+FFFD instead of throwing: the JSON must come out.
 std::string json_text(const nlohmann::json& j, int indent = -1);
+std::string json_text(const nlohmann::ordered_json& j, int indent = -1);
 
-// JSON for engine results, shared by the commands.
-nlohmann::json to_json(const Timeline& t);
 std::string human_bytes(std::uint64_t b);
 // Prints a per-stage table (name, seconds, bytes, GB/s) to stdout.
 void print_stages(const Timeline& t);

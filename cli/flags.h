@@ -3,7 +3,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "commands.h"
@@ -84,12 +87,36 @@ inline CLI::Validator pid_check() {
       "PID", "PID");
 }
 
+// An option bound to an enum, taking the names that the engine gives its values (through its
+// NAME_name function): exactly those, listed in the help and in the refusal of any other word.
+// One table, the engine's.
+template <typename E>
+CLI::Validator enum_option(std::initializer_list<E> values, const char* (*name)(E)) {
+  std::vector<std::pair<std::string, E>> table;
+  std::string names;
+  for (const E v : values) {
+    table.emplace_back(name(v), v);
+    names += (names.empty() ? "" : ", ") + std::string(name(v));
+  }
+  return CLI::Validator(
+      [table, names](std::string& in) -> std::string {
+        for (const auto& [n, v] : table)
+          if (in == n) {
+            // CLI11 then reads the enum from its number.
+            in = std::to_string(static_cast<std::underlying_type_t<E>>(v));
+            return {};
+          }
+        return "'" + in + "' is none of " + names;
+      },
+      "one of: " + names);
+}
+
 // A readiness probe waits at most this long: longer is a typo, not a plan.
 inline constexpr double kMaxProbeSeconds = 86400;
 
 // --compress for the commands that write a checkpoint (pack, dump, migrate).
 struct CompressFlag {
-  std::string mode = "auto";
+  Compression mode = Compression::kAuto;
 
   // `auto_means`: what the default does for this command.
   void add(CLI::App* c, const std::string& auto_means) {
@@ -99,9 +126,10 @@ struct CompressFlag {
                   "writes would wait for them (a larger checkpoint, durable sooner on a node "
                   "short of CPU); auto (default): " +
                       auto_means)
-        ->check(CLI::IsMember({"always", "adaptive", "auto"}));
+        ->transform(enum_option({Compression::kAlways, Compression::kAdaptive, Compression::kAuto},
+                                compression_name));
   }
-  Compression value() const { return parse_compression(mode); }
+  Compression value() const { return mode; }
 };
 
 // What --compress auto does for a dump or a migration.

@@ -93,9 +93,25 @@ INSTANTIATE_TEST_SUITE_P(
         Args{"LevelOutOfRange", {"--json", "dump", "--pid", "1", "-o", "CKPT", "--level", "99"}},
         Args{"UnknownCompression",
              {"--json", "dump", "--pid", "1", "-o", "CKPT", "--compress", "fast"}},
+        Args{"UnknownHandoff",
+             {"--json", "migrate", "--pid", "1", "--to", "CKPT", "--handoff", "sideways"}},
+        Args{"UnknownStagingMode",
+             {"--json", "dump", "--pid", "1", "-o", "CKPT", "--staging-mode", "tmpfs"}},
+        Args{"UnknownBenchContent",
+             {"--json", "bench", "dump", "--dir", "CKPT", "--content", "fp8"}},
         Args{"NoSubcommand", {"--json"}},
         Args{"JsonAfterTheSubcommand", {"dump", "--json", "--pid", "abc", "-o", "CKPT"}}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// An option that takes one of the engine's names says which: the engine's own table, not a copy.
+TEST_F(CliUsage, AnUnknownNameIsRefusedWithTheNamesTheEngineHas) {
+  const auto r = test::run_cli(
+      {"--json", "migrate", "--pid", "1", "--to", ckpt_.string(), "--handoff", "sideways"});
+  EXPECT_EQ(r.exit_code, 2);
+  const std::string message = one_json_document(r)["error"].value("message", "");
+  for (const char* name : {"auto", "frozen", "release"})
+    EXPECT_NE(message.find(name), std::string::npos) << message;
+}
 
 TEST_F(CliUsage, UsageErrorWithoutJsonPrintsNothingOnStdout) {
   const auto r = test::run_cli({"dump", "--pid", "0", "-o", ckpt_.string()});

@@ -208,7 +208,7 @@ TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
       timeline({stage("read_decompress", 1, 2 * kGB), stage("criu_restore_tasks", 1, 2 * kGB)});
   r.restore_runs = {1.0};
   r.restore_context.huge_pages = true;
-  const auto j = nlohmann::json::parse(render_json(r));
+  const auto j = nlohmann::json(render_json(r));
   ASSERT_TRUE(j["path"].is_object());
   EXPECT_DOUBLE_EQ(j["path"]["disk_write_gbps"].get<double>(), 0.5);
   const auto& floor = j["restore"]["floors"]["floor"];
@@ -217,13 +217,13 @@ TEST(Floors, TheReportCarriesThePathAndEachFloorThroughItsJsonAndTable) {
   EXPECT_GT(floor["percent"].get<double>(), 0);
   EXPECT_EQ(j["restore"]["floors"]["stages"].size(), 2u);
 
-  const TransientReport back = parse_report_json(render_json(r), "test");
+  const TransientReport back = parse_report_json(render_json(r).dump(), "test");
   ASSERT_TRUE(back.path);
   EXPECT_DOUBLE_EQ(back.path->fill_huge_gbps, 10.0);
   EXPECT_DOUBLE_EQ(back.path->fill_huge_warm_gbps, 25.0);
   // The fill's threads travel too (the CPU budget needs them); nonsense is refused.
   r.path->fill_huge_threads = 3;
-  auto threads = nlohmann::json::parse(render_json(r));
+  auto threads = nlohmann::json(render_json(r));
   EXPECT_EQ(parse_report_json(threads.dump(), "test").path->fill_huge_threads, 3u);
   threads["path"]["fill_huge_threads"] = 0;
   EXPECT_THROW(parse_report_json(threads.dump(), "test"), Error);

@@ -36,8 +36,6 @@ enum class Compression : std::uint8_t {
   kAuto,
 };
 const char* compression_name(Compression c);  // "always", "adaptive", "auto"
-// Error(kUsage) for any other name.
-Compression parse_compression(const std::string& name);
 // Whether a dump's `c` stores chunks uncompressed when the workers fall behind: kAuto resolved,
 // for a checkpoint of which a copy goes over a network as it is written (`network_copy`) or not.
 bool compression_adapts(Compression c, bool network_copy);

@@ -70,8 +70,6 @@ enum class StagingMode {
   kAuto,
 };
 const char* staging_mode_name(StagingMode m);  // "stream", "staged", "auto"
-// "stream" | "staged" | "auto"; throws Error(kUsage).
-StagingMode parse_staging_mode(const std::string& s);
 
 struct DumpOptions {
   pid_t pid = 0;
@@ -309,7 +307,8 @@ struct DumpRestoreBenchOptions {
   std::filesystem::path dir;  // weights file, checkpoints, CRIU's plain image directory
   std::filesystem::path staging_root = "/dev/shm";
   std::uint64_t size = 1ull << 30;
-  std::string content = "mixed";  // gpuckpt-demo-server --content: bf16 | mixed
+  // The weights (gpuckpt-demo-server --content): half random, half fp16-like; or bf16-like.
+  enum class Content { kMixed, kBf16 } content = Content::kMixed;
   unsigned runs = 3;
   // The memory each restore meets (support.h): kCold waits until what the dumped process freed
   // has gone back to the host (settle_free_memory), as on an idle node; kWarm touches and frees
@@ -318,6 +317,10 @@ struct DumpRestoreBenchOptions {
   CriuSettings criu;
   std::function<void(const std::string&)> log;  // one line per measured run
 };
+
+// "mixed", "bf16"; "cold", "warm".
+const char* bench_content_name(DumpRestoreBenchOptions::Content c);
+const char* bench_memory_name(DumpRestoreBenchOptions::Memory m);
 
 struct DumpRestoreBenchMethod {
   std::string name;  // "stream", "stream-4k" (restored without huge pages), "staged", "criu"

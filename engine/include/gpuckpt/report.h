@@ -81,7 +81,8 @@ std::optional<double> restore_speedup(const TransientReport& r);
 std::string render_table(const TransientReport& r);
 // The checkpoint path's ceilings as the table prints them (also `gpuckpt roofline --transient`).
 std::string render_path(const PathCeilings& p);
-std::string render_json(const TransientReport& r);
+// Its members in the order written (an ordered_json): diffs and eyes read them so.
+nlohmann::ordered_json render_json(const TransientReport& r);
 std::string render_svg(const TransientReport& r);
 std::string render_html(const TransientReport& r);  // self-contained, embeds the SVG
 // Inverse of render_json. Throws Error(kInvalidInput) naming `source` on a bad document.
@@ -98,11 +99,12 @@ void write_report_output(const std::filesystem::path& path, const std::string& c
 // `gpuckpt roofline --json`: {"kind":"roofline","ceilings":{...},"placement":{...}|null,
 // "kernel":{...}|null}.
 // With `path` (`gpuckpt roofline --transient`): "path":{...}, the checkpoint path's ceilings.
-nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
-                             const std::optional<KernelMeasurement>& kernel = {},
-                             const std::optional<PathCeilings>& path = {});
+nlohmann::ordered_json roofline_json(const Ceilings& c,
+                                     const std::optional<RooflinePlacement>& placement,
+                                     const std::optional<KernelMeasurement>& kernel = {},
+                                     const std::optional<PathCeilings>& path = {});
 // The "path" member of those documents.
-nlohmann::json path_json(const PathCeilings& p);
+nlohmann::ordered_json path_json(const PathCeilings& p);
 // Reads a roofline document into r.ceilings, r.workload and (if present) r.path.
 void load_roofline_json(const std::string& text, TransientReport& r,
                         const std::string& source = "roofline");
@@ -110,8 +112,8 @@ void load_roofline_json(const std::string& text, TransientReport& r,
 // `gpuckpt bench coldstart|restore|migrate --json`: {"kind":KIND,"timeline":<median run>,
 // "runs":[...],"summary":{"runs","min_seconds","median_seconds","max_seconds"}, ...extra}.
 // `extra` is a JSON object whose members are merged in (command, pid, ...).
-nlohmann::json bench_json(const std::string& kind, const std::vector<Timeline>& runs,
-                          const nlohmann::json& extra = nlohmann::json::object());
+nlohmann::ordered_json bench_json(const std::string& kind, const std::vector<Timeline>& runs,
+                                  const nlohmann::json& extra = nlohmann::json::object());
 // The run with the median total (the lower one for an even count); `runs` must not be empty.
 const Timeline& median_run(const std::vector<Timeline>& runs);
 // Reads a bench document into the matching member of `r` (by its "kind": coldstart, restore,

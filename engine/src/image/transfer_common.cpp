@@ -28,13 +28,6 @@ const char* compression_name(Compression c) {
   return c == Compression::kAlways ? "always" : c == Compression::kAdaptive ? "adaptive" : "auto";
 }
 
-Compression parse_compression(const std::string& name) {
-  for (Compression c : {Compression::kAlways, Compression::kAdaptive, Compression::kAuto})
-    if (name == compression_name(c)) return c;
-  throw Error(Errc::kUsage,
-              "compression must be 'always', 'adaptive' or 'auto', not '" + name + "'");
-}
-
 bool compression_adapts(Compression c, bool network_copy) {
   return c == Compression::kAdaptive || (c == Compression::kAuto && !network_copy);
 }

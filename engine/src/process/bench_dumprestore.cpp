@@ -228,6 +228,14 @@ class Server {
 
 }  // namespace
 
+const char* bench_content_name(DumpRestoreBenchOptions::Content c) {
+  return c == DumpRestoreBenchOptions::Content::kBf16 ? "bf16" : "mixed";
+}
+
+const char* bench_memory_name(DumpRestoreBenchOptions::Memory m) {
+  return m == DumpRestoreBenchOptions::Memory::kWarm ? "warm" : "cold";
+}
+
 DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   if (o.dir.empty()) throw Error(Errc::kUsage, "no benchmark directory given");
   if (o.runs == 0) throw Error(Errc::kUsage, "at least one run");
@@ -242,10 +250,10 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
     flight->scratch.push_back(weights);
   }
   {
-    auto r =
-        run_capture({(self_exe_dir() / "gpuckpt-demo-server").string(), "--generate-weights",
-                     weights.string(), "--size", std::to_string(o.size), "--content", o.content},
-                    std::chrono::seconds(1800));
+    auto r = run_capture(
+        {(self_exe_dir() / "gpuckpt-demo-server").string(), "--generate-weights", weights.string(),
+         "--size", std::to_string(o.size), "--content", bench_content_name(o.content)},
+        std::chrono::seconds(1800));
     if (!r.status.ok()) throw Error(Errc::kIo, "cannot generate the weights: " + r.output);
   }
   DumpRestoreBenchResult res;

@@ -527,13 +527,6 @@ const char* staging_mode_name(StagingMode m) {
   return m == StagingMode::kStream ? "stream" : m == StagingMode::kStaged ? "staged" : "auto";
 }
 
-StagingMode parse_staging_mode(const std::string& s) {
-  if (s == "stream") return StagingMode::kStream;
-  if (s == "staged") return StagingMode::kStaged;
-  if (s == "auto") return StagingMode::kAuto;
-  throw Error(Errc::kUsage, "staging mode must be 'stream', 'staged' or 'auto', not '" + s + "'");
-}
-
 DumpResult dump(const DumpOptions& opts) {
   process::Guard guard("dump");
   // An s3:// output: the checkpoint is written into a spool, uploaded while it is written, and

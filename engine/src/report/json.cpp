@@ -116,7 +116,9 @@ Json opt(const std::optional<double>& v) {
   return v ? Json(*v) : Json(nullptr);
 }
 
-Json path_to_json(const PathCeilings& p) {
+}  // namespace
+
+Json path_json(const PathCeilings& p) {
   return {{"dir", p.dir},
           {"cores", p.cores},
           {"disk_write_gbps", p.disk_write_gbps},
@@ -135,6 +137,8 @@ Json path_to_json(const PathCeilings& p) {
           {"pcie_h2d_gbps", opt(p.pcie_h2d_gbps)},
           {"pcie_d2h_gbps", opt(p.pcie_d2h_gbps)}};
 }
+
+namespace {
 
 PathCeilings path_from_json(const Json& j, const std::string& source) {
   if (!j.is_object()) bad(source, "'path' is not an object");
@@ -227,25 +231,21 @@ void runs_from_json(const Json& j, const char* key, std::optional<Timeline>& t,
 
 }  // namespace
 
-nlohmann::json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
-                             const std::optional<KernelMeasurement>& kernel,
-                             const std::optional<PathCeilings>& path) {
+Json roofline_json(const Ceilings& c, const std::optional<RooflinePlacement>& placement,
+                   const std::optional<KernelMeasurement>& kernel,
+                   const std::optional<PathCeilings>& path) {
   Json j = {{"ok", true},
             {"kind", "roofline"},
             {"ceilings", ceilings_to_json(c)},
             {"placement", placement ? placement_to_json(*placement) : Json(nullptr)},
             {"kernel", nullptr},
-            {"path", path ? path_to_json(*path) : Json(nullptr)}};
+            {"path", path ? path_json(*path) : Json(nullptr)}};
   if (kernel)
     j["kernel"] = {{"name", kernel->name},           {"description", kernel->description},
                    {"intensity", kernel->intensity}, {"achieved_gflops", kernel->achieved_gflops},
                    {"seconds", kernel->seconds},     {"flops", kernel->flops},
                    {"bytes", kernel->bytes}};
-  return nlohmann::json(j);
-}
-
-nlohmann::json path_json(const PathCeilings& p) {
-  return nlohmann::json(path_to_json(p));
+  return j;
 }
 
 void load_roofline_json(const std::string& text, TransientReport& r, const std::string& source) {
@@ -270,8 +270,8 @@ const Timeline& median_run(const std::vector<Timeline>& runs) {
   return *sorted[(sorted.size() - 1) / 2];
 }
 
-nlohmann::json bench_json(const std::string& kind, const std::vector<Timeline>& runs,
-                          const nlohmann::json& extra) {
+Json bench_json(const std::string& kind, const std::vector<Timeline>& runs,
+                const nlohmann::json& extra) {
   if (runs.empty()) throw Error(Errc::kInternal, "bench_json: no runs");
   std::vector<double> totals;
   Json all = Json::array();
@@ -295,7 +295,7 @@ nlohmann::json bench_json(const std::string& kind, const std::vector<Timeline>& 
   if (!extra.is_null() && !extra.is_object())
     throw Error(Errc::kInternal, "bench_json: extra must be a JSON object");
   for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = Json(it.value());
-  return nlohmann::json(j);
+  return j;
 }
 
 std::string load_bench_json(const std::string& text, TransientReport& r,
@@ -343,18 +343,18 @@ std::string load_bench_json(const std::string& text, TransientReport& r,
   return kind;
 }
 
-std::string render_json(const TransientReport& r) {
+Json render_json(const TransientReport& r) {
   const auto speedup = restore_speedup(r);
   Json j = {{"ok", true},
             {"kind", "transient_report"},
             {"ceilings", r.ceilings.target.empty() ? Json(nullptr) : ceilings_to_json(r.ceilings)},
             {"workload", r.workload ? placement_to_json(*r.workload) : Json(nullptr)},
-            {"path", r.path ? path_to_json(*r.path) : Json(nullptr)},
+            {"path", r.path ? path_json(*r.path) : Json(nullptr)},
             {"cold_start", runs_json(r.cold_start, r.cold_start_runs, r, r.cold_start_context)},
             {"restore", runs_json(r.restore, r.restore_runs, r, r.restore_context)},
             {"migration", runs_json(r.migration, r.migration_runs, r, r.migration_context)},
             {"restore_speedup", speedup ? Json(*speedup) : Json(nullptr)}};
-  return j.dump(2, ' ', false, Json::error_handler_t::replace);
+  return j;
 }
 
 TransientReport parse_report_json(const std::string& text, const std::string& source) {
