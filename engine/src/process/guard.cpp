@@ -1093,25 +1093,13 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   }
 }
 
-Recovery recover(const Plan& p) {
-  RecoveryLog log;
-  // A pid counts only while it is the process gpuckpt named (same start tick): one reused
-  // since is someone else's.
-  auto is = [](pid_t q, std::uint64_t started) {
-    const auto t = q > 0 && started > 0 ? start_ticks(q) : std::nullopt;
-    return t && *t == started;
-  };
-  auto protected_one = [&](pid_t q) {
-    const auto it = p.started.find(q);
-    return it != p.started.end() && is(q, it->second) && alive(q);
-  };
-  // 1. criu first: its tasks are in a clean state only once it has finished.
-  if (is(p.criu, p.criu_started) && alive(p.criu)) let_finish(p.criu, "criu", false, log);
-  // 2. the copies, which may own the service's endpoints.
+// Step 2a: the copies to end or leave, each once, by what is known best. gpuckpt named some; a
+// criu that finished names the copy it restored in its pidfile (started after gpuckpt's tick,
+// taken before criu started); one that wrote none left, at the checkpoint's pids, a
+// half-restored tree that is ended here.
+std::map<pid_t, Plan::Copy> copies_to_recover(const Plan& p, RecoveryLog& log) {
   auto copies = p.copies;
   for (const auto& n : p.copy_pidfiles) {
-    // criu has finished: its pidfile names the copy if it restored one, and that copy started
-    // after gpuckpt's tick, taken before criu started.
     pid_t q = 0;
     try {
       q = read_pidfile(n.pidfile);
@@ -1128,8 +1116,7 @@ Recovery recover(const Plan& p) {
     const auto started = start_ticks(q);
     if (started && *started >= n.after) copies.push_back({q, 0, *started, 0, n.kill});
   }
-  // A copy may be named twice, first by its pidfile or its namespace's init, then by its pid:
-  // once each, by what is known best.
+  // A copy may be named twice, first by its pidfile or its namespace's init, then by its pid.
   std::map<pid_t, Plan::Copy> unique;
   for (const auto& c : copies) {
     auto& u = unique[c.pidns_init > 0 ? c.pidns_init : c.pid];
@@ -1140,35 +1127,12 @@ Recovery recover(const Plan& p) {
     }
     u.kill = u.kill || c.kill;
   }
-  // The protected processes still alive as the ones named (start ticks), their trees included.
-  auto live_targets = [&] {
-    std::set<pid_t> live;
-    for (pid_t q : p.pids)
-      if (protected_one(q)) live.insert(q);
-    for (pid_t r : p.roots)
-      if (protected_one(r))
-        for (pid_t q : process_tree(r))
-          if (alive(q)) live.insert(q);
-    return std::vector<pid_t>(live.begin(), live.end());
-  };
-  if (p.replay) {
-    if (const std::string why = changed_since_the_kill(p, unique, is, protected_one);
-        !why.empty()) {
-      // Someone acted since (an operator resumed the original, or a copy has been serving
-      // alone): undoing now would end a running service.
-      // Except the CUDA state the dump locked: a tree that runs again because criu died with
-      // gpuckpt (the kernel resumes a tracer's tasks) would otherwise serve frozen on the GPU.
-      // Giving it back acts only on a state the driver still reports locked or checkpointed.
-      // And what it staged (tmpfs images, a spool, an unpublished output): the journal names it
-      // as the operation's own, nobody else holds it, and no later run would find it.
-      const std::size_t said = log.said.size();
-      if (!p.durable || !p.end_targets) give_back_cuda(p, live_targets(), log);
-      say(log, why + (log.said.size() > said ? ", so nothing else was undone"
-                                             : ", so nothing was undone"));
-      remove_staged(p, log);
-      return {joined(log), std::move(log.failed)};
-    }
-  }
+  return unique;
+}
+
+// Step 2a, continued: an unconfirmed copy (or a namespace whose restore was cut short) is
+// killed, its CUDA processes locked first; a copy that is to stay is left as it is.
+void end_copies(const std::map<pid_t, Plan::Copy>& unique, RecoveryLog& log, const auto& is) {
   for (const auto& [key, c] : unique) {
     const bool root = is(c.pid, c.pid_started), init = is(c.pidns_init, c.init_started);
     if (!root && !init) continue;  // gone already
@@ -1202,8 +1166,10 @@ Recovery recover(const Plan& p) {
                  "so that namespace (init " +
                      std::to_string(c.pidns_init) + ") was killed");
   }
-  end_restored_containers(p, log, is);
-  // 3. paths a rollback must put back.
+}
+
+// Step 3: the paths a rollback must put back (socket paths a copy took).
+void put_back_paths(const Plan& p, RecoveryLog& log) {
   for (const auto& [from, to] : p.renames) {
     if (::rename(from.c_str(), to.c_str()) == 0) {
       say(log, "the socket path " + to.string() + " was given back to the process serving it");
@@ -1216,36 +1182,34 @@ Recovery recover(const Plan& p) {
                                  err));
     }
   }
-  // 4. the targets, each only while it is the process that was protected.
-  // Restored from the checkpoint if they already ended for a migration...
-  if (!p.restore_from.empty()) {
-    bool any_alive = false;
-    for (pid_t r : p.roots) any_alive |= protected_one(r);
-    if (!any_alive) {
-      RestoreOptions ro;
-      ro.checkpoint = p.restore_from;
-      ro.staging_root = p.restore_staging;
-      ro.criu.binary = p.restore_criu;
-      ro.criu.check = false;
-      if (!p.restore_container.empty()) ro.container = p.restore_container;
-      RestoreResult rr;
-      try {
-        restore_into(ro, rr, nullptr);
-        say(log, "the original was restored from " + p.restore_from.string() +
-                     (rr.container.empty() ? "" : " as container " + rr.container + ",") +
-                     " as pid " + std::to_string(rr.pid));
-      } catch (const std::exception& e) {
-        const auto* err = dynamic_cast<const Error*>(&e);
-        fail(log, err ? err->code() : Errc::kInternal,
-             "restoring the original from " + p.restore_from.string() +
-                 " failed (restore it by hand: gpuckpt restore " + p.restore_from.string() +
-                 "): " + e.what());
-      }
-      return finish(p, std::move(log));
-    }
+}
+
+// Step 4a: an original that already ended for a migration comes back from its checkpoint.
+void restore_original(const Plan& p, RecoveryLog& log) {
+  RestoreOptions ro;
+  ro.checkpoint = p.restore_from;
+  ro.staging_root = p.restore_staging;
+  ro.criu.binary = p.restore_criu;
+  ro.criu.check = false;
+  if (!p.restore_container.empty()) ro.container = p.restore_container;
+  RestoreResult rr;
+  try {
+    restore_into(ro, rr, nullptr);
+    say(log, "the original was restored from " + p.restore_from.string() +
+                 (rr.container.empty() ? "" : " as container " + rr.container + ",") + " as pid " +
+                 std::to_string(rr.pid));
+  } catch (const std::exception& e) {
+    const auto* err = dynamic_cast<const Error*>(&e);
+    fail(log, err ? err->code() : Errc::kInternal,
+         "restoring the original from " + p.restore_from.string() +
+             " failed (restore it by hand: gpuckpt restore " + p.restore_from.string() +
+             "): " + e.what());
   }
-  // ...else resumed where they are frozen (or ended, once durable, if they were to end).
-  const std::vector<pid_t> live = live_targets();
+}
+
+// Step 4b: the targets still alive, resumed where they are frozen (their CUDA state given
+// back), or ended once the checkpoint is durable if they were to end.
+void resume_or_end(const Plan& p, const std::vector<pid_t>& live, RecoveryLog& log) {
   if (p.durable && p.end_targets) {
     for (pid_t q : live) ::kill(q, SIGKILL);
     std::vector<pid_t> stuck;
@@ -1257,14 +1221,72 @@ Recovery recover(const Plan& p) {
                " did not end");
     else if (!live.empty())
       say(log, "the checkpoint is durable, so the dumped processes ended as planned");
-  } else {
-    for (pid_t q : live) ::kill(q, SIGCONT);
-    give_back_cuda(p, live, log);
-    if (!live.empty()) {
-      say(log, (live.size() == 1 ? "process " : "processes ") + pid_list(live) +
-                   (live.size() == 1 ? " was" : " were") + " resumed");
+    return;
+  }
+  for (pid_t q : live) ::kill(q, SIGCONT);
+  give_back_cuda(p, live, log);
+  if (!live.empty())
+    say(log, (live.size() == 1 ? "process " : "processes ") + pid_list(live) +
+                 (live.size() == 1 ? " was" : " were") + " resumed");
+}
+
+Recovery recover(const Plan& p) {
+  RecoveryLog log;
+  // A pid counts only while it is the process gpuckpt named (same start tick): one reused
+  // since is someone else's.
+  auto is = [](pid_t q, std::uint64_t started) {
+    const auto t = q > 0 && started > 0 ? start_ticks(q) : std::nullopt;
+    return t && *t == started;
+  };
+  auto protected_one = [&](pid_t q) {
+    const auto it = p.started.find(q);
+    return it != p.started.end() && is(q, it->second) && alive(q);
+  };
+  // The protected processes still alive as the ones named (start ticks), their trees included.
+  auto live_targets = [&] {
+    std::set<pid_t> live;
+    for (pid_t q : p.pids)
+      if (protected_one(q)) live.insert(q);
+    for (pid_t r : p.roots)
+      if (protected_one(r))
+        for (pid_t q : process_tree(r))
+          if (alive(q)) live.insert(q);
+    return std::vector<pid_t>(live.begin(), live.end());
+  };
+  // 1. criu first: its tasks are in a clean state only once it has finished.
+  if (is(p.criu, p.criu_started) && alive(p.criu)) let_finish(p.criu, "criu", false, log);
+  // 2. the copies, which may own the service's endpoints.
+  const auto copies = copies_to_recover(p, log);
+  if (p.replay) {
+    if (const std::string why = changed_since_the_kill(p, copies, is, protected_one);
+        !why.empty()) {
+      // Someone acted since (an operator resumed the original, or a copy has been serving
+      // alone): undoing now would end a running service.
+      // Except the CUDA state the dump locked: a tree that runs again because criu died with
+      // gpuckpt (the kernel resumes a tracer's tasks) would otherwise serve frozen on the GPU.
+      // Giving it back acts only on a state the driver still reports locked or checkpointed.
+      // And what it staged (tmpfs images, a spool, an unpublished output): the journal names it
+      // as the operation's own, nobody else holds it, and no later run would find it.
+      const std::size_t said = log.said.size();
+      if (!p.durable || !p.end_targets) give_back_cuda(p, live_targets(), log);
+      say(log, why + (log.said.size() > said ? ", so nothing else was undone"
+                                             : ", so nothing was undone"));
+      remove_staged(p, log);
+      return {joined(log), std::move(log.failed)};
     }
   }
+  end_copies(copies, log, is);
+  end_restored_containers(p, log, is);
+  // 3. paths a rollback must put back.
+  put_back_paths(p, log);
+  // 4. the targets, each only while it is the process that was protected: restored from the
+  // checkpoint if they already ended for a migration, else resumed (or ended, if durable).
+  if (!p.restore_from.empty() &&
+      std::none_of(p.roots.begin(), p.roots.end(), [&](pid_t r) { return protected_one(r); })) {
+    restore_original(p, log);
+    return finish(p, std::move(log));
+  }
+  resume_or_end(p, live_targets(), log);
   return finish(p, std::move(log));
 }
 
