@@ -633,6 +633,9 @@ TEST_F(E2eContainer, ATargetWithoutAMountSourceIsRefusedBeforeTheFreeze) {
 // from runc's state (it knows the copy's init), and resumes the frozen original, still listed
 // by runc, with its data.
 TEST_F(E2eContainer, RecoverAfterGpuckptAndItsGuardDieEndsTheCopyAndResumesTheOriginal) {
+  // A journal of its own: any gpuckpt that another suite runs meanwhile would recover an
+  // abandoned journal in the shared run directory before this test's `recover` does.
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", (dir_.path() / "run").string());
   const auto [id, init, digest] = serving("orphan");
   ASSERT_GT(init, 0);
   const std::string copy = unique_id("orphancopy");
