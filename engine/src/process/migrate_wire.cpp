@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "util/no_sigpipe.h"
+#include "util/write_fully.h"
 
 namespace gpuckpt::migrate_wire {
 
@@ -24,12 +25,8 @@ namespace {
 
 void write_all(int fd, std::string_view s, const std::string& what) {
   NoSigpipe nosig;  // a peer gone is an error here, not the end of gpuckpt
-  while (!s.empty()) {
-    const ssize_t n = ::write(fd, s.data(), s.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw_errno(Errc::kIo, what);
-    s.remove_prefix(static_cast<std::size_t>(n));
-  }
+  if (const int err = write_fully(fd, s.data(), s.size()); err != 0)
+    throw_syserr(Errc::kIo, err, what);
 }
 
 std::string string_in(const json& j, const char* key) {
