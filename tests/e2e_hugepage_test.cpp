@@ -310,8 +310,13 @@ TEST_F(HugePageFill, AChildFilledInParallelKeepsItsMemoryAndItsSignalActions) {
   Child root = spawn(
       {"python3", (dir_.path() / "tree.py").string(), sock_.string(), std::to_string(kDenseMiB)},
       so);
-  ASSERT_TRUE(test::wait_until([&] { return read_file(so.stdout_file).rfind("READY", 0) == 0; },
-                               std::chrono::seconds(60)))
+  // Python may write "READY" and its pid in two writes: wait for the whole line.
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        const std::string out = read_file(so.stdout_file);
+        return out.rfind("READY ", 0) == 0 && out.find('\n') != std::string::npos;
+      },
+      std::chrono::seconds(60)))
       << read_file(so.stderr_file);
   const pid_t child = std::stoi(read_file(so.stdout_file).substr(6));
   const std::string hash = ask_unix_line(sock_, "HASH");
