@@ -1,9 +1,6 @@
 // gpuckpt::pack: input tree -> chunks -> zstd workers -> blobs + manifest, built in a
 // temporary sibling of the output and published by rename.
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
@@ -16,6 +13,7 @@
 #include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "image/aligned_buffer.h"
+#include "image/blob_files.h"
 #include "image/chunk_codec.h"
 #include "image/input_tree.h"
 #include "image/manifest.h"
@@ -75,13 +73,14 @@ class PackWorker : public ChunkWorker {
   std::atomic<std::uint64_t>* skipped_;
 };
 
-// Appends chunks to blob-NNNNNN.bin files in sequence order, each at a 4 KiB-aligned offset
-// (zero padding between chunks), and records them in the manifest.
+// Appends chunks to the checkpoint's blobs (BlobFiles) in sequence order, records them in the
+// manifest, and finalizes each blob (truncate, fsync through the queue) once it is full and
+// its writes have completed, while the next one is already being written.
 class BlobWriter : public ChunkSink {
  public:
   BlobWriter(const fs::path& dir, const std::vector<PackChunk>& chunks, Manifest& m, bool direct,
              std::uint64_t max_blob, bool digest)
-      : dir_(dir), chunks_(chunks), m_(m), direct_(direct), digest_(digest), max_blob_(max_blob) {}
+      : files_(dir, direct, max_blob), chunks_(chunks), m_(m), digest_(digest) {}
 
   std::uint64_t consume(Slot& s, SinkIo& io) override {
     const PackChunk& c = chunks_[s.seq];
@@ -90,11 +89,7 @@ class BlobWriter : public ChunkSink {
     hash_.update(s.chunk(), s.in_len);
     if (c.last) e.xxh3 = hash_.digest();
 
-    const std::uint64_t padded = align_up(s.data_len);
-    if (!blobs_.empty() && !cur().closed && cur().pos > 0 && cur().pos + padded > max_blob_)
-      close_current(io);
-    if (blobs_.empty() || cur().closed) open_blob();
-    Blob& b = cur();
+    if (files_.count() > 0 && files_.starts_new(s.data_len)) close_current(io);
     std::byte* data = s.data;
     int index = s.data_index;
     if (reinterpret_cast<std::uintptr_t>(data) % kIoAlign != 0) {  // O_DIRECT needs alignment
@@ -102,106 +97,74 @@ class BlobWriter : public ChunkSink {
       data = s.out;
       index = s.out_index();
     }
-    std::memset(data + s.data_len, 0, padded - s.data_len);  // deterministic padding
+    const BlobFiles::Place at = files_.append(data, s.data_len);
+    if (at.blob == pending_.size()) pending_.push_back(0);
     IoRequest w;
     w.kind = IoRequest::Kind::kWrite;
-    w.fd = b.fd.get();
+    w.fd = at.fd;
     w.buf = data;
-    w.len = static_cast<std::uint32_t>(padded);
-    w.offset = b.pos;
+    w.len = at.padded;
+    w.offset = at.offset;
     w.buf_index = index;
     w.slot = static_cast<int>(s.id);
-    w.tag = blobs_.size() - 1;
-    ++b.pending;
+    w.tag = at.blob;
+    ++pending_[at.blob];
     io.submit(w);
-    e.chunks.push_back({static_cast<std::uint32_t>(blobs_.size() - 1), b.pos, s.data_len, s.in_len,
-                        s.hash, s.codec, digest_, s.digest});
-    b.end = b.pos + s.data_len;
-    b.pos += padded;
+    e.chunks.push_back(
+        {at.blob, at.offset, s.data_len, s.in_len, s.hash, s.codec, digest_, s.digest});
     stored_ += s.data_len;
     return s.in_len;
   }
 
   void on_complete(const IoResult& r, SinkIo& io) override {
     const auto index = static_cast<std::uint32_t>(r.req.tag);
-    Blob& b = blobs_[index];
-    const fs::path p = dir_ / blob_name(index);
     if (r.req.kind == IoRequest::Kind::kFsync) {
-      if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "fsync ", p);
-      b.fd.reset();
+      if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "fsync ", files_.path(index));
+      files_.close(index);
       return;
     }
-    if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "write ", p);
-    if (--b.pending == 0 && b.closed) finalize(index, io);
+    if (r.res < 0) throw_syserr(Errc::kIo, -r.res, "write ", files_.path(index));
+    if (--pending_[index] == 0 && index < closed_) finalize(index, io);
   }
 
   void finish(SinkIo& io) override {
     sync_start = Timeline::Clock::now();
-    if (!blobs_.empty() && !cur().closed) close_current(io);
+    if (closed_ < files_.count()) close_current(io);
     io.drain();  // the last writes, then every blob's fsync
     sync_end = Timeline::Clock::now();
+    m_.blobs = files_.records();
   }
 
   std::uint64_t stored() const { return stored_; }
-  bool direct_used() const { return direct_used_; }
+  bool direct_used() const { return files_.direct_used(); }
   bool digests() const { return digest_; }
   // The wait for durability after the last chunk was handed to the kernel.
   Timeline::Clock::time_point sync_start, sync_end;
 
  private:
-  struct Blob {
-    UniqueFd fd;
-    std::uint64_t pos = 0;  // next aligned write offset
-    std::uint64_t end = 0;  // end of the last chunk's real bytes
-    unsigned pending = 0;   // writes in flight
-    bool closed = false;    // no more chunks go here
-  };
-
-  Blob& cur() { return blobs_.back(); }
-
-  void open_blob() {
-    const auto index = static_cast<std::uint32_t>(blobs_.size());
-    const fs::path p = dir_ / blob_name(index);
-    bool direct = false;
-    Blob b;
-    b.fd.reset(open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, direct_, &direct));
-    if (!b.fd) throw_errno(Errc::kIo, "create ", p);
-    if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", p);
-    direct_used_ = direct_used_ || direct;
-    blobs_.push_back(std::move(b));
-  }
-
-  // No more chunks for the current blob; it is finalized once its writes have completed,
-  // while the next blob is already being written.
+  // No more chunks for the current blob; it is finalized once its writes have completed.
   void close_current(SinkIo& io) {
-    Blob& b = cur();
-    b.closed = true;
-    const auto index = static_cast<std::uint32_t>(blobs_.size() - 1);
-    m_.blobs.push_back({blob_name(index), b.end});
-    if (b.pending == 0) finalize(index, io);
+    const std::uint32_t index = files_.current();
+    closed_ = index + 1;
+    if (pending_[index] == 0) finalize(index, io);
   }
 
   void finalize(std::uint32_t index, SinkIo& io) {
-    Blob& b = blobs_[index];
-    // The last chunk was written padded to the alignment; cut the file to its real end.
-    if (::ftruncate(b.fd.get(), static_cast<off_t>(b.end)) != 0)
-      throw_errno(Errc::kIo, "truncate ", (dir_ / blob_name(index)));
+    files_.truncate(index);
     IoRequest sync;
     sync.kind = IoRequest::Kind::kFsync;
-    sync.fd = b.fd.get();
+    sync.fd = files_.fd(index);
     sync.tag = index;
     io.submit(sync);
   }
 
-  fs::path dir_;
+  BlobFiles files_;
   const std::vector<PackChunk>& chunks_;
   Manifest& m_;
-  bool direct_;
   bool digest_;
-  bool direct_used_ = false;
-  std::uint64_t max_blob_;
   StreamHash hash_;
-  std::vector<Blob> blobs_;
+  std::vector<unsigned> pending_;  // writes in flight, by blob
+  std::uint32_t closed_ = 0;       // blobs [0, closed_) take no more chunks
   std::uint64_t stored_ = 0;
 };
 

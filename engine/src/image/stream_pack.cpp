@@ -18,6 +18,7 @@
 #include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "image/async_io.h"
+#include "image/blob_files.h"
 #include "image/chunk_codec.h"
 #include "image/pipeline.h"
 #include "image/publish.h"
@@ -73,7 +74,7 @@ struct StreamPacker::Job {
   AlignedBuffer raw, out;
   std::uint32_t raw_len = 0;
   // Set by the worker.
-  const std::byte* data = nullptr;
+  std::byte* data = nullptr;  // raw or out; its padding is written in place
   std::uint32_t data_len = 0;
   Codec codec = Codec::kRaw;
   std::uint64_t hash = 0;
@@ -325,14 +326,10 @@ void StreamPacker::worker_loop() {
 }
 
 void StreamPacker::writer_loop() {
-  struct Blob {
-    UniqueFd fd;
-    std::uint64_t pos = 0, end = 0;
-    // Writes in flight in submission (= offset) order: write_seq, end of its chunk. The
-    // completed prefix is what a tap may read.
-    std::deque<std::pair<std::uint64_t, std::uint64_t>> inflight;
-  };
-  std::vector<Blob> blobs;
+  BlobFiles files(tmp_.path(), opts_.direct_io, opts_.max_blob_bytes);
+  // For a tap, each blob's writes in flight in submission (= offset) order: write_seq, end of
+  // its chunk. The completed prefix is what the tap may read.
+  std::vector<std::deque<std::pair<std::uint64_t, std::uint64_t>>> inflight;
   // Jobs whose writes are in flight, by tag; declared before `io` so that io's destructor
   // (which waits for the kernel) runs first.
   std::vector<std::unique_ptr<Job>> pending;
@@ -356,12 +353,12 @@ void StreamPacker::writer_loop() {
         if (r.res < 0)
           throw_syserr(Errc::kIo, -r.res, "write ", (tmp_.path() / blob_name(job->rec.blob)));
         if (copy_.tap) {
-          Blob& b = blobs[job->rec.blob];
+          auto& q = inflight[job->rec.blob];
           done_writes.insert(job->write_seq);
           std::uint64_t end = 0;
-          while (!b.inflight.empty() && done_writes.erase(b.inflight.front().first)) {
-            end = b.inflight.front().second;
-            b.inflight.pop_front();
+          while (!q.empty() && done_writes.erase(q.front().first)) {
+            end = q.front().second;
+            q.pop_front();
           }
           if (end) copy_.tap->blob_written(job->rec.blob, end);
         }
@@ -400,39 +397,20 @@ void StreamPacker::writer_loop() {
         io.reap(true, done);
         complete();
       }
-      const std::uint64_t padded = align_up(job->data_len);
-      if (blobs.empty() ||
-          (blobs.back().pos > 0 && blobs.back().pos + padded > opts_.max_blob_bytes)) {
-        const auto index = static_cast<std::uint32_t>(blobs.size());
-        const fs::path p = tmp_.path() / blob_name(index);
-        bool direct = false;
-        Blob b;
-        b.fd.reset(
-            open_maybe_direct(p, O_WRONLY | O_CREAT | O_EXCL, 0600, opts_.direct_io, &direct));
-        if (!b.fd) throw_errno(Errc::kIo, "create ", p);
-        if (::fchmod(b.fd.get(), 0600) != 0) throw_errno(Errc::kIo, "chmod ", p);
-        if (direct) direct_used_ = true;
-        blobs.push_back(std::move(b));
-        if (copy_.tap) copy_.tap->blob_created(index, p);
+      const bool opens = files.starts_new(job->data_len);
+      const BlobFiles::Place at = files.append(job->data, job->data_len);
+      if (opens) {
+        inflight.emplace_back();
+        if (copy_.tap) copy_.tap->blob_created(at.blob, files.path(at.blob));
       }
-      Blob& b = blobs.back();
-      // Deterministic zero padding up to the next aligned chunk (the buffers are page-sized).
-      auto* data = const_cast<std::byte*>(job->data);
-      std::memset(data + job->data_len, 0, padded - job->data_len);
-      job->rec = {static_cast<std::uint32_t>(blobs.size() - 1),
-                  b.pos,
-                  job->data_len,
-                  job->raw_len,
-                  job->hash,
-                  job->codec,
-                  digest_,
-                  job->digest};
+      job->rec = {at.blob,   at.offset,  job->data_len, job->raw_len,
+                  job->hash, job->codec, digest_,       job->digest};
       IoRequest w;
       w.kind = IoRequest::Kind::kWrite;
-      w.fd = b.fd.get();
-      w.buf = data;
-      w.len = static_cast<std::uint32_t>(padded);
-      w.offset = b.pos;
+      w.fd = at.fd;
+      w.buf = job->data;
+      w.len = at.padded;
+      w.offset = at.offset;
       if (free_tags.empty()) {
         free_tags.push_back(pending.size());
         pending.emplace_back();
@@ -440,10 +418,8 @@ void StreamPacker::writer_loop() {
       w.tag = free_tags.back();
       free_tags.pop_back();
       pending[w.tag] = std::move(job);
-      b.end = b.pos + pending[w.tag]->data_len;
-      b.pos += padded;
       pending[w.tag]->write_seq = next_write++;
-      if (copy_.tap) b.inflight.emplace_back(pending[w.tag]->write_seq, b.end);
+      if (copy_.tap) inflight[at.blob].emplace_back(pending[w.tag]->write_seq, files.end(at.blob));
       io.submit(w);
       io.flush();
       io.reap(false, done);
@@ -453,13 +429,12 @@ void StreamPacker::writer_loop() {
     complete();
     const auto written_at = Timeline::Clock::now();
     // The last chunk of each blob was written padded: cut to the real end, then make durable.
-    for (std::uint32_t i = 0; i < blobs.size(); ++i) {
-      const fs::path p = tmp_.path() / blob_name(i);
-      if (::ftruncate(blobs[i].fd.get(), static_cast<off_t>(blobs[i].end)) != 0)
-        throw_errno(Errc::kIo, "truncate ", p);
-      if (copy_.durable && ::fsync(blobs[i].fd.get()) != 0) throw_errno(Errc::kIo, "fsync ", p);
-      m_blobs_.push_back({blob_name(i), blobs[i].end});
+    for (std::uint32_t i = 0; i < files.count(); ++i) {
+      files.truncate(i);
+      if (copy_.durable) files.sync(i);
     }
+    m_blobs_ = files.records();
+    direct_used_ = files.direct_used();
     last_write = Timeline::Clock::now();
     // The disk may hold the writes in a volatile cache until fsync: that flush is part of the
     // cost of a durable checkpoint, and can be as long as the writes themselves.
