@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "gpuckpt/error.h"
+#include "util/write_fully.h"
 
 namespace gpuckpt::remote {
 
@@ -286,167 +287,210 @@ std::string S3Client::url(const std::string& bucket, const std::string& key,
   return u;
 }
 
-S3Client::Response S3Client::perform(Request& r) const {
-  const std::string where = "s3://" + r.bucket + "/" + r.key;
-  const std::string target = url(r.bucket, r.key, r.query);
-  const std::string sigv4 = "aws:amz:" + c_.region + ":s3";
-  const std::string userpwd = c_.access_key + ":" + c_.secret_key;
-  auto stop_if_cancelled = [&] {
-    if (r.cancel && r.cancel->load())
-      throw Error(Errc::kIo, std::string(r.method) + " " + where + ": cancelled");
-  };
-  for (int attempt = 1;; ++attempt) {
-    stop_if_cancelled();
-    std::unique_ptr<CURL, CurlDeleter> h(curl_easy_init());
-    if (!h) throw Error(Errc::kInternal, "curl_easy_init failed");
-    CURL* e = h.get();
-    Response resp;
-    r.sent = r.received = 0;
-    r.write_error.clear();
-    r.callback_threw = false;
-    struct Ctx {
-      Request* r;
-      Response* resp;
-    } ctx{&r, &resp};
+// One attempt of a request: a libcurl handle set up for it, whose callbacks fill the answer and
+// the request's transfer state. The callbacks run inside libcurl's C frames: each catches what
+// it throws (in_callback).
+class S3Client::Transfer {
+ public:
+  Transfer(const S3Client& client, Request& r) : r_(r), h_(curl_easy_init()) {
+    if (!h_) throw Error(Errc::kInternal, "curl_easy_init failed");
+    r_.sent = r_.received = 0;
+    r_.write_error.clear();
+    r_.callback_threw = false;
+    set_request(client);
+    set_body();
+    set_answer();
+  }
 
-    std::unique_ptr<curl_slist, SlistDeleter> hdrs;
-    auto add = [&](const std::string& hdr) {
-      curl_slist* n = curl_slist_append(hdrs.get(), hdr.c_str());
-      if (!n) throw Error(Errc::kInternal, "curl_slist_append failed");
-      hdrs.release();
-      hdrs.reset(n);
-    };
+  // Runs the transfer; the answer holds its status and what was read into memory.
+  CURLcode run() {
+    const CURLcode rc = curl_easy_perform(h_.get());
+    if (r_.callback_threw && r_.write_error.empty())
+      r_.write_error = "out of memory in a transfer callback";  // not retried
+    long status = 0;
+    curl_easy_getinfo(h_.get(), CURLINFO_RESPONSE_CODE, &status);
+    resp_.status = r_.status = status;
+    curl_off_t length = -1;
+    if (curl_easy_getinfo(h_.get(), CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK)
+      resp_.content_length = length;
+    return rc;
+  }
+
+  Response& response() { return resp_; }
+
+ private:
+  void add_header(const std::string& hdr) {
+    curl_slist* n = curl_slist_append(hdrs_.get(), hdr.c_str());
+    if (!n) throw Error(Errc::kInternal, "curl_slist_append failed");
+    (void)hdrs_.release();  // n now heads the same list
+    hdrs_.reset(n);
+  }
+
+  // Where, signed how, with which headers and bounds.
+  void set_request(const S3Client& client) {
+    const S3Config& c = client.c_;
     // libcurl signs with SigV4 but, in Debian 12's 7.88, does not send the payload hash that
     // S3 requires; the body is covered by the checkpoint's own chunk checksums instead.
-    add("x-amz-content-sha256: UNSIGNED-PAYLOAD");
-    if (!c_.session_token.empty()) add("x-amz-security-token: " + c_.session_token);
-    for (const auto& x : r.headers) add(x);
-    add("Expect:");  // no 100-continue round trip per part
-
-    curl_easy_setopt(e, CURLOPT_URL, target.c_str());
-    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, sigv4.c_str());
-    curl_easy_setopt(e, CURLOPT_USERPWD, userpwd.c_str());
+    add_header("x-amz-content-sha256: UNSIGNED-PAYLOAD");
+    if (!c.session_token.empty()) add_header("x-amz-security-token: " + c.session_token);
+    for (const auto& x : r_.headers) add_header(x);
+    add_header("Expect:");  // no 100-continue round trip per part
+    CURL* e = h_.get();
+    // libcurl copies string options.
+    curl_easy_setopt(e, CURLOPT_URL, client.url(r_.bucket, r_.key, r_.query).c_str());
+    curl_easy_setopt(e, CURLOPT_AWS_SIGV4, ("aws:amz:" + c.region + ":s3").c_str());
+    curl_easy_setopt(e, CURLOPT_USERPWD, (c.access_key + ":" + c.secret_key).c_str());
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, 10L);
     // A stalled transfer (under 1 KiB/s for 30 s) is an error, not a hang.
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1024L);
     curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, 30L);
     curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-
-    const bool has_body = r.fd >= 0 || !r.body.empty() || std::string_view(r.method) == "PUT";
-    if (r.head) {
-      curl_easy_setopt(e, CURLOPT_NOBODY, 1L);
-    } else if (has_body) {
-      const std::uint64_t size = r.fd >= 0 ? r.len : r.body.size();
-      curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
-      curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(size));
-      curl_easy_setopt(e, CURLOPT_READDATA, &ctx);
-      curl_easy_setopt(
-          e, CURLOPT_READFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) -> size_t {
-            auto* c = static_cast<Ctx*>(p);
-            Request& q = *c->r;
-            const std::uint64_t total = q.fd >= 0 ? q.len : q.body.size();
-            const std::size_t want =
-                static_cast<std::size_t>(std::min<std::uint64_t>(sz * n, total - q.sent));
-            if (want == 0) return 0;
-            if (q.fd < 0) {
-              std::memcpy(buf, q.body.data() + q.sent, want);
-              q.sent += want;
-              return want;
-            }
-            for (;;) {
-              const ssize_t got = ::pread(q.fd, buf, want, static_cast<off_t>(q.offset + q.sent));
-              if (got < 0 && errno == EINTR) continue;
-              if (got <= 0) return CURL_READFUNC_ABORT;
-              q.sent += static_cast<std::uint64_t>(got);
-              return static_cast<size_t>(got);
-            }
-          });
-      curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r.method);
-    } else {
-      curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r.method);
-      if (std::string_view(r.method) == "POST") {
-        curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
-        curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, 0L);
-      }
-    }
-    curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs.get());
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &ctx);
-    curl_easy_setopt(
-        e, CURLOPT_WRITEFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) noexcept -> size_t {
-          auto* c = static_cast<Ctx*>(p);
-          Request& q = *c->r;
-          return in_callback(q.callback_threw, size_t{0}, [&]() -> size_t {
-            const std::size_t len = sz * n;
-            // Error answers always go to memory, to be reported.
-            if (q.out_fd >= 0 && c->resp->status / 100 == 2) {
-              if (q.received + len > q.out_len) {
-                q.write_error = "the server sent more bytes than the range asked for";
-                return 0;
-              }
-              std::size_t off = 0;
-              while (off < len) {
-                const ssize_t w = ::pwrite(q.out_fd, buf + off, len - off,
-                                           static_cast<off_t>(q.out_offset + q.received + off));
-                if (w < 0 && errno == EINTR) continue;
-                if (w <= 0) {
-                  q.write_error = std::string("write: ") + std::strerror(errno);
-                  return 0;
-                }
-                off += static_cast<std::size_t>(w);
-              }
-              q.received += len;
-              return len;
-            }
-            if (c->resp->body.size() + len > q.max_body) {
-              q.write_error = "the answer is larger than " + std::to_string(q.max_body) + " bytes";
-              return 0;
-            }
-            c->resp->body.append(buf, len);
-            q.received += len;
-            return len;
-          });
-        });
-    if (r.cancel) {
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs_.get());
+    if (r_.cancel) {
       // libcurl calls this at least once a second, data or not: a stalled range stops too.
       curl_easy_setopt(e, CURLOPT_NOPROGRESS, 0L);
-      curl_easy_setopt(e, CURLOPT_XFERINFODATA, &ctx);
-      curl_easy_setopt(
-          e, CURLOPT_XFERINFOFUNCTION,
-          +[](void* p, curl_off_t, curl_off_t, curl_off_t, curl_off_t) noexcept -> int {
-            Request& q = *static_cast<Ctx*>(p)->r;
-            return in_callback(q.callback_threw, 1, [&] {
-              if (!q.cancel->load()) return 0;
-              q.write_error = "cancelled in flight";  // not retried
-              return 1;
-            });
-          });
+      curl_easy_setopt(e, CURLOPT_XFERINFODATA, this);
+      curl_easy_setopt(e, CURLOPT_XFERINFOFUNCTION, &Transfer::on_progress);
     }
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, &ctx);
-    curl_easy_setopt(
-        e, CURLOPT_HEADERFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) noexcept -> size_t {
-          auto* c = static_cast<Ctx*>(p);
-          return in_callback(c->r->callback_threw, size_t{0}, [&]() -> size_t {
-            std::string_view line(buf, sz * n);
-            if (line.starts_with("HTTP/")) {  // a new status line (after 100 or a redirect)
-              const auto sp = line.find(' ');
-              c->resp->status = sp == std::string_view::npos ? 0 : std::atol(line.data() + sp + 1);
-            } else if (line.size() > 5 && ::strncasecmp(line.data(), "etag:", 5) == 0) {
-              c->resp->etag = trim(std::string(line.substr(5)));  // header names: any case
-            }
-            return sz * n;
-          });
-        });
+  }
 
-    const CURLcode rc = curl_easy_perform(e);
-    if (r.callback_threw && r.write_error.empty())
-      r.write_error = "out of memory in a transfer callback";  // not retried
-    long status = 0;
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-    resp.status = r.status = status;
-    curl_off_t length = -1;
-    if (curl_easy_getinfo(e, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &length) == CURLE_OK)
-      resp.content_length = length;
+  // The method and what it sends: nothing, memory, or a range of a file.
+  void set_body() {
+    CURL* e = h_.get();
+    const std::string_view method(r_.method);
+    if (r_.head) {
+      curl_easy_setopt(e, CURLOPT_NOBODY, 1L);  // HEAD as libcurl makes it: no body awaited
+      return;
+    }
+    curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, r_.method);
+    if (r_.fd >= 0 || !r_.body.empty() || method == "PUT") {
+      curl_easy_setopt(e, CURLOPT_UPLOAD, 1L);
+      curl_easy_setopt(e, CURLOPT_INFILESIZE_LARGE, static_cast<curl_off_t>(body_size()));
+      curl_easy_setopt(e, CURLOPT_READDATA, this);
+      curl_easy_setopt(e, CURLOPT_READFUNCTION, &Transfer::on_read);
+    } else if (method == "POST") {
+      curl_easy_setopt(e, CURLOPT_POSTFIELDS, "");
+      curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE, 0L);
+    }
+  }
+
+  // Where the answer goes: its status and ETag from the headers, its body to memory or a file.
+  void set_answer() {
+    CURL* e = h_.get();
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, this);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, &Transfer::on_write);
+    curl_easy_setopt(e, CURLOPT_HEADERDATA, this);
+    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, &Transfer::on_header);
+  }
+
+  std::uint64_t body_size() const { return r_.fd >= 0 ? r_.len : r_.body.size(); }
+
+  static size_t on_read(char* buf, size_t sz, size_t n, void* p) noexcept {
+    Request& q = static_cast<Transfer*>(p)->r_;
+    const std::size_t want = static_cast<std::size_t>(
+        std::min<std::uint64_t>(sz * n, static_cast<Transfer*>(p)->body_size() - q.sent));
+    if (want == 0) return 0;
+    if (q.fd < 0) {
+      std::memcpy(buf, q.body.data() + q.sent, want);
+      q.sent += want;
+      return want;
+    }
+    for (;;) {
+      const ssize_t got = ::pread(q.fd, buf, want, static_cast<off_t>(q.offset + q.sent));
+      if (got < 0 && errno == EINTR) continue;
+      if (got <= 0) return CURL_READFUNC_ABORT;
+      q.sent += static_cast<std::uint64_t>(got);
+      return static_cast<size_t>(got);
+    }
+  }
+
+  static size_t on_write(char* buf, size_t sz, size_t n, void* p) noexcept {
+    auto* t = static_cast<Transfer*>(p);
+    return in_callback(t->r_.callback_threw, size_t{0},
+                       [&]() -> size_t { return t->take(buf, sz * n); });
+  }
+
+  // Error answers always go to memory, to be reported.
+  size_t take(const char* buf, std::size_t len) {
+    Request& q = r_;
+    if (q.out_fd >= 0 && resp_.status / 100 == 2) {
+      if (q.received + len > q.out_len) {
+        q.write_error = "the server sent more bytes than the range asked for";
+        return 0;
+      }
+      if (const int err = pwrite_fully(q.out_fd, buf, len, q.out_offset + q.received)) {
+        q.write_error = std::string("write: ") + std::strerror(err);
+        return 0;
+      }
+    } else {
+      if (resp_.body.size() + len > q.max_body) {
+        q.write_error = "the answer is larger than " + std::to_string(q.max_body) + " bytes";
+        return 0;
+      }
+      resp_.body.append(buf, len);
+    }
+    q.received += len;
+    return len;
+  }
+
+  static int on_progress(void* p, curl_off_t, curl_off_t, curl_off_t, curl_off_t) noexcept {
+    Request& q = static_cast<Transfer*>(p)->r_;
+    return in_callback(q.callback_threw, 1, [&] {
+      if (!q.cancel->load()) return 0;
+      q.write_error = "cancelled in flight";  // not retried
+      return 1;
+    });
+  }
+
+  static size_t on_header(char* buf, size_t sz, size_t n, void* p) noexcept {
+    auto* t = static_cast<Transfer*>(p);
+    return in_callback(t->r_.callback_threw, size_t{0}, [&]() -> size_t {
+      std::string_view line(buf, sz * n);
+      if (line.starts_with("HTTP/")) {  // a new status line (after 100 or a redirect)
+        const auto sp = line.find(' ');
+        t->resp_.status = sp == std::string_view::npos ? 0 : std::atol(line.data() + sp + 1);
+      } else if (line.size() > 5 && ::strncasecmp(line.data(), "etag:", 5) == 0) {
+        t->resp_.etag = trim(std::string(line.substr(5)));  // header names: any case
+      }
+      return sz * n;
+    });
+  }
+
+  Request& r_;
+  Response resp_;
+  std::unique_ptr<CURL, CurlDeleter> h_;
+  std::unique_ptr<curl_slist, SlistDeleter> hdrs_;
+};
+
+namespace {
+
+// The error an HTTP answer other than success stands for, with S3's code and message.
+Error answer_error(const char* method, const std::string& where, long status,
+                   const std::string& body) {
+  const std::string code = xml_value(body, "Code"), msg = xml_value(body, "Message");
+  std::string what = std::string(method) + " " + where + ": HTTP " + std::to_string(status);
+  if (!code.empty()) what += " " + code;
+  if (!msg.empty()) what += ": " + msg;
+  if (status == 403 || status == 401)
+    return Error(Errc::kInvalidInput, what + " (check the S3 credentials and the bucket policy)");
+  if (status == 404) return Error(Errc::kInvalidInput, what);
+  return Error(Errc::kIo, what);
+}
+
+}  // namespace
+
+S3Client::Response S3Client::perform(Request& r) const {
+  const std::string where = "s3://" + r.bucket + "/" + r.key;
+  auto stop_if_cancelled = [&] {
+    if (r.cancel && r.cancel->load())
+      throw Error(Errc::kIo, std::string(r.method) + " " + where + ": cancelled");
+  };
+  for (int attempt = 1;; ++attempt) {
+    stop_if_cancelled();
+    Transfer t(*this, r);
+    const CURLcode rc = t.run();
+    const long status = r.status;
     const bool retryable =
         rc != CURLE_OK ? r.write_error.empty() : (status >= 500 || status == 429 || status == 408);
     if (retryable) stop_if_cancelled();  // no back-off before saying so
@@ -460,16 +504,9 @@ S3Client::Response S3Client::perform(Request& r) const {
       throw Error(Errc::kIo, std::string(r.method) + " " + where + " (" + c_.endpoint +
                                  "): " + curl_easy_strerror(rc));
     }
-    if (status / 100 == 2) return resp;
-    if (status == 404 && (r.head || std::string_view(r.method) == "DELETE")) return resp;
-    const std::string code = xml_value(resp.body, "Code"), msg = xml_value(resp.body, "Message");
-    std::string what = std::string(r.method) + " " + where + ": HTTP " + std::to_string(status);
-    if (!code.empty()) what += " " + code;
-    if (!msg.empty()) what += ": " + msg;
-    if (status == 403 || status == 401)
-      throw Error(Errc::kInvalidInput, what + " (check the S3 credentials and the bucket policy)");
-    if (status == 404) throw Error(Errc::kInvalidInput, what);
-    throw Error(Errc::kIo, what);
+    if (status / 100 == 2 || (status == 404 && (r.head || std::string_view(r.method) == "DELETE")))
+      return std::move(t.response());
+    throw answer_error(r.method, where, status, t.response().body);
   }
 }
 

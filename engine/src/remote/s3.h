@@ -91,6 +91,7 @@ class S3Client {
 
  private:
   struct Request;
+  class Transfer;
   struct Response {
     long status = 0;
     std::string body, etag;

@@ -135,14 +135,8 @@ void copy_into(int in, int out, std::uint64_t offset, std::uint64_t size, const 
     if (n == 0)
       throw Error(Errc::kIo, "the checkpoint stream ended in the middle of " + name +
                                  " (the connection was lost)");
-    std::size_t off = 0;
-    while (off < static_cast<std::size_t>(n)) {
-      const ssize_t w = ::pwrite(out, buf.data() + off, static_cast<std::size_t>(n) - off,
-                                 static_cast<off_t>(offset + done + off));
-      if (w < 0 && errno == EINTR) continue;
-      if (w < 0) throw_errno(Errc::kIo, "write ", name);
-      off += static_cast<std::size_t>(w);
-    }
+    if (const int err = pwrite_fully(out, buf.data(), static_cast<std::size_t>(n), offset + done))
+      throw_syserr(Errc::kIo, err, "write ", name);
     done += static_cast<std::uint64_t>(n);
   }
 }

@@ -16,4 +16,8 @@ namespace gpuckpt {
 int write_fully(int fd, const void* data, std::size_t n,
                 std::atomic<std::uint64_t>* moved = nullptr);
 
+// The same at `offset` of a file (pwrite): the descriptor's own offset is left alone, so threads
+// may write ranges of one file at once. Returns 0 or the errno; EIO for a write of no byte.
+int pwrite_fully(int fd, const void* data, std::size_t n, std::uint64_t offset);
+
 }  // namespace gpuckpt
