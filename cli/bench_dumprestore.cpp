@@ -7,6 +7,7 @@
 
 #include "commands.h"
 #include "flags.h"
+#include "gpuckpt/bench.h"
 #include "gpuckpt/names.h"
 
 namespace gpuckpt::cli {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "gpuckpt/bench.h"
 
 namespace fs = std::filesystem;
 

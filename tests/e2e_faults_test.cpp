@@ -271,7 +271,9 @@ TEST_F(E2eFaults, AStopAfterAMigrationHandedOverLeavesTheCopyServing) {
       test::resume_paused(dir_.path(), "end_original");
     }
     const ExitStatus st = g.wait();
-    if (sig == SIGINT) EXPECT_TRUE(st.ok()) << st.describe();
+    if (sig == SIGINT) {
+      EXPECT_TRUE(st.ok()) << st.describe();
+    }
     EXPECT_TRUE(s.wait_for(60s).has_value()) << "the original was not ended";
     std::vector<pid_t> copy;
     EXPECT_TRUE(test::wait_until([&] {

@@ -297,50 +297,6 @@ struct ColdStartOptions {
 // probe.timeout, kUsage for a request with a stdout probe or no probe.
 Timeline measure_cold_start(const ColdStartOptions& opts);
 
-// `gpuckpt bench dump`: a demo server holding `size` bytes of weights is dumped and restored
-// `runs` times each by gpuckpt streaming, gpuckpt staged, and plain `criu dump -D DIR` /
-// `criu restore -D DIR` (then syncfs, as gpuckpt's checkpoints are durable), all on the disk of
-// `dir`; each restore reads from the disk (the page cache is evicted for those files) and is timed
-// to the server's first answer. Memory: the peak RSS of the dump or restore and of everything it
-// starts, plus the peak bytes in the staging tmpfs (docs/PERFORMANCE.md).
-struct DumpRestoreBenchOptions {
-  std::filesystem::path dir;  // weights file, checkpoints, CRIU's plain image directory
-  std::filesystem::path staging_root = "/dev/shm";
-  std::uint64_t size = 1ull << 30;
-  // The weights (gpuckpt-demo-server --content): half random, half fp16-like; or bf16-like.
-  enum class Content { kMixed, kBf16 } content = Content::kMixed;
-  unsigned runs = 3;
-  // The memory each restore meets (support.h): kCold waits until what the dumped process freed
-  // has gone back to the host (settle_free_memory), as on an idle node; kWarm touches and frees
-  // the process's size just before, as right after a process of that size ended here.
-  enum class Memory { kCold, kWarm } memory = Memory::kCold;
-  CriuSettings criu;
-  std::function<void(const std::string&)> log;  // one line per measured run
-};
-
-// "mixed", "bf16"; "cold", "warm".
-const char* bench_content_name(DumpRestoreBenchOptions::Content c);
-const char* bench_memory_name(DumpRestoreBenchOptions::Memory m);
-
-struct DumpRestoreBenchMethod {
-  std::string name;  // "stream", "stream-4k" (restored without huge pages), "staged", "criu"
-  // A dump is timed from its start to its durable checkpoint (gpuckpt: its exit less its
-  // process_end_seconds; plain criu: its syncfs returned), and to its exit: gpuckpt ends the
-  // dumped process only once the checkpoint is durable, plain criu before its images are.
-  std::vector<double> dump_seconds, dump_exit_seconds, restore_seconds;
-  std::vector<std::uint64_t> dump_extra_bytes, restore_extra_bytes;
-  double dump_median = 0, dump_exit_median = 0, restore_median = 0;
-  std::uint64_t dump_extra_median = 0, restore_extra_median = 0;
-};
-
-struct DumpRestoreBenchResult {
-  std::uint64_t process_bytes = 0;  // the server's dumpable memory
-  std::vector<DumpRestoreBenchMethod> methods;
-  std::map<std::string, std::uint64_t> checkpoint_bytes;  // on disk, per method (last run)
-};
-
-DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& opts);
-
 // A step of a recovery that failed: the original not restored, a path not put back, a
 // process's CUDA state not given back.
 struct RecoveryFailure {

@@ -3,8 +3,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -41,35 +39,5 @@ unsigned usable_cpus();
 // $GPUCKPT_FAULT_RESUME=unmark it goes on once the mark is removed, so that a test can look at
 // that phase. Unset, a fault point costs one getenv. docs/PROCESS.md ("Faults") lists the points.
 void fault_point(std::string_view name);
-
-// Free page reporting (a virtio balloon with VIRTIO_BALLOON_F_REPORTING) hands memory that has
-// stayed free a while back to the host, a few hundred MiB every 2 s; a first touch of it then
-// costs a host fault as well, many times a plain first touch (docs/PERFORMANCE.md). Waits until
-// what was freed lately has been reported, so that a measurement meets memory as a restore on
-// an idle node does: until the kernel's reported_kib counter has not grown for 3.5 s, or 15 s
-// where the kernel has no such counter, at most `limit_s`. Returns the seconds waited: 0 where no
-// device reports free pages.
-double settle_free_memory(double limit_s = 60);
-
-// First touch of `bytes` of fresh anonymous memory, one write per 4 KiB page, into huge pages
-// (MADV_HUGEPAGE) if `huge`, by `threads` threads taking 32 MiB pieces in turn, as a restore
-// fills memory; the memory is freed on return. GB/s, or nullopt if huge pages were asked for and
-// this kernel has none. Freed, that memory stays with the guest for a few seconds where free
-// page reporting runs: what a restore right after another process's end meets.
-std::optional<double> touch_fresh_memory(std::size_t bytes, bool huge, unsigned threads);
-
-// Bytes like a serving process's memory, for benchmarks and the path ceilings' zstd sample:
-// incompressible (weights in a compressed format, random state), or fp16 activations and KV
-// values of similar magnitude (shared exponent, 7 random bits per value), which zstd
-// compresses about 1.8:1. Deterministic for a seed, and fast: a fraction of a second per GiB.
-class SampleContent {
- public:
-  explicit SampleContent(std::uint64_t seed);
-  void fill(std::span<std::byte> out, bool incompressible);
-
- private:
-  std::uint64_t next();
-  std::uint64_t s_[4];
-};
 
 }  // namespace gpuckpt

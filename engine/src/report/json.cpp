@@ -5,6 +5,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "gpuckpt/bench.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/report.h"
 
@@ -279,19 +280,16 @@ Json bench_json(const std::string& kind, const std::vector<Timeline>& runs,
     totals.push_back(t.total_seconds());
     all.push_back(Json(timeline_json(t)));
   }
-  std::vector<double> sorted = totals;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  const double median = n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  const auto [lo, hi] = std::minmax_element(totals.begin(), totals.end());
   Json j = {{"ok", true},
             {"kind", kind},
             {"timeline", Json(timeline_json(median_run(runs)))},
             {"runs", all},
             {"summary",
-             {{"runs", n},
-              {"min_seconds", sorted.front()},
-              {"median_seconds", median},
-              {"max_seconds", sorted.back()}}}};
+             {{"runs", totals.size()},
+              {"min_seconds", *lo},
+              {"median_seconds", median(totals)},
+              {"max_seconds", *hi}}}};
   if (!extra.is_null() && !extra.is_object())
     throw Error(Errc::kInternal, "bench_json: extra must be a JSON object");
   for (auto it = extra.begin(); it != extra.end(); ++it) j[it.key()] = Json(it.value());

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "gpuckpt/bench.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/roofline.h"
 #include "gpuckpt/support.h"

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "criu/criu.h"
+#include "gpuckpt/bench.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "gpuckpt/support.h"
@@ -186,12 +187,6 @@ double dump_process_end_seconds(const fs::path& json) {
   if (!j.is_object() || !j.contains("process_end_seconds") || !j["process_end_seconds"].is_number())
     throw Error(Errc::kInternal, "gpuckpt dump's result has no process_end_seconds: " + text);
   return j["process_end_seconds"].get<double>();
-}
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 class Server {
