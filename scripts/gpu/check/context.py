@@ -58,6 +58,7 @@ class Context:
         self.criu_ok = False
         self.criu_args = []
         self.srv_pid = self.srv_sock = self.new_pid = ""
+        self.thp_restore = ""  # the THP mode to put back (stage_thp), "" if unchanged
 
     # ---- the summary's calls, for brevity in the stages ----
 

@@ -26,6 +26,7 @@ import stage_devices
 import stage_dump_killed
 import stage_roofline
 import stage_tests
+import stage_thp
 import stage_torch
 import stage_tree
 from context import Context, Stopped
@@ -55,8 +56,9 @@ disk of the repository: the storage path on this machine's cores)
 """
 
 # After the build (or the bundle), in this order.
-STAGES = [stage_devices, stage_roofline, stage_demo_server, stage_cuda, stage_criu, stage_torch,
-          stage_demo_criu, stage_dump_killed, stage_tree, stage_tests, stage_bench_dump]
+STAGES = [stage_devices, stage_roofline, stage_demo_server, stage_cuda, stage_thp, stage_criu,
+          stage_torch, stage_demo_criu, stage_dump_killed, stage_tree, stage_tests,
+          stage_bench_dump]
 
 VALUE_OPTIONS = {"--build-dir": "build", "--bundle": "bundle", "--make-bundle": "make_bundle",
                  "--vram-gib": "vram_gib", "--torch-gib": "torch_gib", "--budget-s": "budget_s",
@@ -194,6 +196,7 @@ def cleanup(c, log):
     if c.watchdog:
         c.watchdog.cancel()
     c.lock_then_kill(c.restored)
+    stage_thp.put_back(c)
     for p in c.children:
         if c.alive(p):
             c.kill9(p)

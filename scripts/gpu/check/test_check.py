@@ -28,6 +28,7 @@ import stage_demo_criu
 import stage_dump_killed
 import stage_roofline
 import stage_tests
+import stage_thp
 import stage_torch
 import stage_tree
 from context import Context
@@ -465,6 +466,79 @@ class SkipsWithoutAGpu(TempDir):
         self.assertEqual(r[0], rec("SKIP", "device_gpu_test",
                                    "time budget: 5 s left of 5 s, needs ~20 s"))
         self.assertEqual(self.records(self.context("--no-tests"), stage_tests, tests_dir=tests), [])
+
+
+class ThpExperiment(TempDir):
+    """stage_thp with a fake gpuckpt and a THP control file of its own: every mode is tried,
+    the D2H figures come from gpuckpt's timeline, and the machine's mode is put back."""
+
+    FAKE_CUDA = """\
+        # gpuckpt --json cuda-checkpoint --pid P --action A [...]: A's stage, 2 s for a checkpoint
+        action=; prev=
+        for a in "$@"; do [ "$prev" = --action ] && action=$a; prev=$a; done
+        echo "$action $(cat "$THP")" >> "$CALLS"
+        [ "$action" = "$FAIL_AT" ] && [ "$(cat "$THP")" = "$FAIL_MODE" ] && exit 1
+        secs=0.5; [ "$action" = checkpoint ] && secs=2.0
+        printf '{"ok":true,"timeline":{"stages":[{"name":"cuda_%s","seconds":%s}]}}' \\
+            "$action" "$secs"
+        """
+
+    def run_stage(self, original="always [madvise] never", fail_at="", fail_mode=""):
+        thp = write(os.path.join(self.tmp, "thp"), original)
+        calls = os.path.join(self.tmp, "calls")
+        bundle = fake_bundle(os.path.join(self.tmp, "bundle"), self.FAKE_CUDA)
+        c = self.context()
+        c.gpuckpt = os.path.join(bundle, "bin", "gpuckpt")
+        c.demo_pid, c.demo_sock, c.vram_bytes = str(os.getpid()), "sock", "4000000000"
+        c.hash_before, c.d2h = "abc", "55.0"
+        env = {"THP": thp, "CALLS": calls, "FAIL_AT": fail_at, "FAIL_MODE": fail_mode}
+        with mock.patch.object(stage_thp, "THP_ENABLED", thp), \
+                mock.patch.object(stage_thp, "first_touch_gbps", return_value=1.9), \
+                mock.patch.object(c, "ask", return_value="OK 4000000000 abc"), \
+                mock.patch.dict(os.environ, env), \
+                contextlib.redirect_stdout(io.StringIO()):
+            stage_thp.run(c)
+        return c, h.read_text(thp), h.read_text(calls).splitlines()
+
+    def test_the_selected_mode_is_read(self):
+        self.assertEqual(stage_thp.thp_mode("always [madvise] never\n"), "madvise")
+        self.assertEqual(stage_thp.thp_mode("[always] madvise never"), "always")
+        self.assertEqual(stage_thp.thp_mode(""), "")
+
+    def test_every_mode_is_measured_and_the_mode_is_put_back(self):
+        c, thp, calls = self.run_stage()
+        self.assertEqual(thp, "madvise")
+        self.assertEqual(c.thp_restore, "")
+        self.assertEqual([line.split()[1] for line in calls if line.startswith("checkpoint")],
+                         ["madvise", "always", "never"])
+        info = [r for r in c.s.results if r.startswith("INFO")]
+        self.assertEqual(len(info), 1)
+        self.assertIn("always: first touch 1.90 GB/s, D2H 2.00 GB/s in 2.0 s, H2D 8.00 GB/s in "
+                      "0.5 s", info[0])
+        self.assertIn("(pinned D2H ceiling 55.0 GB/s)", info[0])
+        self.assertIn(rec("PASS", "vram hash (thp)", "identical after 3 rounds: abc"), c.s.results)
+
+    def test_a_failed_step_resumes_the_server_and_still_puts_the_mode_back(self):
+        c, thp, calls = self.run_stage(original="[always] madvise never", fail_at="checkpoint",
+                                       fail_mode="always")
+        self.assertEqual(thp, "always")
+        self.assertEqual(calls[-3:], ["checkpoint always", "restore always", "unlock always"])
+        self.assertTrue(any(r.startswith("FAIL  thp always") for r in c.s.results), c.s.results)
+        self.assertFalse(any("never" in line for line in calls), calls)
+
+    def test_without_the_server_or_a_thp_control_it_skips_with_the_reason(self):
+        c = self.context()
+        with contextlib.redirect_stdout(io.StringIO()):
+            stage_thp.run(c)
+        self.assertEqual(c.s.results, [rec("SKIP", "thp d2h", "the CUDA demo server is not running")])
+        c = self.context()
+        c.demo_pid = str(os.getpid())
+        missing = os.path.join(self.tmp, "no-thp")
+        with mock.patch.object(stage_thp, "THP_ENABLED", missing), \
+                contextlib.redirect_stdout(io.StringIO()):
+            stage_thp.run(c)
+        self.assertEqual(c.s.results, [rec("SKIP", "thp d2h",
+                                           f"no transparent huge page control ({missing})")])
 
 
 class LockThenKill(TempDir):
