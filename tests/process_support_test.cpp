@@ -62,6 +62,41 @@ TEST(ProcInfo, ReadsIdentityAndLiveness) {
   c.wait();
 }
 
+TEST(ProcInfo, LiveProcessesComeWithWhatWasReadAndZombiesAreLeftOut) {
+  Child live = spawn({"sleep", "600"}), dead = spawn({"sleep", "600"});
+  ASSERT_TRUE(test::wait_until([&] {
+    return process::read_proc(live.pid())->comm == "sleep" &&
+           process::read_proc(dead.pid())->comm == "sleep";
+  }));
+  ::kill(dead.pid(), SIGKILL);
+  ASSERT_TRUE(process::wait_ended(dead.pid(), std::chrono::seconds(10)));  // a zombie now
+  const auto mine = [&](const process::ProcInfo& i) {
+    return i.pid == live.pid() || i.pid == dead.pid();
+  };
+  const auto found = process::live_procs_where(mine);
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].pid, live.pid());
+  EXPECT_EQ(found[0].cmdline, (std::vector<std::string>{"sleep", "600"}));
+  EXPECT_EQ(process::live_pids_where(mine), std::vector<pid_t>{live.pid()});
+  ::kill(live.pid(), SIGKILL);
+  live.wait();
+  dead.wait();
+}
+
+TEST(ProcInfo, ACommandLineOptionIsFoundInEveryFormGoAndGnuTakeIt) {
+  const std::vector<std::string> argv{"runc",    "-root=/a",    "--log",  "/l",
+                                      "restore", "--namespace", "k8s.io", "--exec-root=/run/x",
+                                      "id"};
+  EXPECT_EQ(process::cmdline_option(argv, "root"), "/a");
+  EXPECT_EQ(process::cmdline_option(argv, "log"), "/l");
+  EXPECT_EQ(process::cmdline_option(argv, "namespace"), "k8s.io");
+  EXPECT_EQ(process::cmdline_option(argv, "exec-root"), "/run/x");
+  EXPECT_EQ(process::cmdline_option(argv, "bundle"), "");
+  EXPECT_EQ(process::cmdline_option({"runc", "--root"}, "root"), "") << "a flag with no value";
+  EXPECT_EQ(process::cmdline_option({"x", "--rootless", "true"}, "root"), "")
+      << "a longer flag that begins with the name";
+}
+
 TEST(ProcInfo, StartTicksTellAProcessStartedAfterANoteFromOneStartedBefore) {
   // What the guard relies on to tell a restored copy from a process that reused its pid.
   const auto self = process::start_ticks(::getpid());

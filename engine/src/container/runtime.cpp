@@ -61,27 +61,15 @@ void add_root(std::vector<StateRoot>& roots, StateRoot r) {
     roots.push_back(std::move(r));
 }
 
-// The value of option `name` in a command line ("--name V" or "--name=V"; Go's flags take one
-// dash too); "" when absent.
-std::string option_of(const std::vector<std::string>& a, const std::string& name) {
-  for (std::size_t i = 0; i < a.size(); ++i)
-    for (const std::string dash : {"-", "--"}) {
-      const std::string flag = dash + name;
-      if (a[i] == flag && i + 1 < a.size()) return a[i + 1];
-      if (a[i].rfind(flag + "=", 0) == 0) return a[i].substr(flag.size() + 1);
-    }
-  return {};
-}
-
 // dockerd keeps a runc root per runtime under its exec root (--exec-root, /run/docker by
 // default): runtime-runc, and one for each runtime it was given (runtime-nvidia for the NVIDIA
 // container toolkit's). Each running dockerd's exec root is read from its command line.
 void add_docker_roots(std::vector<StateRoot>& roots) {
   std::vector<fs::path> execs{"/run/docker"};
-  for (const pid_t d :
-       process::live_pids_where([](const process::ProcInfo& i) { return i.comm == "dockerd"; }))
-    if (const auto info = process::read_proc(d))
-      if (std::string e = option_of(info->cmdline, "exec-root"); !e.empty()) execs.push_back(e);
+  for (const auto& d :
+       process::live_procs_where([](const process::ProcInfo& i) { return i.comm == "dockerd"; }))
+    if (std::string e = process::cmdline_option(d.cmdline, "exec-root"); !e.empty())
+      execs.push_back(e);
   for (const auto& exec : execs) {
     add_root(roots, {Runtime::kDocker, exec / "runtime-runc" / "moby", ""});
     std::error_code ec;
@@ -101,13 +89,11 @@ void add_containerd_roots(std::vector<StateRoot>& roots) {
   for (const auto& e : fs::directory_iterator("/run/containerd/runc", ec))
     if (e.is_directory(ec))
       add_root(roots, {Runtime::kContainerd, e.path(), e.path().filename().string()});
-  for (const pid_t s : process::live_pids_where(
+  for (const auto& shim : process::live_procs_where(
            [](const process::ProcInfo& i) { return i.comm.rfind("containerd-shim", 0) == 0; })) {
-    const auto info = process::read_proc(s);
-    if (!info) continue;
-    const std::string ns = option_of(info->cmdline, "namespace");
+    const std::string ns = process::cmdline_option(shim.cmdline, "namespace");
     if (ns.empty() || ns.find('/') != std::string::npos) continue;
-    const fs::path bundle = fs::read_symlink("/proc/" + std::to_string(s) + "/cwd", ec);
+    const fs::path bundle = fs::read_symlink("/proc/" + std::to_string(shim.pid) + "/cwd", ec);
     if (ec) continue;
     std::ifstream in(bundle / "options.json");
     const auto o = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);

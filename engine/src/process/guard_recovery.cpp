@@ -336,9 +336,9 @@ std::vector<pid_t> shim_runc_restoring(const fs::path& root, const std::string& 
     if (a.size() < 3 || fs::path(a.front()).filename() != "runc" || a.back() != id ||
         std::find(a.begin(), a.end(), "restore") == a.end())
       return false;
-    const auto r = std::find(a.begin(), a.end(), "--root");
+    const std::string r = cmdline_option(a, "root");
     std::error_code ec;
-    return r != a.end() && r + 1 != a.end() && fs::equivalent(*(r + 1), root, ec);
+    return !r.empty() && fs::equivalent(r, root, ec);
   });
 }
 

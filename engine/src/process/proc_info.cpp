@@ -196,15 +196,31 @@ std::vector<std::string> nvidia_gpu_uuids(pid_t pid) {
   return uuids;
 }
 
-std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& pred) {
-  std::vector<pid_t> out;
+std::string cmdline_option(const std::vector<std::string>& argv, const std::string& name) {
+  for (std::size_t i = 0; i < argv.size(); ++i)
+    for (const std::string dash : {"-", "--"}) {
+      const std::string flag = dash + name;
+      if (argv[i] == flag && i + 1 < argv.size()) return argv[i + 1];
+      if (argv[i].rfind(flag + "=", 0) == 0) return argv[i].substr(flag.size() + 1);
+    }
+  return {};
+}
+
+std::vector<ProcInfo> live_procs_where(const std::function<bool(const ProcInfo&)>& pred) {
+  std::vector<ProcInfo> out;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const auto name = e.path().filename().string();
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = std::stoi(name);
-    if (auto p = read_proc(pid); p && p->state != 'Z' && pred(*p)) out.push_back(pid);
+    if (auto p = read_proc(std::stoi(name)); p && p->state != 'Z' && pred(*p))
+      out.push_back(std::move(*p));
   }
+  return out;
+}
+
+std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& pred) {
+  std::vector<pid_t> out;
+  for (const auto& p : live_procs_where(pred)) out.push_back(p.pid);
   return out;
 }
 

@@ -61,7 +61,12 @@ std::uint64_t dumpable_memory_bytes(pid_t pid);
 // /proc/driver/nvidia/gpus/*/information. Empty without the NVIDIA driver.
 std::vector<std::string> nvidia_gpu_uuids(pid_t pid);
 
-// Live (not zombie) processes for which `pred` holds.
+// The value of option `name` in a command line ("--name V" or "--name=V"; Go's flags take one
+// dash too); "" when absent.
+std::string cmdline_option(const std::vector<std::string>& argv, const std::string& name);
+
+// Live (not zombie) processes for which `pred` holds: as read for `pred`, or their pids.
+std::vector<ProcInfo> live_procs_where(const std::function<bool(const ProcInfo&)>& pred);
 std::vector<pid_t> live_pids_where(const std::function<bool(const ProcInfo&)>& pred);
 
 // The tree CRIU dumps for `root`: root first, then every descendant (children of all its
