@@ -424,12 +424,32 @@ TEST_F(E2eContainer, WhatCannotBeDoneIsRefusedBeforeAnythingIsFrozen) {
     exec.wait();
   }
 
-  // Its output into a host file, which CRIU cannot dump: it keeps running.
+  // Its output into a host file, which CRIU cannot dump: it keeps running. The same where a
+  // bind mount shows that file inside (CRIU looks it up by the host mount it was opened
+  // through): refused before the freeze, never a failed dump.
   const std::string files = unique_id("files");
   const pid_t f = run_container(files, /*files=*/true);
   expect_refused({"dump", "--container", files, "-o", ckpt.string()}, 10,
-                 "a host file outside the container's mounts");
+                 "a host file opened outside the container's mounts");
   EXPECT_EQ(pid_of(files), f);
+  EXPECT_FALSE(fs::exists(ckpt));
+  const std::string plain_spec = read_file(bundle_ / "config.json");
+  json spec = json::parse(plain_spec);
+  fs::create_directories(bundle_ / "rootfs" / dir_.path().relative_path());
+  spec["mounts"].push_back({{"destination", dir_.path().string()},
+                            {"type", "bind"},
+                            {"source", dir_.path().string()},
+                            {"options", {"rbind", "rw"}}});
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const std::string shown = unique_id("shown");
+  const pid_t sh = run_container(shown, /*files=*/true);
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << plain_spec;
+  ASSERT_TRUE(fs::exists(fs::path("/proc") / std::to_string(sh) / "root" /
+                         dir_.path().relative_path() / "container.out"))
+      << "the container does not see its output file";
+  expect_refused({"dump", "--container", shown, "-o", ckpt.string()}, 10,
+                 "a host file opened outside the container's mounts");
+  EXPECT_EQ(pid_of(shown), sh);
   EXPECT_FALSE(fs::exists(ckpt));
 
   // A checkpoint of it; a restore under an ID runc has, and one without --container.

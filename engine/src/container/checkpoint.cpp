@@ -105,6 +105,7 @@ UniqueFd control_socket() {
 }
 
 struct MountInfo {
+  int id = 0;  // the mount's ID, which /proc/PID/fdinfo names as mnt_id
   std::string mount_point, fstype, options;  // options: the file system's own (super options)
 };
 
@@ -121,7 +122,7 @@ std::vector<MountInfo> mounts_of(pid_t pid) {
     std::istringstream tail(line.substr(dash + 3));
     std::string fstype, source, options;
     tail >> fstype >> source >> options;
-    out.push_back({point, fstype, options});
+    out.push_back({std::atoi(id.c_str()), point, fstype, options});
   }
   return out;
 }
@@ -153,11 +154,15 @@ std::string outside_file(pid_t pid, int fd) {
   // cannot give back to a detached container.
   if (S_ISCHR(st.st_mode)) return major(st.st_rdev) == 1 ? std::string() : target;
   if (!S_ISREG(st.st_mode)) return {};
-  // The file as the container sees it: reachable if that path names the same inode.
-  struct stat inside {};
-  const std::string via_root = "/proc/" + std::to_string(pid) + "/root" + target;
-  if (::stat(via_root.c_str(), &inside) == 0 && inside.st_ino == st.st_ino &&
-      inside.st_dev == st.st_dev)
+  // CRIU looks a file up by the mount it was opened through (fdinfo's mnt_id) among the
+  // container's mounts: a host file opened through a host mount fails the dump, once frozen,
+  // even where a bind mount shows the same file inside.
+  std::ifstream info("/proc/" + std::to_string(pid) + "/fdinfo/" + std::to_string(fd));
+  int mnt_id = -1;
+  for (std::string line; std::getline(info, line);)
+    if (line.rfind("mnt_id:", 0) == 0) mnt_id = std::atoi(line.c_str() + 7);
+  const auto mounts = mounts_of(pid);
+  if (std::any_of(mounts.begin(), mounts.end(), [&](const MountInfo& m) { return m.id == mnt_id; }))
     return {};
   return target;
 }
@@ -533,7 +538,8 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
       throw Error(Errc::kProcess,
                   "the init of the " + c.describe() + " has its fd " + std::to_string(fd) + " on " +
                       f +
-                      ", a host file outside the container's mounts, which CRIU cannot dump. "
+                      ", a host file opened outside the container's mounts, which CRIU cannot "
+                      "dump. "
                       "Start it with pipes for its output (as containerd and Docker do) or a "
                       "file inside the container. Nothing was frozen");
 
