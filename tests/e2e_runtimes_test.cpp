@@ -581,6 +581,48 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
             other + " false");
 }
 
+// gpuckpt killed while Docker restores a new container: before it is made, once dockerd has
+// made it with the checkpoint in its checkpoint directory but not started it, and once it runs
+// restored but gpuckpt has not taken it. Each leaves no container by that name, no checkpoint
+// directory and no restore bundle; the original runs on, and the restore then works.
+TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
+  if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
+  start_docker();
+  const auto [name, init, digest] = docker_serving("dhalf");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "dh.ckpt";
+  ASSERT_EQ(test::run_cli({"dump", "--container", name, "-o", ckpt.string(), "--leave-running"})
+                .exit_code,
+            0);
+  const std::string copy = "dhalfcopy-" + std::to_string(::getpid());
+  docker_names_.push_back(copy);
+  auto checkpoint_dirs = [&] {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e :
+         fs::recursive_directory_iterator(dir_.path() / "docker" / "containers", ec))
+      if (e.path().parent_path().filename() == "checkpoints") out.push_back(e.path());
+    return out;
+  };
+  for (const std::string point : {"criu_restore", "runtime_created", "criu_restored"}) {
+    SCOPED_TRACE(point);
+    (void)test::signalled_at({"restore", ckpt.string(), "--container", copy}, point, SIGKILL,
+                             dir_.path());
+    EXPECT_TRUE(test::wait_until([&] {
+      return !docker({"inspect", copy}).status.ok();
+    })) << "Docker keeps the half-made container "
+        << copy;
+    EXPECT_TRUE(test::wait_until([&] { return checkpoint_dirs().empty(); }))
+        << checkpoint_dirs().front();
+    EXPECT_TRUE(test::wait_until([&] { return test::container_restore_dirs(copy).empty(); }));
+  }
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_GT(docker_pid(copy), 0);
+  EXPECT_EQ(redis(docker_pid(copy), {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(docker_pid(name), init);
+}
+
 // A migration on this host: the containerd container moves to a new ID while the original stays
 // frozen until the copy answers, then ends; containerd keeps the original's record, task gone.
 TEST_F(E2eRuntimes, AContainerdContainerMigratesOnThisHostToANewId) {

@@ -1334,6 +1334,7 @@ Container docker_restore(const RestoreRequest& q) {
     std::optional<Timeline::Scope> scope;
     if (q.timeline) scope.emplace(*q.timeline, stage::kCheckpointDir);
     place_images(q.images, dir);
+    fault_point(fault::kRuntimeCreated);  // made, its checkpoint in place, not started
   } catch (...) {
     undo();
     throw;
