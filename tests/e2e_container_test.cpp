@@ -57,6 +57,11 @@ class E2eContainer : public ::testing::Test {
     }
   }
 
+  // `runc list` under runc's default root (where gpuckpt bench makes its containers).
+  std::string runc_list_default_root() {
+    return run_capture({runc_, "--root", "/run/runc", "list"}, 60s).output;
+  }
+
   RunResult runc(std::vector<std::string> args) {
     args.insert(args.begin(), {runc_, "--root", root_.string()});
     SpawnOptions o;
@@ -646,6 +651,34 @@ TEST_F(E2eContainer, ATargetWithoutAMountSourceIsRefusedBeforeTheFreeze) {
   EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
   EXPECT_FALSE(runc({"state", copy}).status.ok());
   EXPECT_FALSE(fs::exists(dir_.path() / "to"));
+}
+
+// `bench dump --container`: the demo server in a runc container, dumped and restored by gpuckpt
+// and by runc's own checkpoint and restore with the same CRIU, side by side; runc is what the
+// ratios compare with, and nothing of the benchmark's stays with runc or on the disk.
+TEST_F(E2eContainer, BenchComparesAContainerDumpAndRestoreWithRuncsOwn) {
+  const fs::path bench = dir_.path() / "bench";
+  fs::create_directories(bench);
+  const test::CliResult b =
+      test::run_cli({"--json", "bench", "dump", "--container", "--dir", bench.string(), "--size",
+                     "64M", "--runs", "1", "--memory", "warm"},
+                    300);
+  ASSERT_EQ(b.exit_code, 0) << b.err << b.out;
+  const json j = json::parse(b.out);
+  EXPECT_EQ(j.value("plain", ""), "runc");
+  std::vector<std::string> names;
+  for (const json& m : j.at("methods")) {
+    names.push_back(m.at("name"));
+    EXPECT_GT(m.at("dump_median_seconds").get<double>(), 0) << names.back();
+    EXPECT_GT(m.at("restore_median_seconds").get<double>(), 0) << names.back();
+    EXPECT_GT(m.at("checkpoint_bytes").get<std::uint64_t>(), 0u) << names.back();
+    EXPECT_FALSE(m.contains("restore_time_vs_criu")) << "runc is the plain tool here";
+  }
+  EXPECT_EQ(names, (std::vector<std::string>{"container", "runc"}));
+  EXPECT_EQ(j.at("methods").back().at("restore_time_vs_plain").get<double>(), 1.0);
+  const auto left = runc_list_default_root();
+  EXPECT_EQ(left.find("gpuckpt-bench-"), std::string::npos) << left;
+  EXPECT_FALSE(fs::exists(bench / "bench-bundle"));
 }
 
 // gpuckpt and its guard both killed while a migration's copy runs but has not answered: the

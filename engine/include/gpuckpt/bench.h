@@ -69,6 +69,10 @@ struct DumpRestoreBenchOptions {
   // has gone back to the host (settle_free_memory), as on an idle node; kWarm touches and frees
   // the process's size just before, as right after a process of that size ended here.
   enum class Memory { kCold, kWarm } memory = Memory::kCold;
+  // The server runs in a runc container (runc's default root, the host's /usr and network);
+  // the methods are then "container" (gpuckpt dump and restore --container, streamed) and
+  // "runc" (runc checkpoint and restore --detach with the same CRIU, then syncfs).
+  bool container = false;
   CriuSettings criu;
   std::function<void(const std::string&)> log;  // one line per measured run
 };
@@ -78,7 +82,9 @@ const char* bench_content_name(DumpRestoreBenchOptions::Content c);
 const char* bench_memory_name(DumpRestoreBenchOptions::Memory m);
 
 struct DumpRestoreBenchMethod {
-  std::string name;  // "stream", "stream-4k" (restored without huge pages), "staged", "criu"
+  // "stream", "stream-4k" (restored without huge pages), "staged", "criu"; or "container",
+  // "runc". The last is the plain tool the others are compared with.
+  std::string name;
   // A dump is timed from its start to its durable checkpoint (gpuckpt: its exit less its
   // process_end_seconds; plain criu: its syncfs returned), and to its exit: gpuckpt ends the
   // dumped process only once the checkpoint is durable, plain criu before its images are.

@@ -21,11 +21,14 @@
 #include <optional>
 #include <thread>
 
+#include "container/checkpoint.h"
+#include "container/runtime.h"
 #include "criu/criu.h"
 #include "gpuckpt/bench.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "gpuckpt/support.h"
+#include "image/transfer_common.h"
 #include "probe/probe.h"
 #include "process/proc_info.h"
 #include "process/support.h"
@@ -62,8 +65,9 @@ bool interrupt_command(pid_t leader) {
 // the OnInterrupt hook, which runs on the signal-handling thread.
 struct InFlight {
   std::mutex mu;
-  pid_t command = 0;  // a dump or restore, the leader of its process group
-  pid_t server = 0;   // the demo server, or its restored copy (the same pid)
+  pid_t command = 0;      // a dump or restore, the leader of its process group
+  pid_t server = 0;       // the demo server, or its restored copy (the same pid)
+  std::string container;  // the runc container the demo server runs in, if any
   std::vector<fs::path> scratch;
   bool interrupted = false;
 
@@ -100,6 +104,13 @@ struct InFlight {
       said.push_back("its demo server " + std::to_string(server) +
                      (left.empty() ? " was ended" : " is still there after SIGKILL"));
     }
+    if (!container.empty()) {
+      // Its init, restored, has a host pid of its own: runc ends whatever runs under the ID.
+      const auto r = run_capture({container::runc_binary().string(), "--root", container::kRuncRoot,
+                                  "delete", "--force", container},
+                                 std::chrono::seconds(30));
+      if (r.status.ok()) said.push_back("its container " + container + " was deleted");
+    }
     std::error_code ec;
     for (const fs::path& f : scratch)
       if (fs::remove_all(f, ec) > 0) said.push_back("removed " + f.string());
@@ -116,6 +127,9 @@ struct InFlight {
 Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& staging, pid_t exclude,
                     const fs::path& out_file, std::chrono::seconds timeout, InFlight& flight,
                     const fs::path& json_file = {}) {
+  // A container's restored tasks take new host pids in a pid namespace of their own: the
+  // memory they restore is the process's, never the method's extra.
+  const auto own_pidns = process::pid_namespace_inode(::getpid());
   SpawnOptions so;
   so.stdout_file = json_file.empty() ? out_file : json_file;
   so.stderr_file = out_file;
@@ -138,7 +152,8 @@ Sampled run_sampled(const std::vector<std::string>& argv, const fs::path& stagin
   while (!(st = c.wait_for(std::chrono::milliseconds(2)))) {
     try {  // a process exiting while /proc is read: skip this sample
       for (pid_t p : process::process_tree(c.pid()))
-        if (p != exclude) peak[p] = std::max(peak[p], process::peak_rss_bytes(p));
+        if (p != exclude && process::pid_namespace_inode(p) == own_pidns)
+          peak[p] = std::max(peak[p], process::peak_rss_bytes(p));
     } catch (const std::exception&) {
     }
     staged = std::max(staged, allocated_bytes(staging));
@@ -189,34 +204,133 @@ double dump_process_end_seconds(const fs::path& json) {
   return j["process_end_seconds"].get<double>();
 }
 
+// A runc bundle for the demo server, under runc's default root (where gpuckpt looks): a rootfs
+// of mount points with the host's /usr, and the benchmark directory and the server's own
+// directory bound in at their paths (its weights and its socket); its own pid, mount, ipc and
+// uts namespaces and the host's network; runc's default spec without the rlimits root may not
+// raise here.
+fs::path make_bundle(const fs::path& dir, const fs::path& weights, const fs::path& sock) {
+  const fs::path bundle = dir / "bench-bundle", rootfs = bundle / "rootfs";
+  fs::remove_all(bundle);
+  for (const char* d : {"usr", "proc", "dev", "sys", "tmp", "etc"})
+    fs::create_directories(rootfs / d);
+  for (const char* l : {"bin", "lib", "lib64", "sbin"})
+    fs::create_symlink(fs::path("usr") / l, rootfs / l);
+  SpawnOptions so;
+  so.cwd = bundle;
+  if (const auto r =
+          run_capture({container::runc_binary().string(), "spec"}, std::chrono::seconds(30), so);
+      !r.status.ok())
+    throw Error(Errc::kProcess, "runc spec failed: " + r.output);
+  nlohmann::json spec = nlohmann::json::parse(read_file(bundle / "config.json"));
+  spec["process"]["terminal"] = false;
+  spec["process"]["args"] = {(self_exe_dir() / "gpuckpt-demo-server").string(), "--socket",
+                             sock.string(), "--weights", weights.string()};
+  spec["process"].erase("rlimits");
+  spec["root"]["readonly"] = false;
+  auto& ns = spec["linux"]["namespaces"];
+  ns.erase(std::remove_if(ns.begin(), ns.end(),
+                          [](const nlohmann::json& n) { return n.value("type", "") == "network"; }),
+           ns.end());
+  auto bind = [&](const fs::path& p, bool ro) {
+    fs::create_directories(rootfs / p.relative_path());
+    spec["mounts"].push_back(
+        {{"destination", p.string()},
+         {"type", "bind"},
+         {"source", p.string()},
+         {"options", ro ? nlohmann::json{"rbind", "ro"} : nlohmann::json{"rbind", "rw"}}});
+  };
+  bind("/usr", true);
+  bind(fs::absolute(dir), false);
+  if (!image::is_within(self_exe_dir(), "/usr") &&
+      !image::is_within(self_exe_dir(), fs::absolute(dir)))
+    bind(self_exe_dir(), true);
+  write_file_atomic(bundle / "config.json", spec.dump(1));
+  return bundle;
+}
+
+// runc ARGS under its default root; its output, or Error(kProcess).
+std::string runc(std::vector<std::string> args, const fs::path& cwd = {}) {
+  args.insert(args.begin(), {container::runc_binary().string(), "--root", container::kRuncRoot});
+  SpawnOptions so;
+  so.cwd = cwd;
+  const auto r = run_capture(args, std::chrono::seconds(60), so);
+  if (!r.status.ok())
+    throw Error(Errc::kProcess,
+                "runc " + args[3] + " failed (" + r.status.describe() + "): " + r.output);
+  return r.output;
+}
+
+// The demo server, answering on a unix socket in the benchmark directory: a child of the
+// benchmark, or the init of runc container `id` of `bundle`.
 class Server {
  public:
-  Server(const fs::path& dir, const fs::path& weights, InFlight& flight)
-      : sock_(dir / "bench.sock") {
+  Server(const fs::path& dir, const fs::path& weights, InFlight& flight,
+         const fs::path& bundle = {}, const std::string& id = {})
+      : sock_(dir / "bench.sock"), id_(id) {
     const fs::path log = dir / "bench-server.log";
     fs::remove(log);
+    fs::remove(sock_);
     SpawnOptions so;
     so.stdout_file = log;
     so.stderr_file = log;
     so.new_session = true;  // no terminal: CRIU dumps it without --shell-job
-    child_ = spawn({(self_exe_dir() / "gpuckpt-demo-server").string(), "--socket", sock_.string(),
-                    "--weights", weights.string()},
-                   so);
-    flight.set_server(child_.pid());  // while it loads its weights too
+    if (id_.empty()) {
+      child_ = spawn({(self_exe_dir() / "gpuckpt-demo-server").string(), "--socket", sock_.string(),
+                      "--weights", weights.string()},
+                     so);
+      pid_ = child_.pid();
+    } else {
+      remove_container();  // what an earlier run left
+      // Its stdio on /dev/null, which CRIU opens again by path: a host file would be one opened
+      // outside the container's mounts. runc's own errors go to its log.
+      so.cwd = bundle;
+      so.stdout_file = so.stderr_file = "/dev/null";
+      Child run = spawn({container::runc_binary().string(), "--root", container::kRuncRoot, "--log",
+                         log.string(), "run", "--detach", id_},
+                        so);
+      if (const auto st = run.wait_for(std::chrono::seconds(60)); !st || !st->ok())
+        throw Error(Errc::kProcess, "runc run of the demo server failed: " + read_file(log));
+      pid_ = container::find(id_).init_pid;
+    }
+    flight.set_server(pid_);  // while it loads its weights too
     const auto deadline = Clock::now() + std::chrono::seconds(300);
     while (ask_unix_line(sock_, "PING") != "PONG") {
-      if (child_.wait_for(std::chrono::milliseconds(20)))
+      if (!process::alive(pid_))
         throw Error(Errc::kProcess, "the demo server exited: " + read_file(log));
       if (Clock::now() > deadline) throw Error(Errc::kTimeout, "the demo server did not start");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
-    pid_ = child_.pid();
+  }
+  ~Server() {
+    if (!id_.empty()) remove_container();
   }
   pid_t pid() const { return pid_; }
   const fs::path& socket() const { return sock_; }
-  Child& child() { return child_; }
+  // Waits for the dumped server to end (its dump ends it).
+  void await_dumped() {
+    if (id_.empty())
+      child_.wait_for(std::chrono::seconds(60));
+    else
+      process::wait_ended(pid_, std::chrono::seconds(60));
+  }
+  // Asks the restored server to quit and waits until it has.
+  void quit() {
+    const pid_t restored = id_.empty() ? pid_ : container::find(id_).init_pid;
+    ask_unix_line(sock_, "QUIT");
+    process::wait_ended(restored, std::chrono::seconds(30));
+  }
 
  private:
+  void remove_container() noexcept {
+    try {
+      runc({"delete", "--force", id_});
+    } catch (const Error&) {  // none by that ID
+    }
+  }
+
   fs::path sock_;
+  std::string id_;
   Child child_;
   pid_t pid_ = 0;
 };
@@ -253,12 +367,23 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   }
   DumpRestoreBenchResult res;
   // stream-4k: streamed, restored with CRIU's own 4 KiB fill (--no-huge-pages), so that the
-  // huge-page fill's share of the restore shows on its own.
-  res.methods = {{"stream"}, {"stream-4k"}, {"staged"}, {"criu"}};
+  // huge-page fill's share of the restore shows on its own. In a container: gpuckpt's
+  // --container against runc's own checkpoint and restore with the same CRIU.
+  if (o.container)
+    res.methods = {{"container"}, {"runc"}};
+  else
+    res.methods = {{"stream"}, {"stream-4k"}, {"staged"}, {"criu"}};
+  const std::string id = "gpuckpt-bench-" + std::to_string(::getpid());
+  const fs::path bundle =
+      o.container ? make_bundle(o.dir, weights, o.dir / "bench.sock") : fs::path();
+  if (o.container) {
+    std::lock_guard lk(flight->mu);
+    flight->container = id;
+  }
   const auto timeout = std::chrono::seconds(1800);
   for (unsigned run = 0; run < o.runs; ++run) {
     for (auto& m : res.methods) {
-      Server srv(o.dir, weights, *flight);
+      Server srv(o.dir, weights, *flight, bundle, o.container ? id : std::string());
       const std::string weights_answer = ask_unix_line(srv.socket(), "WEIGHTS");
       res.process_bytes = process::dumpable_memory_bytes(srv.pid());
       const fs::path ckpt = o.dir / ("bench-" + m.name + ".ckpt");
@@ -276,19 +401,41 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
       // gpuckpt's --json result says how long ending the dumped process took.
       const fs::path result = o.dir / ("bench-" + m.name + ".json");
       fs::remove(result);
-      if (m.name == "criu") {
+      const bool plain = m.name == "criu" || m.name == "runc";
+      if (plain) {
         fs::create_directories(ckpt);
-        d = run_sampled({inst.binary.string(), "dump", "-t", std::to_string(srv.pid()), "-D",
-                         ckpt.string(), "-o", "dump.log", "-v2"},
-                        o.staging_root, 0, out, timeout, *flight);
+        const std::vector<std::string> argv =
+            m.name == "criu" ? std::vector<std::string>{inst.binary.string(),
+                                                        "dump",
+                                                        "-t",
+                                                        std::to_string(srv.pid()),
+                                                        "-D",
+                                                        ckpt.string(),
+                                                        "-o",
+                                                        "dump.log",
+                                                        "-v2"}
+                             : std::vector<std::string>{container::runc_binary().string(),
+                                                        "--root",
+                                                        container::kRuncRoot,
+                                                        "--criu",
+                                                        inst.binary.string(),
+                                                        "checkpoint",
+                                                        "--image-path",
+                                                        ckpt.string(),
+                                                        id};
+        d = run_sampled(argv, o.staging_root, 0, out, timeout, *flight);
         const auto t = Clock::now();
         sync_dir(ckpt);
         d.seconds += std::chrono::duration<double>(Clock::now() - t).count();
       } else {
-        d = run_sampled({gpuckpt.string(), "--json", "dump", "--pid", std::to_string(srv.pid()),
-                         "-o", ckpt.string(), "--staging", o.staging_root.string(),
-                         "--staging-mode", mode, "--no-criu-check"},
-                        o.staging_root, 0, out, timeout, *flight, result);
+        std::vector<std::string> argv{gpuckpt.string(), "--json", "dump"};
+        if (o.container)
+          argv.insert(argv.end(), {"--container", id});
+        else
+          argv.insert(argv.end(), {"--pid", std::to_string(srv.pid())});
+        argv.insert(argv.end(), {"-o", ckpt.string(), "--staging", o.staging_root.string(),
+                                 "--staging-mode", mode, "--no-criu-check"});
+        d = run_sampled(argv, o.staging_root, 0, out, timeout, *flight, result);
       }
       if (!d.status.ok())
         throw Error(Errc::kCriu, m.name + " dump failed (" + d.status.describe() +
@@ -298,11 +445,12 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
       // gpuckpt ends the dumped process only after that, and the end comes off (its own exit, a
       // few ms, stays in).
       const double durable =
-          m.name == "criu" ? d.seconds
-                           : d.seconds - std::min(dump_process_end_seconds(result), d.seconds);
+          plain ? d.seconds : d.seconds - std::min(dump_process_end_seconds(result), d.seconds);
       fs::remove(result);
-      srv.child().wait_for(std::chrono::seconds(60));  // it ends after its dump
-      const pid_t pid = srv.pid();
+      srv.await_dumped();
+      // A bare restore brings the process back with its pid; a container's init takes a new
+      // host pid (run_sampled leaves out what runs in its pid namespace).
+      const pid_t pid = o.container ? 0 : srv.pid();
       res.checkpoint_bytes[m.name] = tree_bytes(ckpt);
       evict(ckpt);
       // The process just freed its memory, and how much of it its VM's host has taken back
@@ -322,10 +470,24 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
         r = run_sampled({inst.binary.string(), "restore", "-D", ckpt.string(), "-d", "-o",
                          "restore.log", "-v2"},
                         o.staging_root, pid, out, timeout, *flight);
+      } else if (m.name == "runc") {
+        r = run_sampled({container::runc_binary().string(), "--root", container::kRuncRoot,
+                         "--criu", inst.binary.string(), "restore", "--detach", "--image-path",
+                         ckpt.string(), "--bundle", bundle.string(), id},
+                        o.staging_root, pid, out, timeout, *flight);
       } else {
-        std::vector<std::string> argv{
-            gpuckpt.string(),        "restore",        ckpt.string(), "--staging",
-            o.staging_root.string(), "--staging-mode", mode,          "--no-criu-check"};
+        // runc's CRIU reads files: a container's images are unpacked on the disk under test, as
+        // runc's are (in the staging tmpfs they would take as much memory again).
+        std::vector<std::string> argv{gpuckpt.string(),
+                                      "restore",
+                                      ckpt.string(),
+                                      "--staging",
+                                      (o.container ? o.dir : o.staging_root).string(),
+                                      "--no-criu-check"};
+        if (o.container)
+          argv.push_back("--container");
+        else
+          argv.insert(argv.end(), {"--staging-mode", mode});
         if (m.name == "stream-4k") argv.push_back("--no-huge-pages");
         r = run_sampled(argv, o.staging_root, pid, out, timeout, *flight);
       }
@@ -342,8 +504,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
       r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
       if (ask_unix_line(srv.socket(), "WEIGHTS") != weights_answer)
         throw Error(Errc::kCorrupt, m.name + ": the restored weights differ");
-      ask_unix_line(srv.socket(), "QUIT");
-      process::wait_ended(pid, std::chrono::seconds(30));
+      srv.quit();
       flight->set_server(0);
       m.dump_seconds.push_back(durable);
       m.dump_exit_seconds.push_back(d.seconds);
@@ -359,6 +520,7 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
     }
   }
   fs::remove(weights);
+  if (!bundle.empty()) fs::remove_all(bundle);
   for (auto& m : res.methods) {
     m.dump_median = median(m.dump_seconds);
     m.dump_exit_median = median(m.dump_exit_seconds);
