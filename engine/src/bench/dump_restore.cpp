@@ -345,191 +345,206 @@ const char* bench_memory_name(DumpRestoreBenchOptions::Memory m) {
   return m == DumpRestoreBenchOptions::Memory::kWarm ? "warm" : "cold";
 }
 
+namespace {
+
+// One benchmark's fixed parts, and the commands of each method.
+struct Bench {
+  const DumpRestoreBenchOptions& o;
+  fs::path gpuckpt = fs::read_symlink("/proc/self/exe");
+  criu::Installation inst = criu::locate(o.criu.binary);
+  fs::path weights = o.dir / "bench-weights.bin";
+  std::shared_ptr<InFlight> flight = std::make_shared<InFlight>();
+  std::string id = "gpuckpt-bench-" + std::to_string(::getpid());  // the container's
+  fs::path bundle;                                                 // the container's
+  std::chrono::seconds timeout{1800};
+
+  static bool plain(const std::string& method) { return method == "criu" || method == "runc"; }
+  static std::string mode(const std::string& method) {
+    return method == "staged" ? "staged" : "stream";
+  }
+
+  std::vector<std::string> runc(std::vector<std::string> args) const {
+    args.insert(args.begin(), {container::runc_binary().string(), "--root", container::kRuncRoot,
+                               "--criu", inst.binary.string()});
+    return args;
+  }
+
+  // The dump of the server `pid` into `ckpt` by `method`; a gpuckpt's --json result goes to the
+  // command's standard output.
+  std::vector<std::string> dump_argv(const std::string& method, pid_t pid,
+                                     const fs::path& ckpt) const {
+    if (method == "criu")
+      return {inst.binary.string(), "dump", "-t", std::to_string(pid), "-D", ckpt.string(), "-o",
+              "dump.log",           "-v2"};
+    if (method == "runc") return runc({"checkpoint", "--image-path", ckpt.string(), id});
+    std::vector<std::string> argv{gpuckpt.string(), "--json", "dump"};
+    if (o.container)
+      argv.insert(argv.end(), {"--container", id});
+    else
+      argv.insert(argv.end(), {"--pid", std::to_string(pid)});
+    argv.insert(argv.end(), {"-o", ckpt.string(), "--staging", o.staging_root.string(),
+                             "--staging-mode", mode(method), "--no-criu-check"});
+    return argv;
+  }
+
+  std::vector<std::string> restore_argv(const std::string& method, const fs::path& ckpt) const {
+    if (method == "criu")
+      return {inst.binary.string(), "restore", "-D", ckpt.string(), "-d", "-o",
+              "restore.log",        "-v2"};
+    if (method == "runc")
+      return runc(
+          {"restore", "--detach", "--image-path", ckpt.string(), "--bundle", bundle.string(), id});
+    // runc's CRIU reads files: a container's images are unpacked on the disk under test, as
+    // runc's are (in the staging tmpfs they would take as much memory again).
+    std::vector<std::string> argv{gpuckpt.string(),
+                                  "restore",
+                                  ckpt.string(),
+                                  "--staging",
+                                  (o.container ? o.dir : o.staging_root).string(),
+                                  "--no-criu-check"};
+    if (o.container)
+      argv.push_back("--container");
+    else
+      argv.insert(argv.end(), {"--staging-mode", mode(method)});
+    if (method == "stream-4k") argv.push_back("--no-huge-pages");
+    return argv;
+  }
+
+  // The process just freed its memory, and how much of it its VM's host has taken back (free
+  // page reporting) depends on the moment: each restore meets one known state.
+  void meet_memory(std::uint64_t bytes) const {
+    if (o.memory == DumpRestoreBenchOptions::Memory::kCold) {
+      const double settled = settle_free_memory();
+      if (o.log && settled > 0)
+        o.log("waited " + format_seconds(settled) + " for free page reporting to settle");
+    } else {
+      const unsigned threads = usable_cpus();
+      if (!touch_fresh_memory(bytes, true, threads))
+        touch_fresh_memory(bytes, false, threads);  // no THP here
+    }
+  }
+
+  // One run of `m`: a fresh server dumped, then restored until it answers with its weights.
+  void run_once(DumpRestoreBenchMethod& m, unsigned run, DumpRestoreBenchResult& res) {
+    Server srv(o.dir, weights, *flight, bundle, o.container ? id : std::string());
+    const std::string weights_answer = ask_unix_line(srv.socket(), "WEIGHTS");
+    res.process_bytes = process::dumpable_memory_bytes(srv.pid());
+    const fs::path ckpt = o.dir / ("bench-" + m.name + ".ckpt");
+    {
+      std::lock_guard lk(flight->mu);
+      flight->scratch = {weights, ckpt};
+    }
+    fs::remove_all(ckpt);
+    const fs::path out = o.dir / ("bench-" + m.name + ".out");
+    // What the steps before left for the disk to write (the weights just generated, the last
+    // method's files) is written now, not during this dump: each meets the same quiet disk.
+    sync_dir(o.dir);
+    // gpuckpt's --json result says how long ending the dumped process took.
+    const fs::path result = o.dir / ("bench-" + m.name + ".json");
+    fs::remove(result);
+    if (plain(m.name)) fs::create_directories(ckpt);
+    Sampled d = run_sampled(dump_argv(m.name, srv.pid(), ckpt), o.staging_root, 0, out, timeout,
+                            *flight, plain(m.name) ? fs::path() : result);
+    if (plain(m.name)) {  // durable once synced, as gpuckpt's checkpoint is
+      const auto t = Clock::now();
+      sync_dir(ckpt);
+      d.seconds += std::chrono::duration<double>(Clock::now() - t).count();
+    }
+    if (!d.status.ok())
+      throw Error(Errc::kCriu, m.name + " dump failed (" + d.status.describe() + "): " +
+                                   read_file(out) + (fs::exists(result) ? read_file(result) : ""));
+    // Until the checkpoint was durable. Plain criu's images are once its syncfs returned;
+    // gpuckpt ends the dumped process only after that, and the end comes off (its own exit, a
+    // few ms, stays in).
+    const double durable = plain(m.name)
+                               ? d.seconds
+                               : d.seconds - std::min(dump_process_end_seconds(result), d.seconds);
+    fs::remove(result);
+    srv.await_dumped();
+    res.checkpoint_bytes[m.name] = tree_bytes(ckpt);
+    evict(ckpt);
+    meet_memory(res.process_bytes);
+
+    // A bare restore brings the process back with its pid; a container's init takes a new host
+    // pid (run_sampled leaves out what runs in its pid namespace).
+    const auto t0 = Clock::now();
+    Sampled r = run_sampled(restore_argv(m.name, ckpt), o.staging_root, o.container ? 0 : srv.pid(),
+                            out, timeout, *flight);
+    if (!r.status.ok())
+      throw Error(Errc::kCriu,
+                  m.name + " restore failed (" + r.status.describe() + "): " + read_file(out));
+    // Until it answers, like gpuckpt restore --probe (which the gpuckpt runs do not use, so
+    // that all are timed the same way).
+    while (ask_unix_line(srv.socket(), "PING") != "PONG") {
+      if (Clock::now() - t0 > std::chrono::seconds(120))
+        throw Error(Errc::kTimeout, "the restored server does not answer");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (ask_unix_line(srv.socket(), "WEIGHTS") != weights_answer)
+      throw Error(Errc::kCorrupt, m.name + ": the restored weights differ");
+    srv.quit();
+    flight->set_server(0);
+    m.dump_seconds.push_back(durable);
+    m.dump_exit_seconds.push_back(d.seconds);
+    m.restore_seconds.push_back(r.seconds);
+    m.dump_extra_bytes.push_back(d.extra);
+    m.restore_extra_bytes.push_back(r.extra);
+    if (o.log)
+      o.log(m.name + " run " + std::to_string(run + 1) + ": dump " + std::to_string(durable) +
+            " s to durable, " + std::to_string(d.seconds) + " s to exit, " +
+            std::to_string(d.extra >> 20) + " MiB extra; restore " + std::to_string(r.seconds) +
+            " s, " + std::to_string(r.extra >> 20) + " MiB extra");
+    fs::remove_all(ckpt);
+  }
+};
+
+void take_medians(DumpRestoreBenchMethod& m) {
+  m.dump_median = median(m.dump_seconds);
+  m.dump_exit_median = median(m.dump_exit_seconds);
+  m.restore_median = median(m.restore_seconds);
+  std::vector<double> de(m.dump_extra_bytes.begin(), m.dump_extra_bytes.end());
+  std::vector<double> re(m.restore_extra_bytes.begin(), m.restore_extra_bytes.end());
+  m.dump_extra_median = static_cast<std::uint64_t>(median(de));
+  m.restore_extra_median = static_cast<std::uint64_t>(median(re));
+}
+
+}  // namespace
+
 DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   if (o.dir.empty()) throw Error(Errc::kUsage, "no benchmark directory given");
   if (o.runs == 0) throw Error(Errc::kUsage, "at least one run");
   fs::create_directories(o.dir);
-  const fs::path gpuckpt = fs::read_symlink("/proc/self/exe");
-  const criu::Installation inst = criu::locate(o.criu.binary);
-  const fs::path weights = o.dir / "bench-weights.bin";
-  const auto flight = std::make_shared<InFlight>();
-  const OnInterrupt on_interrupt([flight] { return flight->interrupt(); });
+  Bench b{o};
+  const OnInterrupt on_interrupt([flight = b.flight] { return flight->interrupt(); });
   {
-    std::lock_guard lk(flight->mu);
-    flight->scratch.push_back(weights);
+    std::lock_guard lk(b.flight->mu);
+    b.flight->scratch.push_back(b.weights);
   }
   {
-    auto r = run_capture(
-        {(self_exe_dir() / "gpuckpt-demo-server").string(), "--generate-weights", weights.string(),
-         "--size", std::to_string(o.size), "--content", bench_content_name(o.content)},
-        std::chrono::seconds(1800));
+    auto r = run_capture({(self_exe_dir() / "gpuckpt-demo-server").string(), "--generate-weights",
+                          b.weights.string(), "--size", std::to_string(o.size), "--content",
+                          bench_content_name(o.content)},
+                         std::chrono::seconds(1800));
     if (!r.status.ok()) throw Error(Errc::kIo, "cannot generate the weights: " + r.output);
   }
   DumpRestoreBenchResult res;
   // stream-4k: streamed, restored with CRIU's own 4 KiB fill (--no-huge-pages), so that the
   // huge-page fill's share of the restore shows on its own. In a container: gpuckpt's
   // --container against runc's own checkpoint and restore with the same CRIU.
-  if (o.container)
-    res.methods = {{"container"}, {"runc"}};
-  else
-    res.methods = {{"stream"}, {"stream-4k"}, {"staged"}, {"criu"}};
-  const std::string id = "gpuckpt-bench-" + std::to_string(::getpid());
-  const fs::path bundle =
-      o.container ? make_bundle(o.dir, weights, o.dir / "bench.sock") : fs::path();
   if (o.container) {
-    std::lock_guard lk(flight->mu);
-    flight->container = id;
+    res.methods = {{"container"}, {"runc"}};
+    b.bundle = make_bundle(o.dir, b.weights, o.dir / "bench.sock");
+    std::lock_guard lk(b.flight->mu);
+    b.flight->container = b.id;
+  } else {
+    res.methods = {{"stream"}, {"stream-4k"}, {"staged"}, {"criu"}};
   }
-  const auto timeout = std::chrono::seconds(1800);
-  for (unsigned run = 0; run < o.runs; ++run) {
-    for (auto& m : res.methods) {
-      Server srv(o.dir, weights, *flight, bundle, o.container ? id : std::string());
-      const std::string weights_answer = ask_unix_line(srv.socket(), "WEIGHTS");
-      res.process_bytes = process::dumpable_memory_bytes(srv.pid());
-      const fs::path ckpt = o.dir / ("bench-" + m.name + ".ckpt");
-      {
-        std::lock_guard lk(flight->mu);
-        flight->scratch = {weights, ckpt};
-      }
-      const std::string mode = m.name == "staged" ? "staged" : "stream";
-      fs::remove_all(ckpt);
-      const fs::path out = o.dir / ("bench-" + m.name + ".out");
-      // What the steps before left for the disk to write (the weights just generated, the last
-      // method's files) is written now, not during this dump: each meets the same quiet disk.
-      sync_dir(o.dir);
-      Sampled d, r;
-      // gpuckpt's --json result says how long ending the dumped process took.
-      const fs::path result = o.dir / ("bench-" + m.name + ".json");
-      fs::remove(result);
-      const bool plain = m.name == "criu" || m.name == "runc";
-      if (plain) {
-        fs::create_directories(ckpt);
-        const std::vector<std::string> argv =
-            m.name == "criu" ? std::vector<std::string>{inst.binary.string(),
-                                                        "dump",
-                                                        "-t",
-                                                        std::to_string(srv.pid()),
-                                                        "-D",
-                                                        ckpt.string(),
-                                                        "-o",
-                                                        "dump.log",
-                                                        "-v2"}
-                             : std::vector<std::string>{container::runc_binary().string(),
-                                                        "--root",
-                                                        container::kRuncRoot,
-                                                        "--criu",
-                                                        inst.binary.string(),
-                                                        "checkpoint",
-                                                        "--image-path",
-                                                        ckpt.string(),
-                                                        id};
-        d = run_sampled(argv, o.staging_root, 0, out, timeout, *flight);
-        const auto t = Clock::now();
-        sync_dir(ckpt);
-        d.seconds += std::chrono::duration<double>(Clock::now() - t).count();
-      } else {
-        std::vector<std::string> argv{gpuckpt.string(), "--json", "dump"};
-        if (o.container)
-          argv.insert(argv.end(), {"--container", id});
-        else
-          argv.insert(argv.end(), {"--pid", std::to_string(srv.pid())});
-        argv.insert(argv.end(), {"-o", ckpt.string(), "--staging", o.staging_root.string(),
-                                 "--staging-mode", mode, "--no-criu-check"});
-        d = run_sampled(argv, o.staging_root, 0, out, timeout, *flight, result);
-      }
-      if (!d.status.ok())
-        throw Error(Errc::kCriu, m.name + " dump failed (" + d.status.describe() +
-                                     "): " + read_file(out) +
-                                     (fs::exists(result) ? read_file(result) : ""));
-      // Until the checkpoint was durable. Plain criu's images are once its syncfs returned;
-      // gpuckpt ends the dumped process only after that, and the end comes off (its own exit, a
-      // few ms, stays in).
-      const double durable =
-          plain ? d.seconds : d.seconds - std::min(dump_process_end_seconds(result), d.seconds);
-      fs::remove(result);
-      srv.await_dumped();
-      // A bare restore brings the process back with its pid; a container's init takes a new
-      // host pid (run_sampled leaves out what runs in its pid namespace).
-      const pid_t pid = o.container ? 0 : srv.pid();
-      res.checkpoint_bytes[m.name] = tree_bytes(ckpt);
-      evict(ckpt);
-      // The process just freed its memory, and how much of it its VM's host has taken back
-      // (free page reporting) depends on the moment: each restore meets one known state.
-      if (o.memory == DumpRestoreBenchOptions::Memory::kCold) {
-        const double settled = settle_free_memory();
-        if (o.log && settled > 0)
-          o.log("waited " + format_seconds(settled) + " for free page reporting to settle");
-      } else {
-        const unsigned threads = usable_cpus();
-        if (!touch_fresh_memory(res.process_bytes, true, threads))
-          touch_fresh_memory(res.process_bytes, false, threads);  // no THP here
-      }
-
-      const auto t0 = Clock::now();
-      if (m.name == "criu") {
-        r = run_sampled({inst.binary.string(), "restore", "-D", ckpt.string(), "-d", "-o",
-                         "restore.log", "-v2"},
-                        o.staging_root, pid, out, timeout, *flight);
-      } else if (m.name == "runc") {
-        r = run_sampled({container::runc_binary().string(), "--root", container::kRuncRoot,
-                         "--criu", inst.binary.string(), "restore", "--detach", "--image-path",
-                         ckpt.string(), "--bundle", bundle.string(), id},
-                        o.staging_root, pid, out, timeout, *flight);
-      } else {
-        // runc's CRIU reads files: a container's images are unpacked on the disk under test, as
-        // runc's are (in the staging tmpfs they would take as much memory again).
-        std::vector<std::string> argv{gpuckpt.string(),
-                                      "restore",
-                                      ckpt.string(),
-                                      "--staging",
-                                      (o.container ? o.dir : o.staging_root).string(),
-                                      "--no-criu-check"};
-        if (o.container)
-          argv.push_back("--container");
-        else
-          argv.insert(argv.end(), {"--staging-mode", mode});
-        if (m.name == "stream-4k") argv.push_back("--no-huge-pages");
-        r = run_sampled(argv, o.staging_root, pid, out, timeout, *flight);
-      }
-      if (!r.status.ok())
-        throw Error(Errc::kCriu,
-                    m.name + " restore failed (" + r.status.describe() + "): " + read_file(out));
-      // Until it answers, like gpuckpt restore --probe (which the gpuckpt runs do not use, so
-      // that all three are timed the same way).
-      while (ask_unix_line(srv.socket(), "PING") != "PONG") {
-        if (Clock::now() - t0 > std::chrono::seconds(120))
-          throw Error(Errc::kTimeout, "the restored server does not answer");
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-      r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-      if (ask_unix_line(srv.socket(), "WEIGHTS") != weights_answer)
-        throw Error(Errc::kCorrupt, m.name + ": the restored weights differ");
-      srv.quit();
-      flight->set_server(0);
-      m.dump_seconds.push_back(durable);
-      m.dump_exit_seconds.push_back(d.seconds);
-      m.restore_seconds.push_back(r.seconds);
-      m.dump_extra_bytes.push_back(d.extra);
-      m.restore_extra_bytes.push_back(r.extra);
-      if (o.log)
-        o.log(m.name + " run " + std::to_string(run + 1) + ": dump " + std::to_string(durable) +
-              " s to durable, " + std::to_string(d.seconds) + " s to exit, " +
-              std::to_string(d.extra >> 20) + " MiB extra; restore " + std::to_string(r.seconds) +
-              " s, " + std::to_string(r.extra >> 20) + " MiB extra");
-      fs::remove_all(ckpt);
-    }
-  }
-  fs::remove(weights);
-  if (!bundle.empty()) fs::remove_all(bundle);
-  for (auto& m : res.methods) {
-    m.dump_median = median(m.dump_seconds);
-    m.dump_exit_median = median(m.dump_exit_seconds);
-    m.restore_median = median(m.restore_seconds);
-    std::vector<double> de(m.dump_extra_bytes.begin(), m.dump_extra_bytes.end());
-    std::vector<double> re(m.restore_extra_bytes.begin(), m.restore_extra_bytes.end());
-    m.dump_extra_median = static_cast<std::uint64_t>(median(de));
-    m.restore_extra_median = static_cast<std::uint64_t>(median(re));
-  }
+  for (unsigned run = 0; run < o.runs; ++run)
+    for (auto& m : res.methods) b.run_once(m, run, res);
+  fs::remove(b.weights);
+  if (!b.bundle.empty()) fs::remove_all(b.bundle);
+  for (auto& m : res.methods) take_medians(m);
   return res;
 }
 
