@@ -612,8 +612,9 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
       return !docker({"inspect", copy}).status.ok();
     })) << "Docker keeps the half-made container "
         << copy;
-    EXPECT_TRUE(test::wait_until([&] { return checkpoint_dirs().empty(); }))
-        << checkpoint_dirs().front();
+    std::vector<fs::path> left;
+    EXPECT_TRUE(test::wait_until([&] { return (left = checkpoint_dirs()).empty(); }))
+        << left.front();
     EXPECT_TRUE(test::wait_until([&] { return test::container_restore_dirs(copy).empty(); }));
   }
   const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});

@@ -66,7 +66,7 @@ bool interrupt_command(pid_t leader) {
 struct InFlight {
   std::mutex mu;
   pid_t command = 0;      // a dump or restore, the leader of its process group
-  pid_t server = 0;       // the demo server, or its restored copy (the same pid)
+  pid_t server = 0;       // the demo server, or its bare restored copy (the same pid)
   std::string container;  // the runc container the demo server runs in, if any
   std::vector<fs::path> scratch;
   bool interrupted = false;
@@ -106,10 +106,16 @@ struct InFlight {
     }
     if (!container.empty()) {
       // Its init, restored, has a host pid of its own: runc ends whatever runs under the ID.
-      const auto r = run_capture({container::runc_binary().string(), "--root", container::kRuncRoot,
-                                  "delete", "--force", container},
-                                 std::chrono::seconds(30));
-      if (r.status.ok()) said.push_back("its container " + container + " was deleted");
+      // Nothing may escape this hook (the signal thread calls it): a runc that cannot be run
+      // or does not answer is said instead.
+      try {
+        const auto r = run_capture({container::runc_binary().string(), "--root",
+                                    container::kRuncRoot, "delete", "--force", container},
+                                   std::chrono::seconds(30));
+        if (r.status.ok()) said.push_back("its container " + container + " was deleted");
+      } catch (const std::exception& e) {
+        said.push_back("its container " + container + " was not deleted: " + e.what());
+      }
     }
     std::error_code ec;
     for (const fs::path& f : scratch)
@@ -209,6 +215,7 @@ double dump_process_end_seconds(const fs::path& json) {
 // directory bound in at their paths (its weights and its socket); its own pid, mount, ipc and
 // uts namespaces and the host's network; runc's default spec without the rlimits root may not
 // raise here.
+// `dir`, `weights` and `sock` are absolute: the server starts in the container's /.
 fs::path make_bundle(const fs::path& dir, const fs::path& weights, const fs::path& sock) {
   const fs::path bundle = dir / "bench-bundle", rootfs = bundle / "rootfs";
   fs::remove_all(bundle);
@@ -241,9 +248,8 @@ fs::path make_bundle(const fs::path& dir, const fs::path& weights, const fs::pat
          {"options", ro ? nlohmann::json{"rbind", "ro"} : nlohmann::json{"rbind", "rw"}}});
   };
   bind("/usr", true);
-  bind(fs::absolute(dir), false);
-  if (!image::is_within(self_exe_dir(), "/usr") &&
-      !image::is_within(self_exe_dir(), fs::absolute(dir)))
+  bind(dir, false);
+  if (!image::is_within(self_exe_dir(), "/usr") && !image::is_within(self_exe_dir(), dir))
     bind(self_exe_dir(), true);
   write_file_atomic(bundle / "config.json", spec.dump(1));
   return bundle;
@@ -287,20 +293,21 @@ class Server {
       so.cwd = bundle;
       so.stdout_file = so.stderr_file = "/dev/null";
       Child run = spawn({container::runc_binary().string(), "--root", container::kRuncRoot, "--log",
-                         log.string(), "run", "--detach", id_},
+                         fs::absolute(log).string(), "run", "--detach", id_},
                         so);
-      if (const auto st = run.wait_for(std::chrono::seconds(60)); !st || !st->ok())
-        throw Error(Errc::kProcess, "runc run of the demo server failed: " + read_file(log));
-      pid_ = container::find(id_).init_pid;
+      // A destructor does not run for a constructor that throws: the container goes here.
+      try {
+        if (const auto st = run.wait_for(std::chrono::seconds(60)); !st || !st->ok())
+          throw Error(Errc::kProcess, "runc run of the demo server failed: " + read_file(log));
+        pid_ = container::find(id_).init_pid;
+        await_ready(flight, log);
+      } catch (...) {
+        remove_container();
+        throw;
+      }
+      return;
     }
-    flight.set_server(pid_);  // while it loads its weights too
-    const auto deadline = Clock::now() + std::chrono::seconds(300);
-    while (ask_unix_line(sock_, "PING") != "PONG") {
-      if (!process::alive(pid_))
-        throw Error(Errc::kProcess, "the demo server exited: " + read_file(log));
-      if (Clock::now() > deadline) throw Error(Errc::kTimeout, "the demo server did not start");
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+    await_ready(flight, log);
   }
   ~Server() {
     if (!id_.empty()) remove_container();
@@ -322,6 +329,17 @@ class Server {
   }
 
  private:
+  void await_ready(InFlight& flight, const fs::path& log) {
+    flight.set_server(pid_);  // while it loads its weights too
+    const auto deadline = Clock::now() + std::chrono::seconds(300);
+    while (ask_unix_line(sock_, "PING") != "PONG") {
+      if (!process::alive(pid_))
+        throw Error(Errc::kProcess, "the demo server exited: " + read_file(log));
+      if (Clock::now() > deadline) throw Error(Errc::kTimeout, "the demo server did not start");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+
   void remove_container() noexcept {
     try {
       runc({"delete", "--force", id_});
@@ -357,6 +375,11 @@ struct Bench {
   std::string id = "gpuckpt-bench-" + std::to_string(::getpid());  // the container's
   fs::path bundle;                                                 // the container's
   std::chrono::seconds timeout{1800};
+
+  ~Bench() {
+    std::error_code ec;
+    if (!bundle.empty()) fs::remove_all(bundle, ec);  // whether the benchmark ended or failed
+  }
 
   static bool plain(const std::string& method) { return method == "criu" || method == "runc"; }
   static std::string mode(const std::string& method) {
@@ -511,9 +534,12 @@ void take_medians(DumpRestoreBenchMethod& m) {
 
 }  // namespace
 
-DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
-  if (o.dir.empty()) throw Error(Errc::kUsage, "no benchmark directory given");
-  if (o.runs == 0) throw Error(Errc::kUsage, "at least one run");
+DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& given) {
+  if (given.dir.empty()) throw Error(Errc::kUsage, "no benchmark directory given");
+  if (given.runs == 0) throw Error(Errc::kUsage, "at least one run");
+  // Absolute: runc resolves its image path from the bundle, and the container's server from /.
+  DumpRestoreBenchOptions o = given;
+  o.dir = fs::absolute(given.dir);
   fs::create_directories(o.dir);
   Bench b{o};
   const OnInterrupt on_interrupt([flight = b.flight] { return flight->interrupt(); });
@@ -543,7 +569,6 @@ DumpRestoreBenchResult bench_dump_restore(const DumpRestoreBenchOptions& o) {
   for (unsigned run = 0; run < o.runs; ++run)
     for (auto& m : res.methods) b.run_once(m, run, res);
   fs::remove(b.weights);
-  if (!b.bundle.empty()) fs::remove_all(b.bundle);
   for (auto& m : res.methods) take_medians(m);
   return res;
 }
