@@ -60,6 +60,18 @@ bool interrupt_command(pid_t leader) {
   return false;
 }
 
+// runc ARGS under its default root; its output, or Error(kProcess) (Error(kTimeout) past
+// `timeout`).
+std::string runc(std::vector<std::string> args,
+                 std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  args.insert(args.begin(), {container::runc_binary().string(), "--root", container::kRuncRoot});
+  const auto r = run_capture(args, timeout);
+  if (!r.status.ok())
+    throw Error(Errc::kProcess,
+                "runc " + args[3] + " failed (" + r.status.describe() + "): " + r.output);
+  return r.output;
+}
+
 // What the benchmark has running, for an interrupt: its commands run in process groups of their
 // own (a Ctrl-C does not reach them), and its demo server in a session of its own. Shared with
 // the OnInterrupt hook, which runs on the signal-handling thread.
@@ -109,10 +121,8 @@ struct InFlight {
       // Nothing may escape this hook (the signal thread calls it): a runc that cannot be run
       // or does not answer is said instead.
       try {
-        const auto r = run_capture({container::runc_binary().string(), "--root",
-                                    container::kRuncRoot, "delete", "--force", container},
-                                   std::chrono::seconds(30));
-        if (r.status.ok()) said.push_back("its container " + container + " was deleted");
+        runc({"delete", "--force", container}, std::chrono::seconds(30));
+        said.push_back("its container " + container + " was deleted");
       } catch (const std::exception& e) {
         said.push_back("its container " + container + " was not deleted: " + e.what());
       }
@@ -253,18 +263,6 @@ fs::path make_bundle(const fs::path& dir, const fs::path& weights, const fs::pat
     bind(self_exe_dir(), true);
   write_file_atomic(bundle / "config.json", spec.dump(1));
   return bundle;
-}
-
-// runc ARGS under its default root; its output, or Error(kProcess).
-std::string runc(std::vector<std::string> args, const fs::path& cwd = {}) {
-  args.insert(args.begin(), {container::runc_binary().string(), "--root", container::kRuncRoot});
-  SpawnOptions so;
-  so.cwd = cwd;
-  const auto r = run_capture(args, std::chrono::seconds(60), so);
-  if (!r.status.ok())
-    throw Error(Errc::kProcess,
-                "runc " + args[3] + " failed (" + r.status.describe() + "): " + r.output);
-  return r.output;
 }
 
 // The demo server, answering on a unix socket in the benchmark directory: a child of the

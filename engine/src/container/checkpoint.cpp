@@ -144,7 +144,7 @@ bool has_namespace(const json& config, const char* type, std::string* path = nul
 }
 
 // A host file that CRIU would reach through no mount of the container, and so cannot dump.
-std::string outside_file(pid_t pid, int fd) {
+std::string outside_file(pid_t pid, int fd, const std::vector<MountInfo>& mounts) {
   const std::string link = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   struct stat st {};
   if (::stat(link.c_str(), &st) != 0) return {};
@@ -161,7 +161,6 @@ std::string outside_file(pid_t pid, int fd) {
   int mnt_id = -1;
   for (std::string line; std::getline(info, line);)
     if (line.rfind("mnt_id:", 0) == 0) mnt_id = std::atoi(line.c_str() + 7);
-  const auto mounts = mounts_of(pid);
   if (std::any_of(mounts.begin(), mounts.end(), [&](const MountInfo& m) { return m.id == mnt_id; }))
     return {};
   return target;
@@ -534,7 +533,7 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
                                       "CRIU could not dump it with the container. Nothing was "
                                       "frozen");
   for (int fd = 0; fd <= 2; ++fd)
-    if (const std::string f = outside_file(init, fd); !f.empty())
+    if (const std::string f = outside_file(init, fd, mounts); !f.empty())
       throw Error(Errc::kProcess,
                   "the init of the " + c.describe() + " has its fd " + std::to_string(fd) + " on " +
                       f +
