@@ -11,7 +11,8 @@
 #   PREFIX/share/gpuckpt-criu/build.txt   source version, tarball hash, patches, compiler, glibc
 #
 # gpuckpt's own patches in scripts/criu-patches/*.patch are applied, in name order, before the
-# build (docs/CRIU.md, "Huge-page fill" and "Parallel fill"); a changed patch set rebuilds CRIU.
+# build (docs/CRIU.md, "Huge-page fill", "Parallel fill" and "Streaming into a runtime's CRIU"); a
+# changed patch set rebuilds CRIU.
 #
 # How: a private apt configuration (PREFIX/var/apt: its own sources list naming only the deb-src
 # lines of forky and sid, its own lists and an empty dpkg status) downloads the source package's

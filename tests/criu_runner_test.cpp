@@ -15,6 +15,7 @@
 #include "gpuckpt/error.h"
 #include "process/proc_info.h"
 #include "test_support.h"
+#include "util/fs.h"
 
 namespace fs = std::filesystem;
 using namespace gpuckpt;
@@ -84,6 +85,41 @@ TEST(CriuLocate, InstalledCriuRunsAndPassesItsCheck) {
   EXPECT_NO_THROW(criu::check(inst));
   EXPECT_FALSE(inst.plugin_dir.empty()) << "gpuckpt's CRIU plugin was not built/found";
   EXPECT_TRUE(fs::exists(inst.plugin_dir / criu::kPluginFile));
+}
+
+// The patches come from the build record that scripts/install-criu.sh writes into the prefix; a
+// CRIU without one (built some other way) has none, and a container restore then unpacks.
+TEST(CriuLocate, ThePatchesOfACriuBuildAreReadFromItsPrefixsBuildRecord) {
+  TempDir prefix("/tmp", "gpuckpt-criu-prefix");
+  fs::create_directories(prefix.path() / "bin");
+  const fs::path bin = prefix.path() / "bin" / "criu";
+  std::ofstream(bin) << "#!/bin/sh\n";
+  fs::permissions(bin, fs::perms::owner_all);
+  EXPECT_TRUE(criu::locate(bin).patches.empty());
+
+  fs::create_directories(prefix.path() / "share" / "gpuckpt-criu");
+  std::ofstream(prefix.path() / "share" / "gpuckpt-criu" / "build.txt")
+      << "source 4.2.1-1\npatches 0d65 0001-restore-huge-page-fill.patch " << criu::kRpcStreamPatch
+      << "\ncompiler cc\n";
+  const auto inst = criu::locate(bin);
+  EXPECT_EQ(inst.patches,
+            (std::vector<std::string>{"0001-restore-huge-page-fill.patch", criu::kRpcStreamPatch}));
+  EXPECT_TRUE(inst.has_patch(criu::kRpcStreamPatch));
+  EXPECT_FALSE(inst.has_patch("0002-restore-parallel-fill.patch"));
+}
+
+// What setup.sh installs is the build this tree's patches make: every one of them applied.
+TEST(CriuLocate, TheInstalledCriuCarriesEveryPatchOfThisTree) {
+  const auto inst = installed();
+  std::vector<std::string> ours;
+  for (const auto& e :
+       fs::directory_iterator(fs::path(GPUCKPT_SOURCE_DIR) / "scripts" / "criu-patches"))
+    if (e.path().extension() == ".patch") ours.push_back(e.path().filename().string());
+  ASSERT_FALSE(ours.empty());
+  for (const auto& p : ours)
+    EXPECT_TRUE(inst.has_patch(p)) << p
+                                   << " is not in the installed CRIU's build record: run "
+                                      "scripts/install-criu.sh";
 }
 
 TEST(CriuStats, DecodesDumpAndRestoreEntries) {

@@ -304,20 +304,48 @@ TEST_F(E2eContainer, AContainerComesBackAsARuncContainerWithItsData) {
   const json rj = json::parse(r.out, nullptr, false);
   ASSERT_TRUE(rj.is_object()) << r.out;
   EXPECT_EQ(rj.value("container", ""), id);
+  // runc's CRIU read the images from gpuckpt's streamer, not from files unpacked for it.
+  EXPECT_EQ(rj.value("staging_mode", ""), "stream") << r.out;
+  const auto& rstages = rj["timeline"]["stages"];
+  EXPECT_TRUE(std::any_of(rstages.begin(), rstages.end(), [](const json& s) {
+    return s.value("name", "") == "read_decompress" && s.value("bytes", 0) > 0;
+  })) << r.out;
   const pid_t back = pid_of(id);
   ASSERT_GT(back, 0) << "runc does not list the restored container as running";
   EXPECT_EQ(rj.value("pid", 0), back);
   EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
 
-  // Dumped again from where the restore put it, and back under another ID.
+  // Dumped again from where the restore put it, and back under another ID, from images
+  // unpacked on the disk this time.
   const fs::path again = dir_.path() / "again.ckpt";
   d = test::run_cli({"dump", "--container", id, "-o", again.string()});
   ASSERT_EQ(d.exit_code, 0) << d.err;
   const std::string id2 = unique_id("again");
   started_.push_back(id2);
-  r = test::run_cli({"restore", again.string(), "--container", id2});
+  r = test::run_cli(
+      {"--json", "restore", again.string(), "--container", id2, "--staging-mode", "staged"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out, nullptr, false).value("staging_mode", ""), "staged") << r.out;
   EXPECT_EQ(redis(pid_of(id2), {"DEBUG", "DIGEST"}), digest);
+}
+
+// runc's CRIU reads the images as gpuckpt's streamer checks them: a chunk found damaged late in
+// the pages is never given to CRIU, whose restore fails on a short image. runc removes what it
+// made, and the error blames the checkpoint, not CRIU.
+TEST_F(E2eContainer, AChunkFoundDamagedWhileRuncsCriuReadsItLeavesNoContainer) {
+  const auto [id, init, digest] = serving("damaged");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--compress", "always"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  ASSERT_TRUE(test::damage_last_pages_chunk(ckpt)) << "no pages in the checkpoint";
+
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
+  EXPECT_EQ(r.exit_code, 4) << r.err;  // kCorrupt
+  EXPECT_NE(r.err.find("no container was left"), std::string::npos) << r.err;
+  EXPECT_EQ(pid_of(id), 0);
+  EXPECT_FALSE(runc({"state", id}).status.ok()) << "runc still knows a half-restored container";
+  EXPECT_TRUE(test::container_restore_dirs(id).empty());
 }
 
 // A warm snapshot scaled out: one checkpoint, two containers beside each other, each in a

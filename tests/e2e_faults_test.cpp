@@ -1324,20 +1324,7 @@ TEST_F(E2eFaults, AFailedRestoreThatTookEndpointsGivesThemBackToTheOriginal) {
                 .exit_code,
             0);
   // The pages' last chunk damaged, the blob's size unchanged: found only as criu reads it.
-  const json m = json::parse(read_file(ckpt / "manifest.json"));
-  json last;
-  for (const auto& e : m["entries"])
-    if (e.value("path", "").starts_with("pages-") && !e["chunks"].empty())
-      last = e["chunks"].back();
-  ASSERT_TRUE(last.is_object()) << "no pages in the checkpoint";
-  {
-    char blob[32];
-    std::snprintf(blob, sizeof blob, "blob-%06d.bin", last["blob"].get<int>());
-    std::fstream f(ckpt / blob, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekp(last["offset"].get<std::streamoff>() + last["stored"].get<std::streamoff>() / 2);
-    const char junk[64] = "damaged damaged damaged damaged damaged damaged damaged damag";
-    f.write(junk, sizeof junk);
-  }
+  ASSERT_TRUE(test::damage_last_pages_chunk(ckpt)) << "no pages in the checkpoint";
   const auto r = test::run_cli({"restore", ckpt.string(), "--new-pidns", "--take-endpoints",
                                 "--staging", staging_.string(), "--staging-mode", "stream",
                                 "--probe", "unix:" + sock("te").string()});

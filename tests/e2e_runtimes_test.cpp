@@ -354,6 +354,8 @@ TEST_F(E2eRuntimes, AContainerdContainerComesBackAsItsTaskAndAsAReplica) {
   const pid_t back = task_pid(id);
   ASSERT_GT(back, 0) << "containerd does not run the restored task";
   EXPECT_EQ(json::parse(r.out, nullptr, false).value("pid", 0), back);
+  // The shim's runc ran gpuckpt's CRIU, which read the images from gpuckpt's streamer.
+  EXPECT_EQ(json::parse(r.out, nullptr, false).value("staging_mode", ""), "stream") << r.out;
   EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
 
   const std::string replica = "replica-" + std::to_string(::getpid());
@@ -539,6 +541,8 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(has_stage(r.out, "checkpoint_dir")) << r.out;
+  // dockerd copies the checkpoint's files into its own directory: they are unpacked for it.
+  EXPECT_EQ(json::parse(r.out, nullptr, false).value("staging_mode", ""), "staged") << r.out;
   const pid_t back = docker_pid(name);
   ASSERT_GT(back, 0) << "docker does not show the restored container running";
   EXPECT_EQ(json::parse(r.out, nullptr, false).value("pid", 0), back);

@@ -138,6 +138,24 @@ void write_test_file(const fs::path& path, std::uint64_t size, std::uint64_t see
   }
 }
 
+bool damage_last_pages_chunk(const fs::path& checkpoint) {
+  std::ifstream in(checkpoint / "manifest.json");
+  const nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
+  if (!m.is_object()) return false;
+  nlohmann::json last;
+  for (const auto& e : m["entries"])
+    if (e.value("path", "").starts_with("pages-") && !e["chunks"].empty())
+      last = e["chunks"].back();
+  if (!last.is_object()) return false;
+  char blob[32];
+  std::snprintf(blob, sizeof blob, "blob-%06d.bin", last["blob"].get<int>());
+  std::fstream f(checkpoint / blob, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(last["offset"].get<std::streamoff>() + last["stored"].get<std::streamoff>() / 2);
+  const char junk[64] = "damaged damaged damaged damaged damaged damaged damaged damag";
+  f.write(junk, sizeof junk);
+  return static_cast<bool>(f);
+}
+
 bool same_contents(const fs::path& a, const fs::path& b) {
   std::ifstream fa(a, std::ios::binary), fb(b, std::ios::binary);
   if (!fa || !fb) return false;

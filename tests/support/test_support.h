@@ -73,6 +73,11 @@ void write_test_file(const std::filesystem::path& path, std::uint64_t size, std:
 // True if `a` and `b` have identical bytes.
 bool same_contents(const std::filesystem::path& a, const std::filesystem::path& b);
 
+// Overwrites 64 bytes in the middle of the last chunk of a pages image of `checkpoint`, its blob's
+// size unchanged: damage that only a read of that chunk finds, late in a restore. False if the
+// checkpoint holds no pages image.
+bool damage_last_pages_chunk(const std::filesystem::path& checkpoint);
+
 // ---- HTTP, and the vLLM-shaped demo (tools/vllm_demo) ----
 
 struct HttpResponse {

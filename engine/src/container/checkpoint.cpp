@@ -28,6 +28,7 @@
 #include "process/proc_info.h"
 #include "trust/keys.h"
 #include "util/fs.h"
+#include "util/no_sigpipe.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -650,6 +651,31 @@ bool upper_mounted(const fs::path& upper) {
   return false;
 }
 
+// tar (`argv`, reading its archive from stdin) fed by `write`, which is given a pipe. A tar that
+// stops reading early makes `write` see EPIPE, and tar's own exit says why.
+ExitStatus extract_streamed(const std::vector<std::string>& argv,
+                            const std::function<void(int fd)>& write) {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe2");
+  UniqueFd out(ends[0]), in(ends[1]);
+  SpawnOptions so;
+  so.stdin_fd = out.get();
+  so.new_process_group = true;
+  Child tar = spawn(argv, so);
+  out.reset();
+  try {
+    NoSigpipe nosig;  // a tar gone: EPIPE, not gpuckpt's death
+    write(in.get());
+  } catch (...) {
+    in.reset();
+    tar.kill(SIGKILL);
+    tar.wait();
+    throw;
+  }
+  in.reset();
+  return tar.wait();
+}
+
 // The container's writable layer as the checkpoint holds it, into `upper`: the upper directory
 // of the container that the restore starts. One made for it (`fresh`) has an empty one; the one
 // dumped has whatever it holds now, which is the checkpoint's only if nothing ran in it since,
@@ -661,14 +687,15 @@ void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fre
   if (fresh && r.layer == WritableLayer::kEmpty) return;
   const fs::path diff = q.images / kRootfsDiffFile;
   std::error_code ec;
-  if (r.layer == WritableLayer::kCarried && !fs::exists(diff, ec))
+  if (r.layer == WritableLayer::kCarried && !q.write_layer && !fs::exists(diff, ec))
     throw Error(Errc::kCorrupt,
                 "the checkpoint's record says it carries the container's "
                 "writable layer, but its images have no " +
                     std::string(kRootfsDiffFile));
   std::optional<Timeline::Scope> scope;
   if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
-  if (scope && r.layer == WritableLayer::kCarried) scope->set_bytes(fs::file_size(diff, ec));
+  if (scope && r.layer == WritableLayer::kCarried)
+    scope->set_bytes(q.write_layer ? q.layer_bytes : fs::file_size(diff, ec));
   if (upper.empty())
     throw Error(
         Errc::kInvalidInput,
@@ -682,13 +709,23 @@ void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fre
     for (const auto& e : fs::directory_iterator(upper)) fs::remove_all(e.path());
   }
   if (r.layer != WritableLayer::kCarried) return;
-  const RunResult t =
-      run_capture({"tar", "--extract", "--file", diff.string(), "--numeric-owner", "--xattrs",
-                   "--xattrs-include=*", "--same-permissions", "-C", upper.string()},
-                  std::chrono::minutes(30));
-  if (!t.status.ok())
+  // From a streamed checkpoint, the archive comes on tar's stdin.
+  const std::string archive = q.write_layer ? "-" : diff.string();
+  const std::vector<std::string> argv{"tar",
+                                      "--extract",
+                                      "--file",
+                                      archive,
+                                      "--numeric-owner",
+                                      "--xattrs",
+                                      "--xattrs-include=*",
+                                      "--same-permissions",
+                                      "-C",
+                                      upper.string()};
+  const ExitStatus st = q.write_layer ? extract_streamed(argv, q.write_layer)
+                                      : run_capture(argv, std::chrono::minutes(30)).status;
+  if (!st.ok())
     throw Error(Errc::kIo, "extracting the container's writable layer into " + upper.string() +
-                               " failed (" + t.status.describe() + ")");
+                               " failed (" + st.describe() + ")");
 }
 
 }  // namespace

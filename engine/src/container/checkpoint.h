@@ -141,8 +141,15 @@ std::filesystem::path runc_binary();
 
 struct RestoreRequest {
   const ContainerRecord* record = nullptr;
-  std::string id;                        // the new container's ID
-  std::filesystem::path images;          // CRIU's images, unpacked (with descriptors.json)
+  std::string id;  // the new container's ID
+  // CRIU's images, unpacked (with descriptors.json); or, for a streamed restore
+  // (`stream` among criu_config), the directory where a criu::RestoreStreamer serves them, which
+  // holds descriptors.json alone.
+  std::filesystem::path images;
+  // A streamed restore's writable layer (the checkpoint's kRootfsDiffFile, `layer_bytes` long):
+  // writes it into `fd`. Unset: the layer is a file in `images`.
+  std::function<void(int fd)> write_layer;
+  std::uint64_t layer_bytes = 0;
   std::filesystem::path work;            // runc's work directory (CRIU's restore log goes here)
   std::filesystem::path criu;            // the CRIU binary runc must run
   std::vector<std::string> criu_config;  // lines of a CRIU configuration file for this restore

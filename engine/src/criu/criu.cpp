@@ -70,6 +70,21 @@ ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_
                                   " s and was killed");
 }
 
+// The "patches HASH NAME..." line of scripts/install-criu.sh's build record, beside `binary`
+// in its prefix. A CRIU built any other way has none, and is taken as unpatched.
+std::vector<std::string> build_patches(const fs::path& binary) {
+  std::ifstream in(binary.parent_path().parent_path() / "share" / "gpuckpt-criu" / "build.txt");
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream words(line);
+    std::string key, hash;
+    if (!(words >> key >> hash) || key != "patches") continue;
+    std::vector<std::string> names;
+    for (std::string n; words >> n;) names.push_back(n);
+    return names;
+  }
+  return {};
+}
+
 }  // namespace
 
 std::string log_tail(const fs::path& file, std::size_t max_lines) {
@@ -98,7 +113,12 @@ Installation locate(const fs::path& override_binary) {
                                  "binary)");
   }
   inst.plugin_dir = find_plugin_dir();
+  inst.patches = build_patches(inst.binary);
   return inst;
+}
+
+bool Installation::has_patch(std::string_view name) const {
+  return std::find(patches.begin(), patches.end(), name) != patches.end();
 }
 
 std::string version(const Installation& inst) {

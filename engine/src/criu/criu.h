@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "util/subprocess.h"
@@ -22,15 +23,25 @@ inline constexpr const char* kPluginFile = "gpuckpt_criu_plugin.so";
 // (scripts/criu-patches, docs/CRIU.md); any other CRIU ignores it.
 inline constexpr const char* kEnvThpFill = "GPUCKPT_CRIU_THP_FILL";
 
+// The patch of gpuckpt's CRIU build that lets `criu swrk` (a container runtime's CRIU) stream
+// its images: with `stream` in its configuration file, runc's CRIU reads them from a
+// RestoreStreamer as `criu restore --stream` does (scripts/criu-patches, docs/CRIU.md).
+inline constexpr const char* kRpcStreamPatch = "0003-rpc-stream.patch";
+
 struct Installation {
   std::filesystem::path binary;      // criu (the prefix's wrapper script)
   std::filesystem::path plugin_dir;  // directory holding kPluginFile; empty if none was found
+  // The patches of gpuckpt's CRIU build (file names), from the build record that
+  // scripts/install-criu.sh keeps beside the binary; none for any other CRIU.
+  std::vector<std::string> patches;
+  bool has_patch(std::string_view name) const;
 };
 
 // Resolves the CRIU binary: `override_binary` if given, else $GPUCKPT_CRIU, else
 // GPUCKPT_CRIU_PREFIX/bin/criu. The plugin directory: $GPUCKPT_CRIU_PLUGIN_DIR, else
 // <exe dir>/../lib/gpuckpt/criu (build and install trees), else the install prefix's. Does not
-// run anything; throws Error(kCriu) "CRIU not found at ...; run scripts/install-criu.sh" when
+// run anything but reads the build record (PREFIX/share/gpuckpt-criu/build.txt for
+// PREFIX/bin/criu); throws Error(kCriu) "CRIU not found at ...; run scripts/install-criu.sh" when
 // the binary is missing.
 Installation locate(const std::filesystem::path& override_binary = {});
 

@@ -221,12 +221,30 @@ void prepare_criu(RestoreState& r) {
 
 void choose_staging(RestoreState& r) {
   const RestoreOptions& o = r.o;
-  // runc runs CRIU itself, from an images directory.
-  r.stream = o.staging_mode != StagingMode::kStaged && !o.container;
-  // A container's images are unpacked whole for runc: into a tmpfs they would take as much
-  // memory again as the container, so they go to disk unless a directory was asked for.
-  r.staging_root =
-      o.container && o.staging_mode == StagingMode::kAuto ? fs::path(kDiskStaging) : o.staging_root;
+  r.stream = o.staging_mode != StagingMode::kStaged;
+  if (r.stream && o.container) {
+    // runc runs CRIU itself, as `criu swrk`: it streams only with gpuckpt's patch, and dockerd
+    // copies a checkpoint's files into its own directory before runc sees them.
+    std::string why;
+    if (r.rec.container->runtime == container::Runtime::kDocker)
+      why = "dockerd restores from a checkpoint directory of its own";
+    else if (!r.inst.has_patch(criu::kRpcStreamPatch))
+      why = "the CRIU at " + r.inst.binary.string() + " lacks gpuckpt's patch " +
+            criu::kRpcStreamPatch + " (scripts/install-criu.sh builds it)";
+    if (!why.empty()) {
+      if (o.staging_mode == StagingMode::kStream)
+        spdlog::warn(
+            "cannot stream the checkpoint into the container runtime's CRIU ({}): "
+            "unpacking it first",
+            why);
+      r.stream = false;
+    }
+  }
+  // A container's images unpacked whole for its runtime would take as much memory again as
+  // the container in a tmpfs, so they go to disk unless a directory was asked for.
+  r.staging_root = o.container && !r.stream && o.staging_mode == StagingMode::kAuto
+                       ? fs::path(kDiskStaging)
+                       : o.staging_root;
   if (r.stream) {
     const std::string why = criu::stream_unsupported_reason(
         r.staging_root / "gpuckpt-restore-4194304-XXXXXX" / "images", o.criu.extra_args);
@@ -355,6 +373,19 @@ void criu_restore_in_new_pidns(RestoreState& r) {
   }
 }
 
+// CRIU failed (`e`) while streaming. A damaged chunk was never written to CRIU: its pipe was
+// closed, CRIU failed on a truncated image and removed what it had restored. The checkpoint is
+// then the cause, thrown with `what_stopped` (what CRIU left, who ran it) and CRIU's error;
+// otherwise this returns.
+void blame_the_stream(RestoreState& r, const Error& e, const std::string& what_stopped) {
+  if (!r.streamer) return;
+  try {
+    r.streamer->finish();
+  } catch (const Error& se) {
+    throw se.with_context("", "\n" + what_stopped + " stopped on it (" + e.what() + ")");
+  }
+}
+
 void run_criu_restore(RestoreState& r) {
   if (r.o.unpack.progress) r.o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
   try {
@@ -370,28 +401,16 @@ void run_criu_restore(RestoreState& r) {
       r.out.pid = r.out.ns_pid = read_pidfile(r.args.pidfile);
     }
   } catch (const Error& e) {
-    // A damaged chunk was never written to CRIU: its pipe was closed, CRIU failed on a
-    // truncated image and removed what it had restored. The checkpoint is the cause.
-    if (r.streamer) {
-      try {
-        r.streamer->finish();
-      } catch (const Error& se) {
-        throw se.with_context("", "\nno process was left running: criu restore stopped on it (" +
-                                      std::string(e.what()) + ")");
-      }
-    }
+    blame_the_stream(r, e, "no process was left running: criu restore");
     throw;
   }
 }
 
+// The streamer's end once CRIU has restored: its error (a damaged chunk CRIU did not notice,
+// the last one of a file) is thrown, and the caller ends what was restored.
 void finish_streaming(RestoreState& r) {
   if (!r.streamer) return;
-  try {
-    r.streamer->finish();
-  } catch (...) {
-    kill_restored(r.out);
-    throw;
-  }
+  r.streamer->finish();
   // read_decompress overlaps criu_restore: CRIU reads its images while it restores.
   r.out.timeline.add(stage::kReadDecompress, r.run.start, Timeline::Clock::now(),
                      r.source->raw_written());
@@ -485,7 +504,21 @@ std::vector<std::string> criu_config_lines(const std::vector<std::string>& args)
   return lines;
 }
 
-// A container checkpoint, restored by runc from its unpacked images as a container runc lists.
+// The runtime's CRIU reads its images from this restore's streamer (stage_images), in the
+// directory runc is given: the files that runc and gpuckpt read themselves are put beside it.
+void stream_into_runtime(RestoreState& r, const container::ContainerRecord& rec,
+                         container::RestoreRequest& q) {
+  q.criu_config.push_back("stream");
+  container::write_descriptors(rec, r.images);
+  if (const image::ManifestEntry* layer = r.source->find(container::kRootfsDiffFile)) {
+    q.layer_bytes = layer->size;
+    // A tar that stops reading early (EPIPE here) says why by its exit.
+    q.write_layer = [&src = *r.source, layer](int fd) { src.write_to(*layer, fd); };
+  }
+}
+
+// A container checkpoint, restored as a container its runtime lists: by runc, or by
+// containerd's or dockerd's shim through runc.
 void restore_container(RestoreState& r) {
   const RestoreOptions& o = r.o;
   const container::ContainerRecord& rec = *r.rec.container;
@@ -503,6 +536,7 @@ void restore_container(RestoreState& r) {
   auto args = criu::tcp_args(r.rec.tcp_established == "established");
   args.insert(args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   for (auto& l : criu_config_lines(args)) q.criu_config.push_back(std::move(l));
+  if (r.stream) stream_into_runtime(r, rec, q);
   q.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
            std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
            std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
@@ -526,7 +560,14 @@ void restore_container(RestoreState& r) {
   fault_point(fault::kCriuRestore);
   r.run.log = q.work / criu::kRestoreLogName;
   r.run.start = std::chrono::steady_clock::now();
-  const container::Container c = container::restore_container(q);
+  const container::Container c = [&] {
+    try {
+      return container::restore_container(q);
+    } catch (const Error& e) {
+      blame_the_stream(r, e, "no container was left: its runtime's CRIU");
+      throw;
+    }
+  }();
   r.run.end = std::chrono::steady_clock::now();
   RestoreResult& out = r.out;
   out.container = c.id;
@@ -535,6 +576,7 @@ void restore_container(RestoreState& r) {
   try {
     if (r.guard) r.guard->container_init(c.init_pid);
     fault_point(fault::kCriuRestored);
+    finish_streaming(r);
     {
       auto scope = out.timeline.scope(stage::kNetwork);
       container::restore_loopback(rec, c.init_pid);
@@ -605,7 +647,12 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
   move_endpoints_aside(r);  // as late as can be: the path is unreachable until criu binds it
   run_criu_restore(r);
   fault_point(fault::kCriuRestored);  // the copy runs; gpuckpt has not looked at it yet
-  finish_streaming(r);
+  try {
+    finish_streaming(r);
+  } catch (...) {
+    kill_restored(r.out);
+    throw;
+  }
   check_restored(r);
   wait_first_answer(r);
   check_unread(r);
