@@ -415,18 +415,11 @@ struct Bench {
     if (method == "runc")
       return runc(
           {"restore", "--detach", "--image-path", ckpt.string(), "--bundle", bundle.string(), id});
-    // runc's CRIU reads files: a container's images are unpacked on the disk under test, as
-    // runc's are (in the staging tmpfs they would take as much memory again).
-    std::vector<std::string> argv{gpuckpt.string(),
-                                  "restore",
-                                  ckpt.string(),
-                                  "--staging",
-                                  (o.container ? o.dir : o.staging_root).string(),
-                                  "--no-criu-check"};
-    if (o.container)
-      argv.push_back("--container");
-    else
-      argv.insert(argv.end(), {"--staging-mode", mode(method)});
+    // A container's images stream into runc's CRIU as a bare process's do into gpuckpt's.
+    std::vector<std::string> argv{
+        gpuckpt.string(),        "restore",        ckpt.string(), "--staging",
+        o.staging_root.string(), "--staging-mode", mode(method),  "--no-criu-check"};
+    if (o.container) argv.push_back("--container");
     if (method == "stream-4k") argv.push_back("--no-huge-pages");
     return argv;
   }

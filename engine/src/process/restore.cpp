@@ -595,6 +595,7 @@ void restore_container(RestoreState& r) {
   // It serves: a restore's own container stays from here on, whatever happens to gpuckpt; one
   // awaiting a commit (a migration's copy) is kept only by the commit.
   if (r.guard && !r.provisional) r.guard->keep_copy();
+  check_unread(r);
 }
 
 }  // namespace
