@@ -796,6 +796,22 @@ std::string forget_run(const Container& c) {
 
 }  // namespace
 
+std::string stream_refusal(const ContainerRecord& r) {
+  if (r.runtime == Runtime::kDocker)
+    return "dockerd restores from a checkpoint directory of its own";
+  if (r.runtime != Runtime::kContainerd || !r.containerd) return {};
+  std::string v;
+  try {
+    v = containerd::Client(containerd::address(), r.containerd->ns).version();
+  } catch (const Error&) {
+    return {};  // the restore's own call to it says what is wrong
+  }
+  const std::string bare = v.substr(v.rfind('v', 0) == 0 ? 1 : 0);
+  if (std::atoi(bare.c_str()) >= 2)
+    return "containerd " + v + " runs the criu on its shims' PATH, without gpuckpt's configuration";
+  return {};
+}
+
 std::string remove_ended(const Container& c) {
   try {
     if (std::string why = forget_run(c); !why.empty()) return why;

@@ -130,6 +130,12 @@ DumpPlan plan_dump(const Container& c, bool tcp_established);
 // runc's descriptors.json for `r`, into the images directory.
 void write_descriptors(const ContainerRecord& r, const std::filesystem::path& images_dir);
 
+// Why the runtime of `r`, here, cannot have its CRIU read a checkpoint from gpuckpt's streamer
+// (even a CRIU with criu::kRpcStreamPatch), or "" if it can: dockerd copies a checkpoint's files
+// into its own directory, and containerd 2.0's shims run the `criu` on their PATH, which gets no
+// configuration of gpuckpt's.
+std::string stream_refusal(const ContainerRecord& r);
+
 // Makes the runtime forget the run of a container whose init has ended, so that its ID is free
 // for the restore: `runc delete`; containerd's Tasks.Delete (its container record stays, as
 // after `ctr task kill`); nothing for Docker, whose daemon does it itself (the container shows

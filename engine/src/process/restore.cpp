@@ -223,12 +223,10 @@ void choose_staging(RestoreState& r) {
   const RestoreOptions& o = r.o;
   r.stream = o.staging_mode != StagingMode::kStaged;
   if (r.stream && o.container) {
-    // runc runs CRIU itself, as `criu swrk`: it streams only with gpuckpt's patch, and dockerd
-    // copies a checkpoint's files into its own directory before runc sees them.
-    std::string why;
-    if (r.rec.container->runtime == container::Runtime::kDocker)
-      why = "dockerd restores from a checkpoint directory of its own";
-    else if (!r.inst.has_patch(criu::kRpcStreamPatch))
+    // runc runs CRIU itself, as `criu swrk`: it streams only with gpuckpt's patch, and only
+    // where the runtime hands runc the images directory and gpuckpt's configuration.
+    std::string why = container::stream_refusal(*r.rec.container);
+    if (why.empty() && !r.inst.has_patch(criu::kRpcStreamPatch))
       why = "the CRIU at " + r.inst.binary.string() + " lacks gpuckpt's patch " +
             criu::kRpcStreamPatch + " (scripts/install-criu.sh builds it)";
     if (!why.empty()) {
