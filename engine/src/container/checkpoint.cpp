@@ -29,6 +29,7 @@
 #include "trust/keys.h"
 #include "util/fs.h"
 #include "util/no_sigpipe.h"
+#include "util/pipe.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -655,9 +656,7 @@ bool upper_mounted(const fs::path& upper) {
 // stops reading early makes `write` see EPIPE, and tar's own exit says why.
 ExitStatus extract_streamed(const std::vector<std::string>& argv,
                             const std::function<void(int fd)>& write) {
-  int ends[2];
-  if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe2");
-  UniqueFd out(ends[0]), in(ends[1]);
+  auto [out, in] = make_pipe("pipe2");
   SpawnOptions so;
   so.stdin_fd = out.get();
   so.new_process_group = true;
@@ -1149,9 +1148,7 @@ Container runc_restore(const RestoreRequest& q) {
   // A pipe, drained into the log by a process of its own that outlives gpuckpt, as a
   // runtime's shim does: a file there would make the container impossible to dump again.
   const fs::path stdio = stdio_log(q);
-  int ends[2];
-  if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe2");
-  UniqueFd drain(ends[0]), feed(ends[1]);
+  auto [drain, feed] = make_pipe("pipe2");
   {
     SpawnOptions lo;
     lo.stdin_fd = drain.get();

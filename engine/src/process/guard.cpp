@@ -28,6 +28,7 @@
 #include "util/fd_passing.h"
 #include "util/fs.h"
 #include "util/no_sigpipe.h"
+#include "util/pipe.h"
 #include "util/poll_timeout.h"
 #include "util/write_fully.h"
 
@@ -127,14 +128,13 @@ Guard::Guard(const std::string& operation) : mirror_(std::make_unique<GuardPlan>
   // an entry moved aside, its spool) is its to undo first, and ours not to touch.
   recover_abandoned_operations();
   journal_ = Journal::open_new(operation);
-  int down[2], up[2];
+  int down[2];
   // Close-on-exec: criu and every other child of gpuckpt must not hold the write end, or the
   // guard would not see gpuckpt's death. A socket, not a pipe, to pass it the process locks.
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, down) != 0)
     throw_errno(Errc::kInternal, "socket for the guard");
   UniqueFd down_r(down[0]), down_w(down[1]);
-  if (::pipe2(up, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe for the guard");
-  UniqueFd up_r(up[0]), up_w(up[1]);
+  auto [up_r, up_w] = make_pipe("pipe for the guard");
   SpawnOptions so;
   so.new_session = true;  // no terminal signals; survives the end of gpuckpt's session
   so.stdin_fd = down_r.get();

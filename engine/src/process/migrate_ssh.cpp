@@ -32,6 +32,7 @@
 #include "remote/remote_checkpoint.h"
 #include "remote/ssh.h"
 #include "util/fault.h"
+#include "util/pipe.h"
 #include "util/poll_timeout.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
@@ -216,10 +217,8 @@ void add_target_stages(Timeline& tl, const json& answer, Timeline::Clock::time_p
 class Connection {
  public:
   Connection(std::vector<std::string> argv) {
-    int p[2];
-    if (::pipe2(p, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
-    UniqueFd rd(p[0]);
-    to_.reset(p[1]);
+    auto [rd, to] = make_pipe();
+    to_ = std::move(to);
     SpawnOptions so;
     so.stdin_fd = rd.get();
     so.capture_stdout = true;

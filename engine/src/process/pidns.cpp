@@ -18,6 +18,7 @@
 
 #include "gpuckpt/error.h"
 #include "util/no_sigpipe.h"
+#include "util/pipe.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
@@ -145,12 +146,9 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
   const int max_fd = open_max > 0 ? static_cast<int>(std::min(open_max, 1L << 20)) : 1024;
 
   // The init writes criu's wait status here; the helper writes the init's host pid first.
-  int fds[2];
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
-  UniqueFd rd(fds[0]), wr(fds[1]);
+  auto [rd, wr] = make_pipe();
   // One byte on it lets the init start criu.
-  if (::pipe2(fds, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
-  UniqueFd gate_rd(fds[0]), gate_wr(fds[1]);
+  auto [gate_rd, gate_wr] = make_pipe();
 
   const pid_t helper = ::fork();
   if (helper < 0) throw_errno(Errc::kInternal, "fork");

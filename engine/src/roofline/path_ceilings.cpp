@@ -20,6 +20,7 @@
 #include "image/stream_pack.h"
 #include "remote/ssh.h"
 #include "util/no_sigpipe.h"
+#include "util/pipe.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 #include "util/write_fully.h"
@@ -225,9 +226,7 @@ void measure_zstd(PathCeilings& p, const fs::path& sample, int level) {
 double network_gbps(const PathMeasureOptions& o) {
   auto argv = remote::ssh_command(remote::parse_ssh_url(o.network), o.ssh_config);
   argv.push_back("cat > /dev/null");
-  int p[2];
-  if (::pipe2(p, O_CLOEXEC) != 0) throw_errno(Errc::kInternal, "pipe");
-  UniqueFd rd(p[0]), wr(p[1]);
+  auto [rd, wr] = make_pipe();
   SpawnOptions so;
   so.stdin_fd = rd.get();
   Child ssh = spawn(argv, so);
