@@ -22,21 +22,35 @@
 // state is asked only while that thread runs. Like that plugin, it switches CRIU to
 // interrupt-only seizing (set_compel_interrupt_only_mode): a thread frozen by the cgroup
 // freezer could not be let run.
+//
+// CRIU calls CHECKPOINT_DEVICES and RESUME_DEVICES_LATE once per task, one after the other. A
+// serving tree has one CUDA worker per GPU, and each worker's device step takes seconds, so
+// the plugin does them together: at the first of those calls it lets every CUDA task's restore
+// thread run (ptrace requests must come from criu's main thread, the tracer), calls the driver
+// for all of them at once, one thread each, then stops the threads again; the later calls
+// return what their task's step gave. The tasks are all known by then: every PAUSE_DEVICES
+// came before the freeze, and every task is restored before the late hooks.
+// $GPUCKPT_DEVICE_SERIAL=1 keeps CRIU's order.
+#include <pthread.h>
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 extern "C" {
@@ -86,6 +100,9 @@ struct State {
   std::chrono::milliseconds lock_timeout{10000};
   gpuckpt::GpuMap gpu_map;
   std::map<pid_t, Tracked> tracked;
+  bool serial = false;          // $GPUCKPT_DEVICE_SERIAL: CRIU's one-by-one order
+  bool together_tried = false;  // the first CHECKPOINT_DEVICES / RESUME_DEVICES_LATE came
+  std::map<pid_t, int> done;    // tasks whose step ran together: the hook's return code
 };
 
 State g;
@@ -113,26 +130,40 @@ bool save_report() {
   }
 }
 
-// Runs `fn` as one timed hook entry. fn returns false when there was nothing to do.
-int timed(const char* name, pid_t pid, const std::function<bool()>& fn) {
+// Runs `fn` as one timed hook entry and returns it; touches no global state, so that the
+// threads of a tree's concurrent device steps can use it. fn returns false when there was
+// nothing to do.
+PluginHook run_hook(const char* name, pid_t pid, const std::function<bool()>& fn) {
   PluginHook h;
   h.name = name;
   h.pid = pid;
   h.start_ns = now_ns();
-  int rc = 0;
   try {
     h.skipped = !fn();
-    rc = h.skipped ? -ENOTSUP : 0;
   } catch (const std::exception& e) {
     h.ok = false;
     h.error = e.what();
-    rc = -1;
     std::fprintf(stderr, "gpuckpt plugin: %s (pid %d) failed: %s\n", name, pid, e.what());
   }
   h.end_ns = now_ns();
+  return h;
+}
+
+int return_code(const PluginHook& h) {
+  return !h.ok ? -1 : h.skipped ? -ENOTSUP : 0;
+}
+
+// Adds a hook entry to the report and saves it; returns the hook's code for CRIU.
+int record(PluginHook h) {
+  const int rc = return_code(h);
   g.report.hooks.push_back(std::move(h));
   save_report();
   return rc;
+}
+
+// Runs `fn` as one timed hook entry, recorded.
+int timed(const char* name, pid_t pid, const std::function<bool()>& fn) {
+  return record(run_hook(name, pid, fn));
 }
 
 [[noreturn]] void ptrace_fail(const char* what, pid_t tid) {
@@ -212,6 +243,75 @@ void with_restore_thread(pid_t pid, const std::function<void()>& fn) {
   t.stop();
 }
 
+// Blocks every signal on this thread while alive: the threads started meanwhile inherit the
+// full mask, so criu's handlers (SIGCHLD, its timeout's SIGALRM) keep running on its own
+// threads only.
+class SignalsBlocked {
+ public:
+  SignalsBlocked() {
+    sigset_t all;
+    ::sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &saved_);
+  }
+  SignalsBlocked(const SignalsBlocked&) = delete;
+  SignalsBlocked& operator=(const SignalsBlocked&) = delete;
+  ~SignalsBlocked() { ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+
+ private:
+  sigset_t saved_;
+};
+
+// One task's part of a step that runs together: its restore thread and the hooks it recorded.
+struct TaskStep {
+  pid_t pid = 0;
+  pid_t restore_tid = 0;
+  std::vector<PluginHook> hooks;
+};
+
+// Runs work(task) for every task at once, one thread each, while each task's restore thread
+// runs. This thread lets those threads run first and stops them after, since only the tracer
+// thread may make ptrace requests; a task whose thread cannot be let run gets the error as its
+// hook `failed_name` and no worker. A stop that fails goes into the task's last hook.
+void run_together(std::vector<TaskStep>& tasks, const char* failed_name,
+                  const std::function<void(TaskStep&)>& work) {
+  std::vector<std::unique_ptr<RunningRestoreThread>> running(tasks.size());
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    PluginHook h = run_hook(failed_name, tasks[i].pid, [&] {
+      running[i] = std::make_unique<RunningRestoreThread>(tasks[i].restore_tid);
+      return true;
+    });
+    if (!h.ok) tasks[i].hooks.push_back(std::move(h));
+  }
+  {
+    std::vector<std::jthread> workers;  // joined when this scope ends, whatever happens
+    SignalsBlocked blocked;
+    for (size_t i = 0; i < tasks.size(); ++i)
+      if (running[i]) workers.emplace_back([&work, &task = tasks[i]] { work(task); });
+  }
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (!running[i]) continue;
+    try {
+      running[i]->stop();
+    } catch (const std::exception& e) {
+      // The step did not end as CRIU needs it: the task's last hook fails with the reason.
+      auto& hooks = tasks[i].hooks;
+      if (hooks.empty()) hooks.push_back(run_hook(failed_name, tasks[i].pid, [] { return true; }));
+      hooks.back().ok = false;
+      hooks.back().error += (hooks.back().error.empty() ? "" : "; ") + std::string(e.what());
+    }
+  }
+  g.report.together = std::max(g.report.together, static_cast<int>(tasks.size()));
+  for (auto& t : tasks) {
+    int rc = 0;
+    for (auto& h : t.hooks) {
+      if (!h.ok) rc = -1;
+      g.report.hooks.push_back(std::move(h));
+    }
+    g.done[t.pid] = rc;
+  }
+  save_report();
+}
+
 fs::path images_dir() {
   if (!criu_get_image_dir) return {};
   const int fd = criu_get_image_dir();
@@ -252,6 +352,8 @@ int plugin_init(int stage) {
       q = *end ? end + 1 : end;
     }
   if (const char* prefix = env(gpuckpt::criu::kEnvTestDevicePrefix)) g.device_prefix = prefix;
+  if (const char* serial = env(gpuckpt::criu::kEnvDeviceSerial))
+    g.serial = std::string(serial) == "1";
   std::error_code ec;
   g.gpu_host = fs::is_directory("/proc/driver/nvidia/gpus", ec);
   if (g.gpu_host || !g.expected_cuda.empty()) {
@@ -367,8 +469,52 @@ int pause_devices(int pid) {
   });
 }
 
+// The restore of a task's device state, if the driver holds it checkpointed; the task's restore
+// thread must run (the state is asked through it, as in CRIU's cuda plugin).
+void restore_device(pid_t pid) {
+  const auto st = dev::process_state(pid);
+  if (!st)
+    throw gpuckpt::Error(gpuckpt::Errc::kDevice,
+                         "the task has a CUDA restore thread but no CUDA state");
+  if (*st == dev::CudaProcState::kFailed)
+    throw gpuckpt::Error(gpuckpt::Errc::kDevice, "CUDA reports the process in a failed state");
+  if (*st == dev::CudaProcState::kCheckpointed) dev::restore(pid, g.gpu_map);
+}
+
+void unlock_device(pid_t pid) {
+  if (dev::process_state(pid) == dev::CudaProcState::kLocked) dev::unlock(pid);
+}
+
+// The first CHECKPOINT_DEVICES: the device checkpoints of every task that PAUSE_DEVICES locked,
+// together.
+void checkpoint_together() {
+  std::vector<TaskStep> tasks;
+  for (const auto& [pid, t] : g.tracked)
+    if (!t.checkpointed) tasks.push_back({pid, dev::restore_thread_id(pid), {}});
+  if (tasks.size() < 2) return;
+  run_together(tasks, "device_checkpoint", [](TaskStep& t) {
+    const pid_t pid = t.pid;
+    t.hooks.push_back(run_hook("device_checkpoint", pid, [pid] {
+      dev::checkpoint(pid);
+      return true;
+    }));
+  });
+  for (const auto& t : tasks)
+    if (g.done[t.pid] == 0) g.tracked[t.pid].checkpointed = true;
+}
+
 int checkpoint_devices(int pid) {
   if (!g.active) return -ENOTSUP;
+  if (!g.together_tried && !g.serial) {
+    g.together_tried = true;
+    try {
+      checkpoint_together();
+    } catch (const std::exception& e) {
+      // A restore thread that could not be found: each task's own hook says which.
+      std::fprintf(stderr, "gpuckpt plugin: device checkpoints one by one: %s\n", e.what());
+    }
+  }
+  if (auto d = g.done.find(pid); d != g.done.end()) return d->second;
   return timed("device_checkpoint", pid, [pid] {
     auto it = g.tracked.find(pid);
     if (it == g.tracked.end()) return false;
@@ -409,8 +555,54 @@ void resume_after_dump() {
   }
 }
 
+// `root` and its descendants, from /proc (children of every thread).
+std::vector<pid_t> tree_of(pid_t root) {
+  std::vector<pid_t> out{root};
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::error_code ec;
+    const fs::path tasks = "/proc/" + std::to_string(out[i]) + "/task";
+    for (const auto& t : fs::directory_iterator(tasks, ec)) {
+      std::ifstream in(t.path() / "children");
+      for (pid_t c; in >> c;) out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// The first RESUME_DEVICES_LATE, called for the tree's root: the device restore and unlock of
+// every CUDA task of the restored tree, together.
+void restore_together(pid_t root) {
+  std::vector<TaskStep> tasks;
+  for (pid_t pid : tree_of(root))
+    if (const auto tid = cuda_task(pid)) tasks.push_back({pid, *tid, {}});
+  if (tasks.size() < 2) return;
+  for (const auto& t : tasks) note_cuda(t.pid);
+  run_together(tasks, "device_restore", [](TaskStep& t) {
+    const pid_t pid = t.pid;
+    t.hooks.push_back(run_hook("device_restore", pid, [pid] {
+      restore_device(pid);
+      return true;
+    }));
+    if (!t.hooks.back().ok) return;
+    t.hooks.push_back(run_hook("unlock", pid, [pid] {
+      unlock_device(pid);
+      return true;
+    }));
+  });
+}
+
 int resume_devices_late(int pid) {
   if (!g.active) return -ENOTSUP;
+  if (!g.together_tried && !g.serial) {
+    g.together_tried = true;
+    try {
+      restore_together(pid);
+    } catch (const std::exception& e) {
+      // The driver is unusable or a task vanished: each task's own hook says so.
+      std::fprintf(stderr, "gpuckpt plugin: device restores one by one: %s\n", e.what());
+    }
+  }
+  if (auto d = g.done.find(pid); d != g.done.end()) return d->second;
   // As CRIU's cuda plugin: the restore thread id, then let that thread run, then restore; the
   // state is asked only while it runs (the driver answers through it).
   std::optional<RunningRestoreThread> running;
@@ -419,19 +611,13 @@ int resume_devices_late(int pid) {
     if (!tid) return false;
     note_cuda(pid);
     running.emplace(*tid);
-    const auto st = dev::process_state(pid);
-    if (!st)
-      throw gpuckpt::Error(gpuckpt::Errc::kDevice,
-                           "the task has a CUDA restore thread but no CUDA state");
-    if (*st == dev::CudaProcState::kFailed)
-      throw gpuckpt::Error(gpuckpt::Errc::kDevice, "CUDA reports the process in a failed state");
-    if (*st == dev::CudaProcState::kCheckpointed) dev::restore(pid, g.gpu_map);
+    restore_device(pid);
     return true;
   });
   if (rc < 0 && rc != -ENOTSUP) return rc;  // `running` stops the thread again
   return timed("unlock", pid, [pid, &running] {
     if (!running) return false;
-    if (dev::process_state(pid) == dev::CudaProcState::kLocked) dev::unlock(pid);
+    unlock_device(pid);
     running->stop();
     return true;
   });

@@ -1,10 +1,15 @@
 // gpuckpt's CRIU plugin as a binary: criu (Debian 13's loader and libraries) dlopen()s it, so it
 // must need nothing but libc and export nothing but CR_PLUGIN_DESC. That it is actually called
 // during a dump and a restore is tested in criu_runner_test and e2e_process_test.
+#include <cuda.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 
+#include <algorithm>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -222,4 +227,175 @@ TEST(CriuPluginHooks, RestoreFailsTheHookForATaskRecordedWithCudaState) {
   EXPECT_FALSE(rrep->all_ok());
   ::kill(pid, SIGKILL);
   process::wait_ended(pid, std::chrono::seconds(10));
+}
+
+// ---- the plugin's device work inside a real criu, against the test driver -----------------
+//
+// tests/support/fake_cuda_driver.cpp stands in for libcuda here (these machines have no GPU):
+// it enforces the driver's states and that a task's restore thread runs while the driver
+// works, and logs each call. Whether the real driver's work is right is scripts/gpu-check.sh's.
+
+namespace {
+
+// Whether the hooks named `name` of every pid in `pids` ran at the same time: each started
+// before every other one ended.
+bool overlapped(const criu::PluginReport& r, const std::string& name,
+                const std::vector<pid_t>& pids) {
+  std::vector<const criu::PluginHook*> hs;
+  for (const auto& h : r.hooks)
+    if (h.name == name && std::find(pids.begin(), pids.end(), h.pid) != pids.end())
+      hs.push_back(&h);
+  if (hs.size() != pids.size()) return false;
+  for (const auto* a : hs)
+    for (const auto* b : hs)
+      if (a != b && a->start_ns >= b->end_ns) return false;
+  return true;
+}
+
+using test::FakeCudaCall;
+using test::FakeCudaTree;
+constexpr int kCheckpointed = CU_PROCESS_STATE_CHECKPOINTED;
+constexpr int kRunning = CU_PROCESS_STATE_RUNNING;
+
+}  // namespace
+
+TEST(CriuPluginDevices, TheCudaTasksOfATreeAreCheckpointedAndRestoredTogether) {
+  const auto inst = installed_or_skip();
+  FakeCudaTree tree(3);
+  ASSERT_EQ(tree.pids.size(), 3u);
+  fs::create_directory(tree.dir.path() / "images");
+  // The test driver holds every checkpoint call until three have arrived: one by one, the
+  // first would time out and the dump fail.
+  criu::DumpArgs a;
+  a.pid = tree.root.pid();
+  a.images_dir = (tree.dir.path() / "images");
+  a.final_state = criu::FinalState::kKilled;
+  a.timeout = std::chrono::seconds(120);
+  a.env = tree.env(3);
+  ASSERT_NO_THROW(criu::dump(inst, a));
+  tree.root.wait_for(std::chrono::seconds(10));
+  for (pid_t p : tree.pids) ASSERT_TRUE(FakeCudaTree::reap(p)) << p << " outlived its dump";
+  const auto dump = criu::read_plugin_report((tree.dir.path() / "images") / criu::kDumpReportName);
+  ASSERT_TRUE(dump.has_value());
+  EXPECT_TRUE(dump->all_ok()) << dump->first_error();
+  EXPECT_EQ(dump->together, 3);
+  EXPECT_TRUE(overlapped(*dump, "device_checkpoint", tree.pids));
+  EXPECT_EQ(std::set<pid_t>(dump->locked_pids.begin(), dump->locked_pids.end()),
+            std::set<pid_t>(tree.pids.begin(), tree.pids.end()));
+  for (pid_t p : tree.pids) EXPECT_EQ(tree.cuda_state(p), kCheckpointed) << p;
+
+  // The restore: every task's device restore at once, then each unlocked, its restore thread
+  // running again once criu lets the tree go.
+  const fs::path report = tree.dir.path() / "restore-report.json";
+  criu::RestoreArgs r;
+  r.images_dir = (tree.dir.path() / "images");
+  r.pidfile = tree.dir.path() / "restore.pid";
+  r.env = tree.env(3);
+  std::string pids;
+  for (pid_t p : tree.pids) pids += (pids.empty() ? "" : ",") + std::to_string(p);
+  r.env.push_back(std::string(criu::kEnvReport) + "=" + report.string());
+  r.env.push_back(std::string(criu::kEnvCudaPids) + "=" + pids);
+  r.timeout = std::chrono::seconds(120);
+  ASSERT_NO_THROW(criu::restore(inst, r));
+  const auto restored = criu::read_plugin_report(report);
+  ASSERT_TRUE(restored.has_value());
+  EXPECT_TRUE(restored->all_ok()) << restored->first_error();
+  EXPECT_EQ(restored->together, 3);
+  EXPECT_TRUE(overlapped(*restored, "device_restore", tree.pids));
+  for (pid_t p : tree.pids) {
+    EXPECT_EQ(tree.cuda_state(p), kRunning) << p;
+    const pid_t tid = FakeCudaTree::restore_thread(p);
+    ASSERT_NE(tid, 0) << p;
+    EXPECT_TRUE(test::wait_until([&] {
+      std::ifstream in("/proc/" + std::to_string(p) + "/task/" + std::to_string(tid) + "/stat");
+      std::string stat;
+      std::getline(in, stat);
+      const auto close = stat.rfind(") ");
+      return close != std::string::npos && (stat[close + 2] == 'S' || stat[close + 2] == 'R');
+    })) << "the restore thread of "
+        << p << " stays stopped";
+  }
+  const auto log = tree.calls();
+  EXPECT_EQ(
+      std::count_if(log.begin(), log.end(), [](const FakeCudaCall& c) { return c.result != 0; }),
+      0);
+  EXPECT_EQ(log.size(), 12u);  // lock, checkpoint, restore and unlock of each
+}
+
+TEST(CriuPluginDevices, ADeviceCheckpointThatFailsLeavesEveryTaskRunningUnlocked) {
+  const auto inst = installed_or_skip();
+  FakeCudaTree tree(2);
+  ASSERT_EQ(tree.pids.size(), 2u);
+  fs::create_directory(tree.dir.path() / "images");
+  // One by one ($GPUCKPT_DEVICE_SERIAL), the first checkpoint waits for a second that never
+  // comes, and fails.
+  criu::DumpArgs a;
+  a.pid = tree.root.pid();
+  a.images_dir = (tree.dir.path() / "images");
+  a.final_state = criu::FinalState::kKilled;
+  a.timeout = std::chrono::seconds(120);
+  a.env = tree.env(0);
+  a.env.push_back("GPUCKPT_FAKE_CUDA_CHECKPOINTS_TOGETHER=2");
+  a.env.push_back(std::string(criu::kEnvDeviceSerial) + "=1");
+  a.env.push_back("GPUCKPT_FAKE_CUDA_WAIT_MS=300");
+  EXPECT_THROW(criu::dump(inst, a), Error);
+  const auto dump = criu::read_plugin_report((tree.dir.path() / "images") / criu::kDumpReportName);
+  ASSERT_TRUE(dump.has_value());
+  EXPECT_EQ(dump->together, 0);
+  const auto* ckpt = dump->find("device_checkpoint");
+  ASSERT_NE(ckpt, nullptr);
+  EXPECT_FALSE(ckpt->ok);
+  EXPECT_NE(ckpt->error.find("CUDA_ERROR_TIMEOUT"), std::string::npos) << ckpt->error;
+  // criu resumed the tree, and the plugin gave each task its GPU back: none is left locked,
+  // whose next CUDA call would block for good.
+  for (pid_t p : tree.pids) {
+    EXPECT_TRUE(test::runs_again(p)) << p;
+    EXPECT_EQ(tree.cuda_state(p), kRunning) << p;
+  }
+  const auto log = tree.calls();
+  EXPECT_EQ(
+      std::count_if(log.begin(), log.end(), [](const FakeCudaCall& c) { return c.op == "unlock"; }),
+      2);
+}
+
+TEST(CriuPluginDevices, OneTasksFailedCheckpointGivesEveryOtherTaskItsGpuBack) {
+  const auto inst = installed_or_skip();
+  FakeCudaTree tree(2);
+  ASSERT_EQ(tree.pids.size(), 2u);
+  fs::create_directory(tree.dir.path() / "images");
+  const pid_t bad = tree.pids[1], good = tree.pids[0];
+  criu::DumpArgs a;
+  a.pid = tree.root.pid();
+  a.images_dir = (tree.dir.path() / "images");
+  a.final_state = criu::FinalState::kKilled;
+  a.timeout = std::chrono::seconds(120);
+  a.env = tree.env(0);
+  a.env.push_back("GPUCKPT_FAKE_CUDA_CHECKPOINTS_TOGETHER=2");
+  a.env.push_back("GPUCKPT_FAKE_CUDA_FAIL_CHECKPOINT=" + std::to_string(bad));
+  EXPECT_THROW(criu::dump(inst, a), Error);
+  const auto dump = criu::read_plugin_report((tree.dir.path() / "images") / criu::kDumpReportName);
+  ASSERT_TRUE(dump.has_value());
+  EXPECT_EQ(dump->together, 2);
+  for (const auto& h : dump->hooks) {
+    if (h.name != "device_checkpoint") continue;
+    EXPECT_EQ(h.ok, h.pid != bad) << h.pid << ": " << h.error;
+    if (h.pid == bad)
+      EXPECT_NE(h.error.find("UVM/managed"), std::string::npos) << h.error;  // the reason
+  }
+  // The task that was checkpointed had its VRAM restored and both were unlocked: the tree runs
+  // on, each task with its GPU state.
+  for (pid_t p : tree.pids) {
+    EXPECT_TRUE(test::runs_again(p)) << p;
+    EXPECT_EQ(tree.cuda_state(p), kRunning) << p;
+  }
+  const auto log = tree.calls();
+  const auto count = [&](const std::string& op, pid_t pid) {
+    return std::count_if(log.begin(), log.end(), [&](const FakeCudaCall& c) {
+      return c.op == op && c.pid == pid && c.result == 0;
+    });
+  };
+  EXPECT_EQ(count("restore", good), 1);
+  EXPECT_EQ(count("restore", bad), 0);
+  EXPECT_EQ(count("unlock", good), 1);
+  EXPECT_EQ(count("unlock", bad), 1);
 }

@@ -10,6 +10,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -630,6 +631,87 @@ SshHost::SshHost(const NetNs& ns, const fs::path& dir, const std::string& alias,
                          << "  IdentitiesOnly yes\n"
                          << "  UserKnownHostsFile " << (dir / "known_hosts").string() << "\n"
                          << "  StrictHostKeyChecking yes\n";
+}
+
+// ---- FakeCudaTree ----
+
+namespace {
+// What the NVIDIA module's /proc file says, for a gpuckpt that loads the test driver.
+constexpr const char* kFakeModuleVersionLine =
+    "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  (gpuckpt's test driver)";
+}  // namespace
+
+FakeCudaTree::FakeCudaTree(int procs) : dir(scratch_dir("gpuckpt-fake-cuda")) {
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  fs::create_directory(state_dir());
+  { std::ofstream(device_file()) << "stands for /dev/nvidia0\n"; }
+  { std::ofstream(dir.path() / "version") << kFakeModuleVersionLine << "\n"; }
+  close_inherited_fds();
+  SpawnOptions o;
+  o.new_session = true;
+  o.stdout_file = dir.path() / "worker.out";
+  o.stderr_file = dir.path() / "worker.err";
+  root = spawn({GPUCKPT_FAKE_CUDA_WORKER, device_file().string(), std::to_string(procs)}, o);
+  const bool ready = wait_until([&] {
+    pids = {root.pid()};
+    for (pid_t p : descendants(root.pid())) pids.push_back(p);
+    if (static_cast<int>(pids.size()) != procs) return false;
+    for (pid_t p : pids)
+      if (restore_thread(p) == 0) return false;
+    return true;
+  });
+  EXPECT_TRUE(ready) << "the fake CUDA workers did not start";
+}
+
+FakeCudaTree::~FakeCudaTree() {
+  for (pid_t p : pids) ::kill(p, SIGKILL);
+  for (pid_t p : pids) reap(p);
+}
+
+std::vector<std::string> FakeCudaTree::env(int together) const {
+  std::vector<std::string> e = {
+      std::string("GPUCKPT_LIBCUDA=") + GPUCKPT_FAKE_CUDA_DRIVER,
+      std::string("GPUCKPT_LIBCUDA_PATH=") + GPUCKPT_FAKE_CUDA_DRIVER,
+      "GPUCKPT_TEST_NVIDIA_VERSION_FILE=" + (dir.path() / "version").string(),
+      "GPUCKPT_PLUGIN_TEST_DEVICE_PREFIX=" + device_file().string(),
+      "GPUCKPT_FAKE_CUDA_DIR=" + state_dir().string()};
+  if (together > 0) {
+    e.push_back("GPUCKPT_FAKE_CUDA_CHECKPOINTS_TOGETHER=" + std::to_string(together));
+    e.push_back("GPUCKPT_FAKE_CUDA_RESTORES_TOGETHER=" + std::to_string(together));
+  }
+  return e;
+}
+
+int FakeCudaTree::cuda_state(pid_t pid) const {
+  std::ifstream in(state_dir() / std::to_string(pid));
+  int s = 0;  // no file: running
+  in >> s;
+  return s;
+}
+
+std::vector<FakeCudaCall> FakeCudaTree::calls() const {
+  std::vector<FakeCudaCall> v;
+  std::ifstream in(state_dir() / "calls.log");
+  for (FakeCudaCall c; in >> c.op >> c.pid >> c.start_ns >> c.end_ns >> c.result;) v.push_back(c);
+  return v;
+}
+
+pid_t FakeCudaTree::restore_thread(pid_t pid) {
+  std::error_code ec;
+  for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+    std::ifstream comm(t.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name) && name == "cuda-restore")
+      return static_cast<pid_t>(std::stoi(t.path().filename().string()));
+  }
+  return 0;
+}
+
+bool FakeCudaTree::reap(pid_t pid) {
+  return wait_until([pid] {
+    const pid_t r = ::waitpid(pid, nullptr, WNOHANG);
+    return r == pid || (r < 0 && errno == ECHILD);
+  });
 }
 
 }  // namespace gpuckpt::test

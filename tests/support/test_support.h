@@ -133,6 +133,47 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
+// ---- CUDA workers for the test driver (tests/support/fake_cuda_driver.cpp) ----
+
+// One call that the test driver logged.
+struct FakeCudaCall {
+  std::string op;  // lock, checkpoint, restore, unlock
+  pid_t pid = 0;
+  std::int64_t start_ns = 0, end_ns = 0;  // CLOCK_MONOTONIC
+  int result = -1;                        // its CUresult
+};
+
+// A tree of `procs` processes (gpuckpt-fake-cuda-worker) that the test driver takes for CUDA
+// workers, in its own session, started once each has its restore thread; killed and reaped
+// at the end. This process becomes a child subreaper, so that it reaps the workers' orphans:
+// a zombie keeps its pid, and the root's session id, taken from a restore.
+class FakeCudaTree {
+ public:
+  explicit FakeCudaTree(int procs);
+  ~FakeCudaTree();
+  FakeCudaTree(const FakeCudaTree&) = delete;
+  FakeCudaTree& operator=(const FakeCudaTree&) = delete;
+
+  TempDir dir;
+  Child root;
+  std::vector<pid_t> pids;  // the root first
+
+  std::filesystem::path state_dir() const { return dir.path() / "cuda"; }
+  std::filesystem::path device_file() const { return dir.path() / "nvidia0"; }
+  // KEY=VALUE entries that make criu's plugin, or gpuckpt (which hands the driver's path on),
+  // load the test driver and take the workers for GPU holders. `together` > 0: the driver
+  // holds each checkpoint and each restore until that many have arrived.
+  std::vector<std::string> env(int together) const;
+  // The driver's state of `pid` as the test driver keeps it (a CUprocessState).
+  int cuda_state(pid_t pid) const;
+  std::vector<FakeCudaCall> calls() const;
+
+  // The tid of `pid`'s thread named cuda-restore, or 0.
+  static pid_t restore_thread(pid_t pid);
+  // Whether `pid`, a child of this process, ended and was reaped (within wait_until's time).
+  static bool reap(pid_t pid);
+};
+
 // Pids of `root`'s live descendants (children, their children, ...), from /proc; zombies are
 // left out.
 std::vector<pid_t> descendants(pid_t root);

@@ -16,6 +16,13 @@ const PluginHook* PluginReport::find(const std::string& name) const {
   return nullptr;
 }
 
+const PluginHook* PluginReport::last_to_end(const std::string& name) const {
+  const PluginHook* last = nullptr;
+  for (const auto& h : hooks)
+    if (h.name == name && (!last || h.end_ns > last->end_ns)) last = &h;
+  return last;
+}
+
 bool PluginReport::all_ok() const {
   for (const auto& h : hooks)
     if (!h.ok) return false;
@@ -49,6 +56,7 @@ std::string to_json_text(const PluginReport& r) {
   j["cuinit_seconds"] = r.cuinit_seconds;
   j["interrupt_only"] = r.interrupt_only;
   j["locked_pids"] = r.locked_pids;
+  j["together"] = r.together;
   return j.dump(2) + "\n";
 }
 
@@ -71,6 +79,7 @@ PluginReport parse_plugin_report(const std::string& text) {
     r.cuinit_seconds = j.value("cuinit_seconds", 0.0);
     r.interrupt_only = j.value("interrupt_only", false);
     r.locked_pids = j.value("locked_pids", std::vector<pid_t>{});
+    r.together = j.value("together", 0);
     for (const auto& h : j.at("hooks")) {
       PluginHook ph;
       ph.name = h.at("name").get<std::string>();

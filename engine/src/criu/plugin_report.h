@@ -34,6 +34,10 @@ inline constexpr const char* kEnvCudaPids = "GPUCKPT_CUDA_PIDS";
 // Tests only: the device-file prefix that marks a task as holding a GPU (default
 // "/dev/nvidia"), so that the plugin's refusal to skip such a task can be tested without one.
 inline constexpr const char* kEnvTestDevicePrefix = "GPUCKPT_PLUGIN_TEST_DEVICE_PREFIX";
+// "1": the device checkpoint and restore of a tree's CUDA tasks one after the other, as CRIU
+// calls the hooks, instead of together (one thread per task). For a driver that misbehaves
+// with concurrent calls, and for measuring what the concurrency gains.
+inline constexpr const char* kEnvDeviceSerial = "GPUCKPT_DEVICE_SERIAL";
 
 inline constexpr const char* kDumpReportName = "gpuckpt-plugin-dump.json";
 inline constexpr const char* kRestoreReportName = "gpuckpt-plugin-restore.json";
@@ -67,11 +71,16 @@ struct PluginReport {
   double driver_load_seconds = 0;  // dlopen + entry points + cuInit, once per criu run
   double cuinit_seconds = 0;       // cuInit alone
   bool interrupt_only = false;     // set_compel_interrupt_only_mode() was called
+  // The most CUDA tasks whose device checkpoint (dump) or restore and unlock (restore) ran at
+  // once, one thread each; 0 when there was none, 1 when they ran one after the other.
+  int together = 0;
   std::vector<PluginHook> hooks;
   int criu_result = 0;    // ret passed to the plugin's exit hook (0 = success)
   bool finished = false;  // the exit hook ran
 
   const PluginHook* find(const std::string& name) const;
+  // Of the hooks called `name` (one per task), the one that ended last.
+  const PluginHook* last_to_end(const std::string& name) const;
   bool all_ok() const;
   std::string first_error() const;
 };

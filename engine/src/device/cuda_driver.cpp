@@ -147,7 +147,11 @@ std::string read_first_line(const char* path) {
 }  // namespace
 
 std::string kernel_module_version() {
-  return parse_kernel_module_version(read_first_line("/proc/driver/nvidia/version"));
+  // Tests that load the test driver (tests/support/fake_cuda_driver.cpp) give the module's
+  // version file too: without a GPU there is no /proc/driver/nvidia.
+  const char* test_file = std::getenv("GPUCKPT_TEST_NVIDIA_VERSION_FILE");
+  return parse_kernel_module_version(
+      read_first_line(test_file && *test_file ? test_file : "/proc/driver/nvidia/version"));
 }
 
 std::string parse_kernel_module_version(const std::string& line) {

@@ -134,7 +134,8 @@ DriverIdentity driver_identity();
 // it can, or if what would differ is unknown on either side.
 std::string driver_mismatch(const DriverIdentity& dumped, const DriverIdentity& here);
 
-// The NVIDIA kernel module version from /proc/driver/nvidia/version ("" if not loaded).
+// The NVIDIA kernel module version from /proc/driver/nvidia/version ("" if not loaded); tests
+// name another file in $GPUCKPT_TEST_NVIDIA_VERSION_FILE.
 std::string kernel_module_version();
 std::string parse_kernel_module_version(const std::string& first_line);
 

@@ -68,7 +68,8 @@ void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_byt
   Pending p;
   p.add(stage::kCriuDump, run.start, run.end, image_bytes);
   const criu::PluginHook* lock = plugin ? plugin->find(stage::kDeviceLock) : nullptr;
-  const criu::PluginHook* ckpt = plugin ? plugin->find(stage::kDeviceCheckpoint) : nullptr;
+  // CRIU dumps memory once every task's device checkpoint has ended (they may run together).
+  const criu::PluginHook* ckpt = plugin ? plugin->last_to_end(stage::kDeviceCheckpoint) : nullptr;
   if (stats) {
     // PAUSE_DEVICES (device_lock) is the first thing CRIU does once its freezing timer starts.
     Clock::time_point freeze_start =

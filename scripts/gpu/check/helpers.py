@@ -155,6 +155,23 @@ def plugin_figures(path, nbytes):
     return out or "no device stages"
 
 
+def device_span(path, name):
+    """How a tree's per-process device stages NAME@PID of a gpuckpt --json timeline ran: their
+    count, their seconds added up, and the wall time from the first start to the last end.
+    Together, the wall time is about the longest one; one after the other, about the sum."""
+    try:
+        spans = [(float(s["start"]), float(s["seconds"]))
+                 for s in _load(path)["timeline"]["stages"]
+                 if s["name"].startswith(name + "@")]
+    except Exception:
+        spans = []
+    if not spans:
+        return f"no {name}@PID stages"
+    total = sum(d for _, d in spans)
+    wall = max(a + d for a, d in spans) - min(a for a, _ in spans)
+    return f"{name}: {len(spans)} processes, {total:.3f} s added up, {wall:.3f} s wall"
+
+
 def hash_of(reply):
     """The hash in a demo server's `OK <n> <hash>` reply (its third word)."""
     return sub("\n".join((line.split() + ["", "", ""])[2] for line in reply.split("\n")))

@@ -338,6 +338,17 @@ class ParsingOutput(TempDir):
         self.assertEqual(h.plugin_figures(os.path.join(self.tmp, "absent"), "0"),
                          "no device stages")
 
+    def test_device_span(self):
+        together = {"timeline": timeline(2.0, stage("device_checkpoint@1", 1.0, start=0.5),
+                                         stage("device_checkpoint@2", 0.8, start=0.6),
+                                         stage("device_lock@1", 0.1))}
+        self.assertEqual(h.device_span(self.file("t.json", together), "device_checkpoint"),
+                         "device_checkpoint: 2 processes, 1.800 s added up, 1.000 s wall")
+        self.assertEqual(h.device_span(self.file("tree.json", TREE_DUMP), "device_restore"),
+                         "no device_restore@PID stages")
+        self.assertEqual(h.device_span(os.path.join(self.tmp, "absent"), "device_checkpoint"),
+                         "no device_checkpoint@PID stages")
+
     def test_replies(self):
         self.assertEqual(h.hash_of("OK 3 2eaa32111c38fae9"), "2eaa32111c38fae9")
         self.assertEqual(h.hash_of(""), "")
