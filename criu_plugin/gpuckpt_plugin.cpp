@@ -48,6 +48,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -320,11 +321,32 @@ fs::path images_dir() {
   return ec ? fs::path() : p;
 }
 
+// The settings a restore's runtime could not pass in criu's environment (Docker's), from the
+// images directory: set where criu's environment lacks them. Only gpuckpt's own variables.
+// False (and said) when the file is there but unreadable: the restore must not go on without
+// its GPU map.
+bool adopt_env_file(const fs::path& dir) {
+  std::error_code ec;
+  const fs::path file = dir / gpuckpt::criu::kEnvFileName;
+  if (dir.empty() || !fs::exists(file, ec)) return true;
+  try {
+    const auto j = nlohmann::json::parse(gpuckpt::read_file(file));
+    for (const auto& [name, value] : j.items())
+      if (name.starts_with("GPUCKPT_") && value.is_string())
+        ::setenv(name.c_str(), value.get<std::string>().c_str(), /*overwrite=*/0);
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpuckpt plugin: cannot read %s: %s\n", file.c_str(), e.what());
+    return false;
+  }
+}
+
 int plugin_init(int stage) {
   g = State{};
   g.stage = stage;
   if (stage != CR_PLUGIN_STAGE__DUMP && stage != CR_PLUGIN_STAGE__RESTORE) return 0;
   g.active = true;
+  if (stage == CR_PLUGIN_STAGE__RESTORE && !adopt_env_file(images_dir())) return -1;
   g.report.stage = stage == CR_PLUGIN_STAGE__DUMP ? "dump" : "restore";
   if (const char* p = env(gpuckpt::criu::kEnvReport))
     g.report_path = p;

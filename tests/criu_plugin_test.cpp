@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
 #include <sstream>
@@ -379,8 +380,9 @@ TEST(CriuPluginDevices, OneTasksFailedCheckpointGivesEveryOtherTaskItsGpuBack) {
   for (const auto& h : dump->hooks) {
     if (h.name != "device_checkpoint") continue;
     EXPECT_EQ(h.ok, h.pid != bad) << h.pid << ": " << h.error;
-    if (h.pid == bad)
+    if (h.pid == bad) {
       EXPECT_NE(h.error.find("UVM/managed"), std::string::npos) << h.error;  // the reason
+    }
   }
   // The task that was checkpointed had its VRAM restored and both were unlocked: the tree runs
   // on, each task with its GPU state.
@@ -398,4 +400,49 @@ TEST(CriuPluginDevices, OneTasksFailedCheckpointGivesEveryOtherTaskItsGpuBack) {
   EXPECT_EQ(count("restore", bad), 0);
   EXPECT_EQ(count("unlock", good), 1);
   EXPECT_EQ(count("unlock", bad), 1);
+}
+
+// dockerd's CRIU runs with none of gpuckpt's environment: the restore's settings come in a file
+// of the images directory, the GPU map among them.
+TEST(CriuPluginDevices, ARestoreTakesGpuckptsSettingsFromTheImagesDirectory) {
+  const auto inst = installed_or_skip();
+  FakeCudaTree tree(1);
+  ASSERT_EQ(tree.pids.size(), 1u);
+  const fs::path images = tree.dir.path() / "images";
+  fs::create_directory(images);
+  criu::DumpArgs a;
+  a.pid = tree.root.pid();
+  a.images_dir = images;
+  a.final_state = criu::FinalState::kKilled;
+  a.timeout = std::chrono::seconds(120);
+  a.env = tree.env(0);
+  ASSERT_NO_THROW(criu::dump(inst, a));
+  ASSERT_TRUE(FakeCudaTree::reap(tree.root.pid()));
+  ASSERT_EQ(tree.cuda_state(tree.root.pid()), kCheckpointed);
+
+  const fs::path report = tree.dir.path() / "restore-report.json";
+  const std::string gpu = "GPU-6e0fa43d-510b-4c27-9a41-0c7da23b8e19";  // the test driver's
+  nlohmann::json env = nlohmann::json::object();
+  for (const auto& kv : tree.env(0)) env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+  env[criu::kEnvReport] = report.string();
+  env[criu::kEnvGpuMap] = gpu + "=" + gpu;
+  env[criu::kEnvCudaPids] = std::to_string(tree.root.pid());
+  { std::ofstream(images / criu::kEnvFileName) << env.dump(2); }
+  criu::RestoreArgs r;
+  r.images_dir = images;
+  r.pidfile = tree.dir.path() / "restore.pid";
+  r.timeout = std::chrono::seconds(120);
+  ASSERT_NO_THROW(criu::restore(inst, r));
+  const auto restored = criu::read_plugin_report(report);
+  ASSERT_TRUE(restored.has_value()) << "no report where the settings file said";
+  EXPECT_TRUE(restored->all_ok()) << restored->first_error();
+  EXPECT_EQ(restored->gpu_map, gpu + "=" + gpu);
+  EXPECT_EQ(restored->cuda_pids, std::vector<pid_t>{tree.root.pid()});
+  EXPECT_EQ(tree.cuda_state(tree.root.pid()), kRunning);
+
+  // A settings file that cannot be read fails the restore: it must not go on without its map.
+  ::kill(tree.root.pid(), SIGKILL);
+  ASSERT_TRUE(FakeCudaTree::reap(tree.root.pid()));
+  { std::ofstream(images / criu::kEnvFileName) << "{ not json"; }
+  EXPECT_THROW(criu::restore(inst, r), Error);
 }

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -586,8 +587,9 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
 }
 
 // gpuckpt killed while Docker restores a new container: before it is made, once dockerd has
-// made it with the checkpoint in its checkpoint directory but not started it, and once it runs
-// restored but gpuckpt has not taken it. Each leaves no container by that name, no checkpoint
+// made it with the checkpoint in its checkpoint directory but not started it, inside the start
+// call (dockerd has the request, its runc restores), and once it runs restored but gpuckpt has
+// not taken it. Each leaves no container by that name, no checkpoint
 // directory and no restore bundle; the original runs on, and the restore then works.
 TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
   if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
@@ -608,7 +610,8 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
       if (e.path().parent_path().filename() == "checkpoints") out.push_back(e.path());
     return out;
   };
-  for (const std::string point : {"criu_restore", "runtime_created", "criu_restored"}) {
+  for (const std::string point :
+       {"criu_restore", "runtime_created", "runtime_starting", "criu_restored"}) {
     SCOPED_TRACE(point);
     (void)test::signalled_at({"restore", ckpt.string(), "--container", copy}, point, SIGKILL,
                              dir_.path());
@@ -626,6 +629,61 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
   ASSERT_GT(docker_pid(copy), 0);
   EXPECT_EQ(redis(docker_pid(copy), {"DEBUG", "DIGEST"}), digest);
   EXPECT_EQ(docker_pid(name), init);
+}
+
+// dockerd's CRIU reads its options from /etc/criu/runc.conf alone: a checkpoint with CUDA state
+// (here the test driver's, tests/support/fake_cuda_driver.cpp) is refused before dockerd makes
+// or starts anything, unless gpuckpt's plugin is in the libdir named there.
+TEST_F(E2eRuntimes, ADockerRestoreOfCudaStateNeedsGpuckptsPluginWhereDockersCriuLoadsIt) {
+  if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
+  std::ifstream conf("/etc/criu/runc.conf");
+  const std::string text((std::istreambuf_iterator<char>(conf)), std::istreambuf_iterator<char>());
+  if (text.find("libdir") != std::string::npos ||
+      fs::exists("/usr/lib/criu/gpuckpt_criu_plugin.so"))
+    GTEST_SKIP() << "dockerd's CRIU may load gpuckpt's plugin here: no refusal to see";
+  start_docker();
+  // Two processes that the test driver takes for CUDA workers, in a Docker container.
+  const fs::path dev = dir_.path() / "fake-dev";
+  fs::create_directories(dev / "cuda");
+  std::ofstream(dev / "nvidia0") << "stands for /dev/nvidia0\n";
+  std::ofstream(dev / "version")
+      << "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  (test driver)\n";
+  const fs::path worker = GPUCKPT_FAKE_CUDA_WORKER;
+  const std::string name = "dcuda-" + std::to_string(::getpid());
+  docker_names_.push_back(name);
+  const RunResult run = docker({"run", "-d", "--name", name, "--network", "none", "-v",
+                                "/usr:/usr:ro", "-v", worker.parent_path().string() + ":/fake:ro",
+                                "-v", dev.string() + ":/fake-dev:ro", "localhost/gk-redis:d",
+                                "/fake/" + worker.filename().string(), "/fake-dev/nvidia0", "2"});
+  ASSERT_TRUE(run.status.ok()) << run.output << read_file(dir_.path() / "docker.err");
+  pid_t init = 0;
+  ASSERT_TRUE(test::wait_until([&] {
+    init = docker_pid(name);
+    if (init <= 0) return false;
+    std::vector<pid_t> all{init};
+    for (pid_t p : test::descendants(init)) all.push_back(p);
+    return all.size() == 2 && std::all_of(all.begin(), all.end(), [](pid_t p) {
+             return test::FakeCudaTree::restore_thread(p) != 0;
+           });
+  }));
+  test::ScopedEnv lib("GPUCKPT_LIBCUDA", GPUCKPT_FAKE_CUDA_DRIVER);
+  test::ScopedEnv module("GPUCKPT_TEST_NVIDIA_VERSION_FILE", (dev / "version").string());
+  test::ScopedEnv prefix("GPUCKPT_PLUGIN_TEST_DEVICE_PREFIX", "/fake-dev/nvidia0");
+  test::ScopedEnv state("GPUCKPT_FAKE_CUDA_DIR", (dev / "cuda").string());
+  const fs::path ckpt = dir_.path() / "dc.ckpt";
+  const auto d = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(json::parse(d.out, nullptr, false).value("gpu", false), true) << d.out;
+
+  const auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  const json err = json::parse(r.out, nullptr, false);
+  const std::string says = err.is_object() ? err["error"].value("message", "") : r.out;
+  EXPECT_NE(says.find("Add the line `libdir "), std::string::npos) << says;
+  EXPECT_NE(says.find("gpuckpt_criu_plugin.so"), std::string::npos) << says;
+  // Nothing started: the container stays as the dump left it, and the checkpoint is whole.
+  EXPECT_EQ(docker_pid(name), 0);
+  EXPECT_EQ(test::run_cli({"verify", ckpt.string()}).exit_code, 0);
 }
 
 // A migration on this host: the containerd container moves to a new ID while the original stays

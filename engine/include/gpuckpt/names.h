@@ -79,6 +79,8 @@ inline constexpr const char kUpload[] = "upload";
 inline constexpr const char kUploadManifest[] = "upload_manifest";
 inline constexpr const char kCriuRestore[] = "criu_restore";
 inline constexpr const char kRuntimeCreated[] = "runtime_created";
+// Docker: the start request (dockerd's runc restores) has reached dockerd; no answer yet.
+inline constexpr const char kRuntimeStarting[] = "runtime_starting";
 inline constexpr const char kRestorePages[] = "restore_pages";
 inline constexpr const char kFirstAnswer[] = "first_answer";
 inline constexpr const char kEndOriginal[] = "end_original";
@@ -93,10 +95,11 @@ inline constexpr const char kCommit[] = "commit";
 inline constexpr const char kTransfer[] = "transfer";
 // Every point above: where a test's name for one is checked.
 inline constexpr const char* kAll[] = {
-    kParse,          kCriuDump,     kCompressWrite,  kPublished,    kDurable,          kUpload,
-    kUploadManifest, kCriuRestore,  kRuntimeCreated, kRestorePages, kFirstAnswer,      kEndOriginal,
-    kPackCommit,     kUnpackCommit, kBenchStop,      kReplaced,     kRemoveCheckpoint, kUnpublished,
-    kCriuRestored,   kCommit,       kTransfer};
+    kParse,       kCriuDump,         kCompressWrite, kPublished,      kDurable,
+    kUpload,      kUploadManifest,   kCriuRestore,   kRuntimeCreated, kRestorePages,
+    kFirstAnswer, kEndOriginal,      kPackCommit,    kUnpackCommit,   kBenchStop,
+    kReplaced,    kRemoveCheckpoint, kUnpublished,   kCriuRestored,   kCommit,
+    kTransfer,    kRuntimeStarting};
 }  // namespace fault
 
 }  // namespace gpuckpt

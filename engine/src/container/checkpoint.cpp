@@ -22,6 +22,7 @@
 #include "container/containerd.h"
 #include "container/docker.h"
 #include "criu/criu.h"
+#include "criu/plugin_report.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
@@ -420,13 +421,22 @@ ContainerdRecord containerd_part(const Container& c, fs::path& upper) {
 // the same option.
 constexpr const char* kRuncCriuConf = "/etc/criu/runc.conf";
 
-void require_runc_conf_closes_tcp() {
+// The lines of runc's CRIU configuration, trimmed, without a leading "--".
+std::vector<std::string> runc_conf_lines() {
+  std::vector<std::string> out;
   std::ifstream in(kRuncCriuConf);
   for (std::string l; std::getline(in, l);) {
     l.erase(0, l.find_first_not_of(" \t"));
     l.erase(l.find_last_not_of(" \t\r") + 1);
-    if (l == "tcp-close" || l == "--tcp-close") return;
+    if (l.starts_with("--")) l.erase(0, 2);
+    out.push_back(std::move(l));
   }
+  return out;
+}
+
+void require_runc_conf_closes_tcp() {
+  for (const auto& l : runc_conf_lines())
+    if (l == "tcp-close") return;
   throw Error(Errc::kUsage, std::string("dockerd restores through runc, which gives CRIU only the "
                                         "options of ") +
                                 kRuncCriuConf +
@@ -434,6 +444,29 @@ void require_runc_conf_closes_tcp() {
                                 "add the line `tcp-close` to that file (echo tcp-close >> " +
                                 kRuncCriuConf + ")");
 }
+
+}  // namespace
+
+void require_docker_loads_plugin(const fs::path& plugin_dir) {
+  // CRIU's own default, where the configuration names no libdir.
+  fs::path libdir = "/usr/lib/criu";
+  for (const auto& l : runc_conf_lines())
+    if (l.starts_with("libdir ") || l.starts_with("libdir="))
+      libdir = l.substr(l.find_first_not_of(" =", 6));
+  std::error_code ec;
+  if (fs::exists(libdir / criu::kPluginFile, ec)) return;
+  throw Error(Errc::kUsage,
+              "the checkpoint holds CUDA state, and dockerd's CRIU loads plugins only from " +
+                  libdir.string() + " (`libdir` in " + kRuncCriuConf + ", else CRIU's default), " +
+                  "which lacks gpuckpt's " + criu::kPluginFile +
+                  ": the container would come back without its GPU state. " +
+                  (plugin_dir.empty()
+                       ? std::string("Build gpuckpt's CRIU plugin, then name its directory there")
+                       : "Add the line `libdir " + plugin_dir.string() + "` to " + kRuncCriuConf) +
+                  ". Nothing was restored");
+}
+
+namespace {
 
 // What a dockerd must be to restore a checkpoint: what its runc gives CRIU closes TCP as the
 // dump did, and it runs in experimental mode. Throws Error(kUsage) naming the fix.
@@ -1383,13 +1416,19 @@ Container docker_restore(const RestoreRequest& q) {
     std::optional<Timeline::Scope> scope;
     if (q.timeline) scope.emplace(*q.timeline, stage::kCheckpointDir);
     place_images(q.images, dir);
+    // dockerd's CRIU gets none of gpuckpt's environment: the plugin reads it from here.
+    json env = json::object();
+    for (const auto& e : q.env)
+      if (const auto eq = e.find('='); eq != std::string::npos)
+        env[e.substr(0, eq)] = e.substr(eq + 1);
+    write_file_atomic(dir / criu::kEnvFileName, env.dump(2) + "\n");
     fault_point(fault::kRuntimeCreated);  // made, its checkpoint in place, not started
   } catch (...) {
     undo();
     throw;
   }
   try {
-    api.start_from_checkpoint(id, name, q.timeout);
+    api.start_from_checkpoint(id, name, q.timeout, [] { fault_point(fault::kRuntimeStarting); });
   } catch (const Error& e) {
     undo();
     throw Error(Errc::kCriu, "Docker's restore of container " + id + " failed: " + e.what() +

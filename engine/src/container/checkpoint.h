@@ -189,6 +189,11 @@ struct RestoreRequest {
 // either the container is the one dumped (restored in place) or the image it needs is here.
 void check_restore_target(const ContainerRecord& r, const std::string& id);
 
+// A Docker restore of CUDA state: dockerd's CRIU reads only /etc/criu/runc.conf, so gpuckpt's
+// plugin must be in the libdir named there (else CRIU's default, /usr/lib/criu). Throws
+// Error(kUsage) naming the line to add (`plugin_dir`: this gpuckpt's plugin directory).
+void require_docker_loads_plugin(const std::filesystem::path& plugin_dir);
+
 // The images restored as container `id` by the container's own runtime. runc: `runc restore
 // --detach` from a bundle made of the recorded spec (annotated with the CRIU configuration).
 // containerd: Tasks.Create with the images as the shim's criu_image_path, in the container

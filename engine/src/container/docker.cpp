@@ -48,11 +48,13 @@ fs::path address() {
 Client::Client(fs::path socket) : socket_(std::move(socket)) {}
 
 json Client::request(const std::string& method, const std::string& path, const json& body,
-                     int* status, std::chrono::seconds timeout) {
+                     int* status, std::chrono::seconds timeout,
+                     const std::function<void()>& on_sent) {
   HttpRequest r;
   r.method = method;
   r.path = kApi + path;
   r.timeout = timeout;
+  r.on_sent = on_sent;
   if (!body.is_null()) {
     r.headers = {"Content-Type: application/json"};
     r.body = body.dump();
@@ -140,10 +142,11 @@ std::string Client::create(const std::string& name, const json& config, const js
 }
 
 void Client::start_from_checkpoint(const std::string& id, const std::string& name,
-                                   std::chrono::seconds timeout) {
+                                   std::chrono::seconds timeout,
+                                   const std::function<void()>& on_sent) {
   int st = 0;
   (void)request("POST", "/containers/" + url_encoded(id) + "/start?checkpoint=" + url_encoded(name),
-                nullptr, &st, timeout);
+                nullptr, &st, timeout, on_sent);
   if (st == 404) throw Error(Errc::kInvalidInput, "dockerd has no container " + id + " to start");
   // 304: it runs already, and was not restored from the images.
   if (st == 304)

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -41,8 +42,10 @@ class Client {
                      const nlohmann::json& host_config);
   // POST /containers/ID/start?checkpoint=NAME: dockerd's runc restores the images it finds in
   // its checkpoint directory NAME of that container.
+  // `on_sent`, if given, runs once dockerd has the request and before its answer.
   void start_from_checkpoint(const std::string& id, const std::string& name,
-                             std::chrono::seconds timeout);
+                             std::chrono::seconds timeout,
+                             const std::function<void()>& on_sent = {});
   // POST /containers/ID/kill (SIGKILL); a container that does not run is left as it is.
   void kill(const std::string& id);
   // DELETE /containers/ID?force=1.
@@ -52,7 +55,8 @@ class Client {
 
  private:
   nlohmann::json request(const std::string& method, const std::string& path,
-                         const nlohmann::json& body, int* status, std::chrono::seconds timeout);
+                         const nlohmann::json& body, int* status, std::chrono::seconds timeout,
+                         const std::function<void()>& on_sent = {});
   std::filesystem::path socket_;
 };
 

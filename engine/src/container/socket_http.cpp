@@ -63,6 +63,29 @@ HttpResponse http_on_socket(const std::filesystem::path& socket, const HttpReque
     curl_easy_setopt(e, CURLOPT_POSTFIELDSIZE_LARGE, static_cast<curl_off_t>(r.body.size()));
   }
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, headers.get());
+  // libcurl reports the request's head as it hands it to the socket (CURLINFO_HEADER_OUT) only
+  // to a debug callback, and calls that only when verbose.
+  struct Sent {
+    const std::function<void()>* fn;
+    bool done = false;
+  } sent{&r.on_sent};
+  if (r.on_sent) {
+    curl_easy_setopt(e, CURLOPT_VERBOSE, 1L);
+    curl_easy_setopt(e, CURLOPT_DEBUGDATA, &sent);
+    curl_easy_setopt(
+        e, CURLOPT_DEBUGFUNCTION,
+        +[](CURL*, curl_infotype type, char*, size_t, void* p) noexcept -> int {
+          auto* s = static_cast<Sent*>(p);
+          if (type != CURLINFO_HEADER_OUT || s->done) return 0;
+          s->done = true;
+          try {
+            (*s->fn)();
+          } catch (...) {
+            // A fault point that throws has nothing to unwind here.
+          }
+          return 0;
+        });
+  }
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &ctx);
   curl_easy_setopt(
       e, CURLOPT_WRITEFUNCTION, +[](char* buf, size_t sz, size_t n, void* p) noexcept -> size_t {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -18,6 +19,10 @@ struct HttpRequest {
   std::string body;
   bool http2 = false;  // prior knowledge: gRPC has no HTTP/1.1 upgrade
   std::chrono::seconds timeout{60};
+  // Called once, from inside the transfer, when the request's head has gone out and its answer
+  // has not come: the daemon works on it meanwhile. A request with a body may still be sending
+  // it. For a fault point held while a daemon acts on a call.
+  std::function<void()> on_sent;
 };
 
 struct HttpResponse {

@@ -39,6 +39,11 @@ inline constexpr const char* kEnvTestDevicePrefix = "GPUCKPT_PLUGIN_TEST_DEVICE_
 // with concurrent calls, and for measuring what the concurrency gains.
 inline constexpr const char* kEnvDeviceSerial = "GPUCKPT_DEVICE_SERIAL";
 
+// A restore whose runtime hands CRIU none of gpuckpt's environment (dockerd's shim runs runc,
+// which runs CRIU with /etc/criu/runc.conf alone) puts the variables above in this file of the
+// images directory, as one JSON object; the plugin sets those that criu's environment lacks
+// when it starts, before anything reads them (CRIU's huge-page fill reads its own later).
+inline constexpr const char* kEnvFileName = "gpuckpt-plugin-env.json";
 inline constexpr const char* kDumpReportName = "gpuckpt-plugin-dump.json";
 inline constexpr const char* kRestoreReportName = "gpuckpt-plugin-restore.json";
 

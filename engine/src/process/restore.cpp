@@ -619,6 +619,8 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
                                     o.container->empty() ? r.rec.container->id : *o.container);
     check_gpu_targets(r);
     prepare_criu(r);
+    if (r.rec.cuda && r.rec.container->runtime == container::Runtime::kDocker)
+      container::require_docker_loads_plugin(r.inst.plugin_dir);
     choose_staging(r);
     preflight.reset();
     restore_container(r);
