@@ -31,9 +31,11 @@
 // return what their task's step gave. The tasks are all known by then: every PAUSE_DEVICES
 // came before the freeze, and every task is restored before the late hooks.
 // $GPUCKPT_DEVICE_SERIAL=1 keeps CRIU's order.
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/ptrace.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +68,7 @@ void set_compel_interrupt_only_mode(void) __attribute__((weak));
 // --no-undefined (criu_plugin/CMakeLists.txt) and they are resolved by criu at load time.
 #pragma weak criu_get_image_dir
 
+#include "criu/criu.h"
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
 #include "device/cuda_driver.h"
@@ -73,6 +76,7 @@ void set_compel_interrupt_only_mode(void) __attribute__((weak));
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
 #include "util/fs.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 namespace dev = gpuckpt::device;
@@ -145,6 +149,11 @@ PluginHook run_hook(const char* name, pid_t pid, const std::function<bool()>& fn
     h.ok = false;
     h.error = e.what();
     std::fprintf(stderr, "gpuckpt plugin: %s (pid %d) failed: %s\n", name, pid, e.what());
+  } catch (...) {
+    // Nothing may escape a worker thread: std::terminate would end criu with the tree frozen.
+    h.ok = false;
+    h.error = "an unknown exception";
+    std::fprintf(stderr, "gpuckpt plugin: %s (pid %d) failed\n", name, pid);
   }
   h.end_ns = now_ns();
   return h;
@@ -267,6 +276,7 @@ struct TaskStep {
   pid_t pid = 0;
   pid_t restore_tid = 0;
   std::vector<PluginHook> hooks;
+  bool stepped = false;  // the driver did the step (whatever came after)
 };
 
 // Runs work(task) for every task at once, one thread each, while each task's restore thread
@@ -284,10 +294,17 @@ void run_together(std::vector<TaskStep>& tasks, const char* failed_name,
     if (!h.ok) tasks[i].hooks.push_back(std::move(h));
   }
   {
-    std::vector<std::jthread> workers;  // joined when this scope ends, whatever happens
+    std::vector<std::jthread> workers;  // joined when this scope ends
     SignalsBlocked blocked;
-    for (size_t i = 0; i < tasks.size(); ++i)
-      if (running[i]) workers.emplace_back([&work, &task = tasks[i]] { work(task); });
+    workers.reserve(tasks.size());
+    for (size_t i = 0; i < tasks.size(); ++i) {
+      if (!running[i]) continue;
+      try {
+        workers.emplace_back([&work, &task = tasks[i]] { work(task); });
+      } catch (const std::exception&) {
+        work(tasks[i]);  // no thread to be had (EAGAIN): the step runs here, one after the other
+      }
+    }
   }
   for (size_t i = 0; i < tasks.size(); ++i) {
     if (!running[i]) continue;
@@ -321,19 +338,48 @@ fs::path images_dir() {
   return ec ? fs::path() : p;
 }
 
-// The settings a restore's runtime could not pass in criu's environment (Docker's), from the
-// images directory: set where criu's environment lacks them. Only gpuckpt's own variables.
-// False (and said) when the file is there but unreadable: the restore must not go on without
-// its GPU map.
+// A settings file's text: a regular file of at most 64 KiB, not followed through a link (it
+// sits among a checkpoint's images, and a FIFO or /dev/zero there must not hang criu).
+std::string read_settings(const fs::path& file) {
+  constexpr std::size_t kMax = 64 << 10;
+  gpuckpt::UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+  struct stat st = {};
+  if (!fd || ::fstat(fd.get(), &st) != 0)
+    throw gpuckpt::Error(gpuckpt::Errc::kIo,
+                         std::string("cannot open it: ") + std::strerror(errno));
+  if (!S_ISREG(st.st_mode) || static_cast<std::size_t>(st.st_size) > kMax)
+    throw gpuckpt::Error(gpuckpt::Errc::kInvalidInput, "not a regular file of at most 64 KiB");
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  text.resize(got);
+  return text;
+}
+
+// The settings a restore's runtime could not pass in criu's environment (dockerd's, containerd
+// 2.0's shims), from the images directory: set where criu's environment lacks them. Only a
+// criu that gpuckpt did not give its environment reads the file (gpuckpt always names the
+// report), and only the settings that choose nothing outside the restore are taken: the file
+// sits among a checkpoint's images, which must not name the library criu loads or a file it
+// writes. The report then goes to the images directory, where gpuckpt reads it. False (and
+// said) when the file is there but unreadable: the restore must not go on without its GPU map.
 bool adopt_env_file(const fs::path& dir) {
+  namespace c = gpuckpt::criu;
   std::error_code ec;
-  const fs::path file = dir / gpuckpt::criu::kEnvFileName;
-  if (dir.empty() || !fs::exists(file, ec)) return true;
+  const fs::path file = dir / c::kEnvFileName;
+  if (dir.empty() || env(c::kEnvReport) || !fs::exists(fs::symlink_status(file, ec))) return true;
+  static constexpr const char* kTaken[] = {c::kEnvLockTimeoutMs, c::kEnvGpuMap, c::kEnvCudaPids,
+                                           c::kEnvDeviceSerial, c::kEnvThpFill};
   try {
-    const auto j = nlohmann::json::parse(gpuckpt::read_file(file));
-    for (const auto& [name, value] : j.items())
-      if (name.starts_with("GPUCKPT_") && value.is_string())
-        ::setenv(name.c_str(), value.get<std::string>().c_str(), /*overwrite=*/0);
+    const auto j = nlohmann::json::parse(read_settings(file));
+    for (const char* name : kTaken)
+      if (const auto it = j.find(name); it != j.end() && it->is_string())
+        ::setenv(name, it->get<std::string>().c_str(), /*overwrite=*/0);
     return true;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpuckpt plugin: cannot read %s: %s\n", file.c_str(), e.what());
@@ -451,7 +497,14 @@ std::optional<pid_t> cuda_task(pid_t pid) {
               ", but the CUDA checkpoint API is unusable inside criu: " + g.report.api_error);
     return std::nullopt;
   }
-  return dev::find_restore_thread(pid);
+  try {
+    return dev::find_restore_thread(pid);
+  } catch (const gpuckpt::Error& e) {
+    // A task that has ended (a zombie of the tree) holds no CUDA state; one the checkpoint
+    // recorded with it still fails.
+    if (e.code() == gpuckpt::Errc::kProcess && !recorded) return std::nullopt;
+    throw;
+  }
 }
 
 void note_cuda(pid_t pid) {
@@ -512,17 +565,20 @@ void unlock_device(pid_t pid) {
 void checkpoint_together() {
   std::vector<TaskStep> tasks;
   for (const auto& [pid, t] : g.tracked)
-    if (!t.checkpointed) tasks.push_back({pid, dev::restore_thread_id(pid), {}});
+    if (!t.checkpointed) tasks.push_back({pid, dev::restore_thread_id(pid), {}, false});
   if (tasks.size() < 2) return;
   run_together(tasks, "device_checkpoint", [](TaskStep& t) {
     const pid_t pid = t.pid;
-    t.hooks.push_back(run_hook("device_checkpoint", pid, [pid] {
+    t.hooks.push_back(run_hook("device_checkpoint", pid, [&t, pid] {
       dev::checkpoint(pid);
+      t.stepped = true;
       return true;
     }));
   });
+  // Checkpointed even where stopping its restore thread failed after: the exit hook must give
+  // that task its device state back.
   for (const auto& t : tasks)
-    if (g.done[t.pid] == 0) g.tracked[t.pid].checkpointed = true;
+    if (t.stepped) g.tracked[t.pid].checkpointed = true;
 }
 
 int checkpoint_devices(int pid) {
@@ -595,8 +651,13 @@ std::vector<pid_t> tree_of(pid_t root) {
 // every CUDA task of the restored tree, together.
 void restore_together(pid_t root) {
   std::vector<TaskStep> tasks;
-  for (pid_t pid : tree_of(root))
-    if (const auto tid = cuda_task(pid)) tasks.push_back({pid, *tid, {}});
+  for (pid_t pid : tree_of(root)) {
+    try {
+      if (const auto tid = cuda_task(pid)) tasks.push_back({pid, *tid, {}, false});
+    } catch (const std::exception&) {
+      // Its own RESUME_DEVICES_LATE says why (a task that cannot be restored fails there).
+    }
+  }
   if (tasks.size() < 2) return;
   for (const auto& t : tasks) note_cuda(t.pid);
   run_together(tasks, "device_restore", [](TaskStep& t) {

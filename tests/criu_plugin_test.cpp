@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -297,6 +298,8 @@ TEST(CriuPluginDevices, TheCudaTasksOfATreeAreCheckpointedAndRestoredTogether) {
   r.env.push_back(std::string(criu::kEnvReport) + "=" + report.string());
   r.env.push_back(std::string(criu::kEnvCudaPids) + "=" + pids);
   r.timeout = std::chrono::seconds(120);
+  // With gpuckpt's environment, a settings file among the images is not read at all.
+  { std::ofstream((tree.dir.path() / "images") / criu::kEnvFileName) << "{ not json"; }
   ASSERT_NO_THROW(criu::restore(inst, r));
   const auto restored = criu::read_plugin_report(report);
   ASSERT_TRUE(restored.has_value());
@@ -420,29 +423,45 @@ TEST(CriuPluginDevices, ARestoreTakesGpuckptsSettingsFromTheImagesDirectory) {
   ASSERT_TRUE(FakeCudaTree::reap(tree.root.pid()));
   ASSERT_EQ(tree.cuda_state(tree.root.pid()), kCheckpointed);
 
-  const fs::path report = tree.dir.path() / "restore-report.json";
   const std::string gpu = "GPU-6e0fa43d-510b-4c27-9a41-0c7da23b8e19";  // the test driver's
   nlohmann::json env = nlohmann::json::object();
-  for (const auto& kv : tree.env(0)) env[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
-  env[criu::kEnvReport] = report.string();
   env[criu::kEnvGpuMap] = gpu + "=" + gpu;
   env[criu::kEnvCudaPids] = std::to_string(tree.root.pid());
+  // Not settings of the restore: a checkpoint's images must not choose a file criu writes or
+  // the library it loads.
+  const fs::path elsewhere = tree.dir.path() / "elsewhere.json";
+  env[criu::kEnvReport] = elsewhere.string();
+  const fs::path planted = tree.dir.path() / "planted.so";  // a driver as good as the other
+  fs::copy_file(GPUCKPT_FAKE_CUDA_DRIVER, planted);
+  env[criu::kEnvLibcuda] = planted.string();
   { std::ofstream(images / criu::kEnvFileName) << env.dump(2); }
+  // The driver as a GPU host's loader finds it: libcuda.so.1 on the library path.
+  const fs::path lib = tree.dir.path() / "lib";
+  fs::create_directory(lib);
+  fs::create_symlink(GPUCKPT_FAKE_CUDA_DRIVER, lib / "libcuda.so.1");
   criu::RestoreArgs r;
   r.images_dir = images;
   r.pidfile = tree.dir.path() / "restore.pid";
   r.timeout = std::chrono::seconds(120);
+  r.env = {"LD_LIBRARY_PATH=" + lib.string(),
+           "GPUCKPT_FAKE_CUDA_DIR=" + tree.state_dir().string()};  // the test driver's own
   ASSERT_NO_THROW(criu::restore(inst, r));
-  const auto restored = criu::read_plugin_report(report);
-  ASSERT_TRUE(restored.has_value()) << "no report where the settings file said";
+  EXPECT_FALSE(fs::exists(elsewhere));
+  const auto restored = criu::read_plugin_report(images / criu::kRestoreReportName);
+  ASSERT_TRUE(restored.has_value()) << "no report beside the images";
   EXPECT_TRUE(restored->all_ok()) << restored->first_error();
   EXPECT_EQ(restored->gpu_map, gpu + "=" + gpu);
   EXPECT_EQ(restored->cuda_pids, std::vector<pid_t>{tree.root.pid()});
+  EXPECT_EQ(restored->driver_library, (lib / "libcuda.so.1").string());
   EXPECT_EQ(tree.cuda_state(tree.root.pid()), kRunning);
 
   // A settings file that cannot be read fails the restore: it must not go on without its map.
   ::kill(tree.root.pid(), SIGKILL);
   ASSERT_TRUE(FakeCudaTree::reap(tree.root.pid()));
   { std::ofstream(images / criu::kEnvFileName) << "{ not json"; }
+  EXPECT_THROW(criu::restore(inst, r), Error);
+  // Nor does one that is a FIFO, which nobody writes: it is refused, not waited on.
+  fs::remove(images / criu::kEnvFileName);
+  ASSERT_EQ(::mkfifo((images / criu::kEnvFileName).c_str(), 0600), 0);
   EXPECT_THROW(criu::restore(inst, r), Error);
 }

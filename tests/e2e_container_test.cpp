@@ -396,6 +396,7 @@ TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToR
       EXPECT_EQ(pid_of(id), init);
       EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
       EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
+      EXPECT_TRUE(test::wait_unlocked(init)) << "the guard never finished its recovery";
     }
   }
   // Killed once the checkpoint is durable, before runc forgot the container: it ends as

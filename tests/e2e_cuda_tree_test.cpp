@@ -121,10 +121,9 @@ TEST(E2eCudaTree, AKilledDumpGivesEveryWorkerItsDeviceStateBack) {
     EXPECT_TRUE(test::runs_again(p)) << "the guard left " << p << " frozen";
   }
   EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
-  const auto log = tree.calls();
-  for (pid_t p : tree.pids) {
-    EXPECT_EQ(count(log, "checkpoint", p), 1) << p;
-    EXPECT_EQ(count(log, "restore", p), 1) << p;
-    EXPECT_EQ(count(log, "unlock", p), 1) << p;
-  }
+  // The driver logs a call once its state is saved: the guard's last lines may come after.
+  for (pid_t p : tree.pids)
+    for (const char* op : {"checkpoint", "restore", "unlock"})
+      EXPECT_TRUE(test::wait_until([&] { return count(tree.calls(), op, p) == 1; }))
+          << op << " " << p << " was not called once";
 }

@@ -633,7 +633,8 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
 
 // dockerd's CRIU reads its options from /etc/criu/runc.conf alone: a checkpoint with CUDA state
 // (here the test driver's, tests/support/fake_cuda_driver.cpp) is refused before dockerd makes
-// or starts anything, unless gpuckpt's plugin is in the libdir named there.
+// or starts anything, unless gpuckpt's plugin is in the libdir named there (else
+// /usr/lib/criu).
 TEST_F(E2eRuntimes, ADockerRestoreOfCudaStateNeedsGpuckptsPluginWhereDockersCriuLoadsIt) {
   if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
   std::ifstream conf("/etc/criu/runc.conf");
@@ -679,7 +680,7 @@ TEST_F(E2eRuntimes, ADockerRestoreOfCudaStateNeedsGpuckptsPluginWhereDockersCriu
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   const json err = json::parse(r.out, nullptr, false);
   const std::string says = err.is_object() ? err["error"].value("message", "") : r.out;
-  EXPECT_NE(says.find("Add the line `libdir "), std::string::npos) << says;
+  EXPECT_NE(says.find("ln -s "), std::string::npos) << says;
   EXPECT_NE(says.find("gpuckpt_criu_plugin.so"), std::string::npos) << says;
   // Nothing started: the container stays as the dump left it, and the checkpoint is whole.
   EXPECT_EQ(docker_pid(name), 0);
@@ -753,6 +754,7 @@ TEST_F(E2eRuntimes, ASignalAtAnyPhaseOfAContainerdDumpLeavesItsTaskRunning) {
     EXPECT_EQ(task_pid(id), init);
     EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
     EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
+    EXPECT_TRUE(test::wait_unlocked(init)) << "the guard never finished its recovery";
   }
   (void)test::signalled_at({"dump", "--container", id, "-o", ckpt.string()}, "durable", SIGKILL,
                            dir_.path());

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -631,6 +632,22 @@ SshHost::SshHost(const NetNs& ns, const fs::path& dir, const std::string& alias,
                          << "  IdentitiesOnly yes\n"
                          << "  UserKnownHostsFile " << (dir / "known_hosts").string() << "\n"
                          << "  StrictHostKeyChecking yes\n";
+}
+
+bool wait_unlocked(pid_t pid) {
+  const char* run = std::getenv("GPUCKPT_RUN_DIR");
+  const fs::path dir = run && *run ? run : "/run/gpuckpt";
+  const std::string tail = "-" + std::to_string(pid) + "-";
+  return wait_until([&] {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!name.starts_with(".lock-") || name.find(tail, 6) == std::string::npos) continue;
+      UniqueFd fd(::open(e.path().c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW));
+      if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) return false;  // still held
+    }
+    return true;
+  });
 }
 
 // ---- FakeCudaTree ----

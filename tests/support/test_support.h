@@ -203,6 +203,11 @@ bool wait_until(const std::function<bool()>& cond,
 // and the result is an Error of code kInternal saying so.
 Error error_from(const std::function<void()>& f);
 
+// Whether, within wait_until's time, no gpuckpt or guard holds the dump lock of process `pid`
+// (in $GPUCKPT_RUN_DIR, else /run/gpuckpt): a guard that resumed the service may still be
+// finishing its recovery, and a dump started meanwhile is refused as a second one.
+bool wait_unlocked(pid_t pid);
+
 // The state letter of /proc/PID/stat ('R', 'S', 'T', 'Z', ...), or 0 if there is no process.
 char process_state(pid_t pid);
 // Whether `pid` is, or within wait_until's timeout becomes, neither stopped nor traced ('T',

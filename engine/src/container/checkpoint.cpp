@@ -447,22 +447,39 @@ void require_runc_conf_closes_tcp() {
 
 }  // namespace
 
-void require_docker_loads_plugin(const fs::path& plugin_dir) {
-  // CRIU's own default, where the configuration names no libdir.
-  fs::path libdir = "/usr/lib/criu";
-  for (const auto& l : runc_conf_lines())
-    if (l.starts_with("libdir ") || l.starts_with("libdir="))
-      libdir = l.substr(l.find_first_not_of(" =", 6));
+fs::path runc_criu_libdir() {
+  fs::path libdir = "/usr/lib/criu";  // CRIU's own default, where the file names none
+  for (auto l : runc_conf_lines()) {
+    // "libdir DIR" or "libdir=DIR", as CRIU's configuration parser reads an option and its
+    // value; a comment after it goes.
+    if (!l.starts_with("libdir") || l.size() == 6 ||
+        std::string(" \t=").find(l[6]) == std::string::npos)
+      continue;
+    if (const auto hash = l.find(" #"); hash != std::string::npos) l.erase(hash);
+    const auto from = l.find_first_not_of(" \t=", 6);
+    if (from == std::string::npos) continue;
+    std::string v = l.substr(from);
+    v.erase(v.find_last_not_of(" \t") + 1);
+    if (v.size() >= 2 && (v.front() == '"' || v.front() == '\'') && v.back() == v.front())
+      v = v.substr(1, v.size() - 2);
+    if (!v.empty()) libdir = v;
+  }
+  return libdir;
+}
+
+void require_runc_criu_loads_plugin(const fs::path& plugin_dir, const std::string& why) {
+  const fs::path libdir = runc_criu_libdir();
   std::error_code ec;
   if (fs::exists(libdir / criu::kPluginFile, ec)) return;
   throw Error(Errc::kUsage,
-              "the checkpoint holds CUDA state, and dockerd's CRIU loads plugins only from " +
-                  libdir.string() + " (`libdir` in " + kRuncCriuConf + ", else CRIU's default), " +
-                  "which lacks gpuckpt's " + criu::kPluginFile +
-                  ": the container would come back without its GPU state. " +
+              "the checkpoint holds CUDA state, and " + why +
+                  ": that CRIU loads gpuckpt's plugin only from " + libdir.string() +
+                  " (`libdir` in " + kRuncCriuConf + ", else CRIU's default), which lacks " +
+                  criu::kPluginFile + ", so the container would come back without its GPU state. " +
                   (plugin_dir.empty()
-                       ? std::string("Build gpuckpt's CRIU plugin, then name its directory there")
-                       : "Add the line `libdir " + plugin_dir.string() + "` to " + kRuncCriuConf) +
+                       ? std::string("Build gpuckpt's CRIU plugin and link it there")
+                       : "Link it there: ln -s " + (plugin_dir / criu::kPluginFile).string() + " " +
+                             libdir.string() + "/") +
                   ". Nothing was restored");
 }
 
@@ -1416,12 +1433,6 @@ Container docker_restore(const RestoreRequest& q) {
     std::optional<Timeline::Scope> scope;
     if (q.timeline) scope.emplace(*q.timeline, stage::kCheckpointDir);
     place_images(q.images, dir);
-    // dockerd's CRIU gets none of gpuckpt's environment: the plugin reads it from here.
-    json env = json::object();
-    for (const auto& e : q.env)
-      if (const auto eq = e.find('='); eq != std::string::npos)
-        env[e.substr(0, eq)] = e.substr(eq + 1);
-    write_file_atomic(dir / criu::kEnvFileName, env.dump(2) + "\n");
     fault_point(fault::kRuntimeCreated);  // made, its checkpoint in place, not started
   } catch (...) {
     undo();
@@ -1435,6 +1446,9 @@ Container docker_restore(const RestoreRequest& q) {
                                  " (its CRIU log is in containerd's task directory of " + id + ")");
   }
   std::error_code ec;
+  // The plugin's report, which dockerd's CRIU wrote beside the images (criu/plugin_report.h).
+  fs::copy_file(dir / criu::kRestoreReportName, q.images / criu::kRestoreReportName,
+                fs::copy_options::overwrite_existing, ec);
   fs::remove_all(dir, ec);
   try {
     return running_as(r.root, id);

@@ -189,10 +189,14 @@ struct RestoreRequest {
 // either the container is the one dumped (restored in place) or the image it needs is here.
 void check_restore_target(const ContainerRecord& r, const std::string& id);
 
-// A Docker restore of CUDA state: dockerd's CRIU reads only /etc/criu/runc.conf, so gpuckpt's
-// plugin must be in the libdir named there (else CRIU's default, /usr/lib/criu). Throws
-// Error(kUsage) naming the line to add (`plugin_dir`: this gpuckpt's plugin directory).
-void require_docker_loads_plugin(const std::filesystem::path& plugin_dir);
+// The directory the CRIU that runc runs loads plugins from: `libdir` in /etc/criu/runc.conf,
+// else CRIU's default, /usr/lib/criu.
+std::filesystem::path runc_criu_libdir();
+// A restore of CUDA state by a runtime whose CRIU gets nothing of gpuckpt's (`why`, from
+// stream_refusal: dockerd, containerd 2.0): gpuckpt's plugin must be in runc_criu_libdir().
+// Throws Error(kUsage) naming the link to make (`plugin_dir`: this gpuckpt's plugin directory).
+void require_runc_criu_loads_plugin(const std::filesystem::path& plugin_dir,
+                                    const std::string& why);
 
 // The images restored as container `id` by the container's own runtime. runc: `runc restore
 // --detach` from a bundle made of the recorded spec (annotated with the CRIU configuration).

@@ -41,8 +41,10 @@ inline constexpr const char* kEnvDeviceSerial = "GPUCKPT_DEVICE_SERIAL";
 
 // A restore whose runtime hands CRIU none of gpuckpt's environment (dockerd's shim runs runc,
 // which runs CRIU with /etc/criu/runc.conf alone) puts the variables above in this file of the
-// images directory, as one JSON object; the plugin sets those that criu's environment lacks
-// when it starts, before anything reads them (CRIU's huge-page fill reads its own later).
+// images directory, as one JSON object; a plugin started without $GPUCKPT_PLUGIN_REPORT sets
+// the restore's settings among them that choose nothing outside the restore (lock timeout, GPU
+// map, CUDA pids, device serial, huge-page fill) where criu's environment lacks them, and
+// writes its report into the images directory.
 inline constexpr const char* kEnvFileName = "gpuckpt-plugin-env.json";
 inline constexpr const char* kDumpReportName = "gpuckpt-plugin-dump.json";
 inline constexpr const char* kRestoreReportName = "gpuckpt-plugin-restore.json";
@@ -77,7 +79,7 @@ struct PluginReport {
   double cuinit_seconds = 0;       // cuInit alone
   bool interrupt_only = false;     // set_compel_interrupt_only_mode() was called
   // The most CUDA tasks whose device checkpoint (dump) or restore and unlock (restore) ran at
-  // once, one thread each; 0 when there was none, 1 when they ran one after the other.
+  // once, one thread each; 0 when they ran one after the other (or there were fewer than two).
   int together = 0;
   std::vector<PluginHook> hooks;
   int criu_result = 0;    // ret passed to the plugin's exit hook (0 = success)

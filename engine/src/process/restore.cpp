@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <thread>
 
@@ -425,7 +426,10 @@ std::string collect_restored(RestoreState& r) {
   RestoreResult& out = r.out;
   out.tree = process_tree(out.pid);
   for (pid_t p : out.tree) out.huge_page_bytes += huge_page_bytes(p);
-  const auto plugin = criu::read_plugin_report(r.report_path);
+  auto plugin = criu::read_plugin_report(r.report_path);
+  // Where a runtime's CRIU had no gpuckpt environment, the plugin wrote it beside the images.
+  if (!plugin && r.rec.container && !r.stream)
+    plugin = criu::read_plugin_report(r.images / criu::kRestoreReportName);
   add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin,
                      criu::read_fill_stats(r.run.log));
   out.gpu = plugin && plugin->cuda;
@@ -539,6 +543,17 @@ void restore_container(RestoreState& r) {
            std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
            std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
   for (auto& e : plugin_device_env(r.rec.cuda_pids)) q.env.push_back(std::move(e));
+  if (!r.stream) {
+    // A runtime whose CRIU gets none of this environment (dockerd's, containerd 2.0's shims)
+    // has the plugin read it from beside the images, and write its report there
+    // (criu/plugin_report.h). What a checkpoint brought under those names is not gpuckpt's.
+    fs::remove(r.images / criu::kRestoreReportName);
+    nlohmann::json env = nlohmann::json::object();
+    for (const auto& e : q.env)
+      if (const auto eq = e.find('='); eq != std::string::npos)
+        env[e.substr(0, eq)] = e.substr(eq + 1);
+    write_file_atomic(r.images / criu::kEnvFileName, env.dump(2) + "\n");
+  }
   q.stdio_log = o.container_log;
   q.timeout = o.criu.timeout;
   q.timeline = &r.out.timeline;
@@ -619,8 +634,9 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
                                     o.container->empty() ? r.rec.container->id : *o.container);
     check_gpu_targets(r);
     prepare_criu(r);
-    if (r.rec.cuda && r.rec.container->runtime == container::Runtime::kDocker)
-      container::require_docker_loads_plugin(r.inst.plugin_dir);
+    if (r.rec.cuda)
+      if (const std::string why = container::stream_refusal(*r.rec.container); !why.empty())
+        container::require_runc_criu_loads_plugin(r.inst.plugin_dir, why);
     choose_staging(r);
     preflight.reset();
     restore_container(r);

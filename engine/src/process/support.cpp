@@ -518,6 +518,9 @@ std::vector<std::string> plugin_device_env(const std::vector<pid_t>& cuda_pids) 
     for (pid_t p : cuda_pids) pids += (pids.empty() ? "" : ",") + std::to_string(p);
     env.push_back(std::string(criu::kEnvCudaPids) + "=" + pids);
   }
+  // An operator's fallback, which a runtime's CRIU would not inherit from gpuckpt.
+  if (const char* serial = std::getenv(criu::kEnvDeviceSerial); serial && *serial)
+    env.push_back(std::string(criu::kEnvDeviceSerial) + "=" + serial);
   return env;
 }
 
