@@ -634,7 +634,7 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
 // dockerd's CRIU reads its options from /etc/criu/runc.conf alone: a checkpoint with CUDA state
 // (here the test driver's, tests/support/fake_cuda_driver.cpp) is refused before dockerd makes
 // or starts anything, unless gpuckpt's plugin is in the libdir named there (else
-// /usr/lib/criu).
+// /usr/lib/criu); a migration of such a container is refused before its freeze.
 TEST_F(E2eRuntimes, ADockerRestoreOfCudaStateNeedsGpuckptsPluginWhereDockersCriuLoadsIt) {
   if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
   std::ifstream conf("/etc/criu/runc.conf");
@@ -671,6 +671,13 @@ TEST_F(E2eRuntimes, ADockerRestoreOfCudaStateNeedsGpuckptsPluginWhereDockersCriu
   test::ScopedEnv module("GPUCKPT_TEST_NVIDIA_VERSION_FILE", (dev / "version").string());
   test::ScopedEnv prefix("GPUCKPT_PLUGIN_TEST_DEVICE_PREFIX", "/fake-dev/nvidia0");
   test::ScopedEnv state("GPUCKPT_FAKE_CUDA_DIR", (dev / "cuda").string());
+  // A migration is refused before the freeze: its copy would be Docker's to restore.
+  const auto m = test::run_cli({"--json", "migrate", "--container", name, "--new-id",
+                                name + "-copy", "--to", (dir_.path() / "dcm").string()});
+  EXPECT_EQ(m.exit_code, 2) << m.out << m.err;
+  EXPECT_NE(m.out.find("ln -s "), std::string::npos) << m.out;
+  EXPECT_EQ(docker_pid(name), init) << "the migration's refusal came after the freeze";
+  EXPECT_TRUE(test::runs_again(init));
   const fs::path ckpt = dir_.path() / "dc.ckpt";
   const auto d = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});
   ASSERT_EQ(d.exit_code, 0) << d.err;

@@ -11,9 +11,12 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 #include <cctype>
+#include <cstdlib>
 
 #include "container/checkpoint.h"
 #include "criu/criu.h"
+#include "criu/plugin_report.h"
+#include "device/cuda_checkpoint.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/names.h"
 #include "gpuckpt/process.h"
@@ -191,6 +194,21 @@ MigrateResult migrate(const MigrateOptions& opts) {
 
 namespace {
 
+// A copy that its runtime's CRIU restores without gpuckpt's settings (Docker, containerd 2.0)
+// needs gpuckpt's plugin where that CRIU loads plugins, if the container holds a GPU: checked
+// before the freeze, not once the original is dumped (a rollback).
+void require_copy_gets_plugin(const process::ContainerMove& c) {
+  // Tests name what stands for /dev/nvidia* there, as they do for the plugin.
+  const char* test = std::getenv(criu::kEnvTestDevicePrefix);
+  const std::string prefix = test && *test ? test : "/dev/nvidia";
+  bool gpu = false;
+  for (pid_t p : process::process_tree(c.box.init_pid))
+    gpu |= device::holds_device_files(p, prefix);
+  if (!gpu) return;
+  if (const std::string why = container::stream_refusal(c.plan.record); !why.empty())
+    container::require_runc_criu_loads_plugin(criu::locate().plugin_dir, why);
+}
+
 MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove* c) {
   using namespace process;
   require_socket_probe(o.probe);
@@ -209,6 +227,7 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   // A new ID for the copy must be free before the freeze (the original's own is freed by the
   // release; its rootfs and mounts are here, as the original runs).
   if (c && c->copy_id != c->box.id) container::check_restore_target(c->plan.record, c->copy_id);
+  if (c) require_copy_gets_plugin(*c);
   require_utf8_path(fs::absolute(o.to_dir), "--to directory");
   std::error_code ec;
   fs::create_directories(o.to_dir, ec);
