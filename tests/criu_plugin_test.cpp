@@ -259,21 +259,28 @@ using test::FakeCudaTree;
 constexpr int kCheckpointed = CU_PROCESS_STATE_CHECKPOINTED;
 constexpr int kRunning = CU_PROCESS_STATE_RUNNING;
 
+// A dump of the whole tree into DIR/images (made here), killed once done, with the test
+// driver's environment.
+criu::DumpArgs dump_args(const FakeCudaTree& tree, int together) {
+  criu::DumpArgs a;
+  a.pid = tree.root.pid();
+  a.images_dir = tree.dir.path() / "images";
+  fs::create_directory(a.images_dir);
+  a.final_state = criu::FinalState::kKilled;
+  a.timeout = std::chrono::seconds(120);
+  a.env = tree.env(together);
+  return a;
+}
+
 }  // namespace
 
 TEST(CriuPluginDevices, TheCudaTasksOfATreeAreCheckpointedAndRestoredTogether) {
   const auto inst = installed_or_skip();
   FakeCudaTree tree(3);
   ASSERT_EQ(tree.pids.size(), 3u);
-  fs::create_directory(tree.dir.path() / "images");
   // The test driver holds every checkpoint call until three have arrived: one by one, the
   // first would time out and the dump fail.
-  criu::DumpArgs a;
-  a.pid = tree.root.pid();
-  a.images_dir = (tree.dir.path() / "images");
-  a.final_state = criu::FinalState::kKilled;
-  a.timeout = std::chrono::seconds(120);
-  a.env = tree.env(3);
+  criu::DumpArgs a = dump_args(tree, 3);
   ASSERT_NO_THROW(criu::dump(inst, a));
   tree.root.wait_for(std::chrono::seconds(10));
   for (pid_t p : tree.pids) ASSERT_TRUE(FakeCudaTree::reap(p)) << p << " outlived its dump";
@@ -330,15 +337,9 @@ TEST(CriuPluginDevices, ADeviceCheckpointThatFailsLeavesEveryTaskRunningUnlocked
   const auto inst = installed_or_skip();
   FakeCudaTree tree(2);
   ASSERT_EQ(tree.pids.size(), 2u);
-  fs::create_directory(tree.dir.path() / "images");
   // One by one ($GPUCKPT_DEVICE_SERIAL), the first checkpoint waits for a second that never
   // comes, and fails.
-  criu::DumpArgs a;
-  a.pid = tree.root.pid();
-  a.images_dir = (tree.dir.path() / "images");
-  a.final_state = criu::FinalState::kKilled;
-  a.timeout = std::chrono::seconds(120);
-  a.env = tree.env(0);
+  criu::DumpArgs a = dump_args(tree, 0);
   a.env.push_back("GPUCKPT_FAKE_CUDA_CHECKPOINTS_TOGETHER=2");
   a.env.push_back(std::string(criu::kEnvDeviceSerial) + "=1");
   a.env.push_back("GPUCKPT_FAKE_CUDA_WAIT_MS=300");
@@ -366,14 +367,8 @@ TEST(CriuPluginDevices, OneTasksFailedCheckpointGivesEveryOtherTaskItsGpuBack) {
   const auto inst = installed_or_skip();
   FakeCudaTree tree(2);
   ASSERT_EQ(tree.pids.size(), 2u);
-  fs::create_directory(tree.dir.path() / "images");
   const pid_t bad = tree.pids[1], good = tree.pids[0];
-  criu::DumpArgs a;
-  a.pid = tree.root.pid();
-  a.images_dir = (tree.dir.path() / "images");
-  a.final_state = criu::FinalState::kKilled;
-  a.timeout = std::chrono::seconds(120);
-  a.env = tree.env(0);
+  criu::DumpArgs a = dump_args(tree, 0);
   a.env.push_back("GPUCKPT_FAKE_CUDA_CHECKPOINTS_TOGETHER=2");
   a.env.push_back("GPUCKPT_FAKE_CUDA_FAIL_CHECKPOINT=" + std::to_string(bad));
   EXPECT_THROW(criu::dump(inst, a), Error);
@@ -411,14 +406,8 @@ TEST(CriuPluginDevices, ARestoreTakesGpuckptsSettingsFromTheImagesDirectory) {
   const auto inst = installed_or_skip();
   FakeCudaTree tree(1);
   ASSERT_EQ(tree.pids.size(), 1u);
-  const fs::path images = tree.dir.path() / "images";
-  fs::create_directory(images);
-  criu::DumpArgs a;
-  a.pid = tree.root.pid();
-  a.images_dir = images;
-  a.final_state = criu::FinalState::kKilled;
-  a.timeout = std::chrono::seconds(120);
-  a.env = tree.env(0);
+  const criu::DumpArgs a = dump_args(tree, 0);
+  const fs::path images = a.images_dir;
   ASSERT_NO_THROW(criu::dump(inst, a));
   ASSERT_TRUE(FakeCudaTree::reap(tree.root.pid()));
   ASSERT_EQ(tree.cuda_state(tree.root.pid()), kCheckpointed);
