@@ -39,5 +39,8 @@ unsigned usable_cpus();
 // $GPUCKPT_FAULT_RESUME=unmark it goes on once the mark is removed, so that a test can look at
 // that phase. Unset, a fault point costs one getenv. docs/PROCESS.md ("Faults") lists the points.
 void fault_point(std::string_view name);
+// Whether a test holds gpuckpt at `name`: for a point whose placing costs something (a hook
+// inside an HTTP transfer), which gpuckpt then sets up only for that test.
+bool fault_point_armed(std::string_view name);
 
 }  // namespace gpuckpt

@@ -23,9 +23,13 @@ void guard_recovery_begun() {
   g_guard_recovery_begun.notify_all();
 }
 
-void fault_point(std::string_view name) {
+bool fault_point_armed(std::string_view name) {
   const char* want = std::getenv("GPUCKPT_FAULT_PAUSE");
-  if (!want || name != want) return;
+  return want && name == want;
+}
+
+void fault_point(std::string_view name) {
+  if (!fault_point_armed(name)) return;
   const char* mark = std::getenv("GPUCKPT_FAULT_MARK");
   if (mark && *mark) {
     const int fd = ::open(mark, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
