@@ -46,7 +46,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <memory>
@@ -75,6 +74,7 @@ void set_compel_interrupt_only_mode(void) __attribute__((weak));
 #include "device/gpu_map.h"
 #include "gpuckpt/device.h"
 #include "gpuckpt/error.h"
+#include "process/proc_info.h"
 #include "util/fs.h"
 #include "util/unique_fd.h"
 
@@ -633,25 +633,11 @@ void resume_after_dump() {
   }
 }
 
-// `root` and its descendants, from /proc (children of every thread).
-std::vector<pid_t> tree_of(pid_t root) {
-  std::vector<pid_t> out{root};
-  for (size_t i = 0; i < out.size(); ++i) {
-    std::error_code ec;
-    const fs::path tasks = "/proc/" + std::to_string(out[i]) + "/task";
-    for (const auto& t : fs::directory_iterator(tasks, ec)) {
-      std::ifstream in(t.path() / "children");
-      for (pid_t c; in >> c;) out.push_back(c);
-    }
-  }
-  return out;
-}
-
 // The first RESUME_DEVICES_LATE, called for the tree's root: the device restore and unlock of
 // every CUDA task of the restored tree, together.
 void restore_together(pid_t root) {
   std::vector<TaskStep> tasks;
-  for (pid_t pid : tree_of(root)) {
+  for (pid_t pid : gpuckpt::process::process_tree(root)) {
     try {
       if (const auto tid = cuda_task(pid)) tasks.push_back({pid, *tid, {}, false});
     } catch (const std::exception&) {
