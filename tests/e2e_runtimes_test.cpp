@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "container/containerd.h"
 #include "gpuckpt/error.h"
 #include "process/proc_info.h"
 #include "test_support.h"
@@ -149,8 +150,10 @@ class E2eRuntimes : public ::testing::Test {
         << "\"\n[plugins.\"io.containerd.grpc.v1.cri\"]\n"
            "  disable_tcp_service = true\n";
     SpawnOptions o;
-    o.env = {"PATH=" + (fs::path(GPUCKPT_CRIU_PREFIX) / "bin").string() + ":" +
-             std::getenv("PATH")};
+    // Where it unpacks a checkpoint that dockerd hands it, for the test to look.
+    fs::create_directories(w / "ctd-tmp");
+    o.env = {"PATH=" + (fs::path(GPUCKPT_CRIU_PREFIX) / "bin").string() + ":" + std::getenv("PATH"),
+             "XDG_RUNTIME_DIR=", "TMPDIR=" + (w / "ctd-tmp").string()};
     o.stdout_file = o.stderr_file = w / "containerd.log";
     o.new_session = true;
     containerd_ = spawn({"containerd", "--config", (w / "containerd.toml").string()}, o);
@@ -421,6 +424,8 @@ TEST_F(E2eRuntimes, AContainerdRestoreKilledAtAnyPointLeavesNoHalfMadeTask) {
     EXPECT_TRUE(test::wait_until([&] { return !has_container(copy); }))
         << "the record made for the copy stays";
     EXPECT_TRUE(test::wait_until([&] { return test::container_restore_dirs(copy).empty(); }));
+    EXPECT_TRUE(test::wait_until([&] { return fs::is_empty(dir_.path() / "ctd-tmp"); }))
+        << "containerd's copy of the images is left";
   }
   const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -432,6 +437,41 @@ TEST_F(E2eRuntimes, AContainerdRestoreKilledAtAnyPointLeavesNoHalfMadeTask) {
 // containerd does not answer; a restore under a name that runs, or one runc would refuse; a
 // restore on a containerd without the image (a spare that never pulled it), which works once
 // the image is there, the container record made anew from the checkpoint's.
+// containerd keeps what it unpacks of a checkpoint handed to it as content (a Docker restore's);
+// the restore removes that copy by the token it put in its images, and nothing else there: not
+// another restore's, and not what a link points at.
+TEST_F(E2eRuntimes, ContainerdsCopyOfARestoresImagesIsFoundByItsTokenAlone) {
+  namespace ctd = container::containerd;
+  const fs::path tmp = dir_.path() / "ctd-tmp";
+  const std::string token = ctd::new_restore_token();
+  ASSERT_EQ(token.size(), 32u);
+  EXPECT_NE(ctd::new_restore_token(), token);
+  auto copy = [&](const fs::path& d, const std::string& t) {
+    fs::create_directories(d);
+    std::ofstream(d / ctd::kRestoreTokenFile) << t;
+    std::ofstream(d / "pages-1.img") << std::string(4096, 'p');
+  };
+  copy(tmp / "ctrd-checkpoint1", token);
+  copy(tmp / "ctrd-checkpoint2", ctd::new_restore_token());
+  copy(tmp / "elsewhere", token);  // not containerd's name
+  const fs::path outside = dir_.path() / "outside";
+  copy(outside, token);
+  fs::create_directory_symlink(outside, tmp / "ctrd-checkpoint3");
+  fs::create_directories(tmp / "ctrd-checkpoint4");
+  fs::create_symlink(outside / ctd::kRestoreTokenFile,
+                     tmp / "ctrd-checkpoint4" / ctd::kRestoreTokenFile);
+  EXPECT_EQ(ctd::restore_token_in(tmp / "ctrd-checkpoint4"), "");
+  EXPECT_EQ(ctd::restore_token_in(tmp / "ctrd-checkpoint1"), token);
+
+  EXPECT_GE(ctd::remove_unpacked_copies(token), 4096u);
+  EXPECT_FALSE(fs::exists(tmp / "ctrd-checkpoint1"));
+  for (const char* kept : {"ctrd-checkpoint2", "elsewhere", "ctrd-checkpoint3", "ctrd-checkpoint4"})
+    EXPECT_TRUE(fs::exists(fs::symlink_status(tmp / kept))) << kept;
+  EXPECT_TRUE(fs::exists(outside / "pages-1.img"));
+  EXPECT_EQ(ctd::remove_unpacked_copies(token), 0u);
+  EXPECT_EQ(ctd::remove_unpacked_copies(""), 0u);
+}
+
 TEST_F(E2eRuntimes, WhatContainerdCannotTakeIsRefusedBeforeAnythingStarts) {
   const auto [id, init, digest] = ctr_serving("bad");
   ASSERT_GT(init, 0);
@@ -539,6 +579,10 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   EXPECT_EQ(rec["docker"].value("image_id", ""),
             trimmed(docker({"inspect", "-f", "{{.Image}}", name}).output));
 
+  // Not a restore's: left alone by the restores' cleanup.
+  const fs::path foreign = dir_.path() / "ctd-tmp" / "ctrd-checkpoint-foreign";
+  fs::create_directories(foreign);
+  std::ofstream(foreign / "gpuckpt-restore-token") << "0123";
   auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(has_stage(r.out, "checkpoint_dir")) << r.out;
@@ -572,6 +616,9 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   std::error_code ec;
   for (const auto& e : fs::recursive_directory_iterator(dir_.path() / "docker" / "containers", ec))
     EXPECT_NE(e.path().parent_path().filename(), "checkpoints") << e.path();
+  // So are the copies of the images that containerd unpacked for each restore and kept.
+  for (const auto& e : fs::directory_iterator(dir_.path() / "ctd-tmp"))
+    EXPECT_EQ(e.path(), foreign) << "containerd's copy of a restore's images is left";
 
   // On a host where another container has its name, a restore under its own ID (which would
   // create it by that name) is refused before anything is made or started.
@@ -589,7 +636,7 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
 // gpuckpt killed while Docker restores a new container: before it is made, once dockerd has
 // made it with the checkpoint in its checkpoint directory but not started it, inside the start
 // call (dockerd has the request, its runc restores), and once it runs restored but gpuckpt has
-// not taken it. Each leaves no container by that name, no checkpoint
+// not taken it. Each leaves no container by that name, no checkpoint (nor containerd's copy of it)
 // directory and no restore bundle; the original runs on, and the restore then works.
 TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
   if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;

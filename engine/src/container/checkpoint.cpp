@@ -1398,6 +1398,7 @@ Container docker_restore(const RestoreRequest& q) {
   const auto have = api.inspect(q.id);
   const bool made = !have;
   const std::string name = "gpuckpt-" + std::to_string(::getpid());
+  const std::string token = containerd::new_restore_token();
   fs::path dir;
   auto undo = [&] {
     try {
@@ -1434,6 +1435,7 @@ Container docker_restore(const RestoreRequest& q) {
     std::optional<Timeline::Scope> scope;
     if (q.timeline) scope.emplace(*q.timeline, stage::kCheckpointDir);
     place_images(q.images, dir);
+    write_file_atomic(dir / containerd::kRestoreTokenFile, token);
     fault_point(fault::kRuntimeCreated);  // made, its checkpoint in place, not started
   } catch (...) {
     undo();
@@ -1446,10 +1448,12 @@ Container docker_restore(const RestoreRequest& q) {
   try {
     api.start_from_checkpoint(id, name, q.timeout, starting);
   } catch (const Error& e) {
+    containerd::remove_unpacked_copies(token);
     undo();
     throw Error(Errc::kCriu, "Docker's restore of container " + id + " failed: " + e.what() +
                                  " (its CRIU log is in containerd's task directory of " + id + ")");
   }
+  containerd::remove_unpacked_copies(token);
   std::error_code ec;
   // The plugin's report, which dockerd's CRIU wrote beside the images (criu/plugin_report.h).
   fs::copy_file(dir / criu::kRestoreReportName, q.images / criu::kRestoreReportName,

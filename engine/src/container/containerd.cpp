@@ -3,13 +3,23 @@
 #include <arpa/inet.h>
 #include <protobuf-c/protobuf-c.h>
 
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 
 #include "container/socket_http.h"
 #include "containerd_api.pb-c.h"
 #include "gpuckpt/error.h"
+#include "process/proc_info.h"
+#include "util/fs.h"
+#include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
 
@@ -114,6 +124,84 @@ std::string restore_options(const std::string& base, const fs::path& criu, const
   o.criu_image_path = str(i);
   o.criu_work_path = str(w);
   return base + pack(&o.base);
+}
+
+namespace {
+
+// Where each running containerd makes its temporary directories, as Go's os.MkdirTemp does for
+// it ($XDG_RUNTIME_DIR, else $TMPDIR, else /tmp), reached through its root, with the uid that
+// owns what it makes.
+std::vector<std::pair<fs::path, uid_t>> temp_dirs() {
+  std::vector<std::pair<fs::path, uid_t>> out;
+  for (const auto& p : process::live_procs_where(
+           [](const process::ProcInfo& i) { return i.comm == "containerd"; })) {
+    std::string d = process::environment_value(p.pid, "XDG_RUNTIME_DIR").value_or("");
+    if (d.empty()) d = process::environment_value(p.pid, "TMPDIR").value_or("");
+    if (d.empty()) d = "/tmp";
+    const fs::path proc = "/proc/" + std::to_string(p.pid);
+    struct stat st {};
+    if (::stat(proc.c_str(), &st) != 0) continue;  // gone since
+    fs::path at = proc / "root" / fs::path(d).relative_path();
+    if (std::none_of(out.begin(), out.end(), [&](const auto& o) { return o.first == at; }))
+      out.emplace_back(std::move(at), st.st_uid);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string new_restore_token() {
+  std::random_device rd;
+  std::string out;
+  for (int i = 0; i < 4; ++i) {
+    char w[9];
+    std::snprintf(w, sizeof w, "%08x", static_cast<unsigned>(rd()));
+    out += w;
+  }
+  return out;
+}
+
+std::string restore_token_in(const fs::path& dir) {
+  const fs::path f = dir / kRestoreTokenFile;
+  const UniqueFd fd(::open(f.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > 128) return {};
+  try {
+    return read_rest(fd.get(), f);
+  } catch (const Error&) {
+    return {};
+  }
+}
+
+std::uint64_t remove_unpacked_copies(const std::string& token) noexcept {
+  std::uint64_t removed = 0;
+  if (token.empty()) return 0;
+  try {
+    for (const auto& [dir, uid] : temp_dirs()) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(dir, ec)) {
+        struct stat st {};
+        if (e.path().filename().string().rfind("ctrd-checkpoint", 0) != 0 ||
+            ::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != uid ||
+            restore_token_in(e.path()) != token)
+          continue;
+        const std::uint64_t bytes = tree_bytes(e.path());
+        std::error_code rm;
+        fs::remove_all(e.path(), rm);
+        if (rm) {
+          spdlog::warn("cannot remove containerd's copy of the images, {}: {}", e.path().string(),
+                       rm.message());
+          continue;
+        }
+        spdlog::info("removed containerd's copy of the images, {} ({} MiB)", e.path().string(),
+                     bytes >> 20);
+        removed += bytes;
+      }
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("looking for containerd's copies of the images: {}", e.what());
+  }
+  return removed;
 }
 
 std::string options_root(const std::string& options) {

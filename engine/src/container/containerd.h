@@ -66,6 +66,22 @@ std::string restore_options(const std::string& base, const std::filesystem::path
 // The runc root the shim's options name ("" = containerd's default, /run/containerd/runc).
 std::string options_root(const std::string& options);
 
+// The file by which a restore's images carry its token (random, hex): what containerd unpacks of
+// them is then told from anything else in its temporary directory.
+inline constexpr const char* kRestoreTokenFile = "gpuckpt-restore-token";
+// A fresh token: 128 random bits.
+std::string new_restore_token();
+// The token in `dir`'s kRestoreTokenFile (a small regular file, not followed through a link); ""
+// where there is none.
+std::string restore_token_in(const std::filesystem::path& dir);
+
+// containerd's tasks service unpacks a checkpoint handed to it as content (every Docker restore)
+// into MkdirTemp($XDG_RUNTIME_DIR, "ctrd-checkpoint") and never removes it: a full copy of the
+// images per restore. Removes those copies whose kRestoreTokenFile holds `token`, in the
+// temporary directory of every running containerd (seen through its /proc root, so a private
+// /tmp too). Returns the bytes removed; never throws (a failure is logged).
+std::uint64_t remove_unpacked_copies(const std::string& token) noexcept;
+
 // One namespace of one containerd. Each call is one gRPC request; an error is an Error naming
 // the call and containerd's own message (kProcess; kExists for ALREADY_EXISTS).
 class Client {

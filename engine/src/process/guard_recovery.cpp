@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "container/checkpoint.h"
+#include "container/containerd.h"
 #include "container/runtime.h"
 #include "criu/plugin_report.h"
 #include "device/cuda_checkpoint.h"
@@ -73,6 +74,11 @@ void remove_staged(const Plan& p, RecoveryLog& log) {
   for (const auto& path : p.remove) {
     std::error_code ec;
     if (!fs::exists(fs::symlink_status(path, ec))) continue;
+    // A Docker restore's images, which containerd may have unpacked a copy of by now (its runc
+    // restore was let finish): that copy goes too.
+    if (const std::string token = container::containerd::restore_token_in(path); !token.empty())
+      if (const std::uint64_t n = container::containerd::remove_unpacked_copies(token))
+        removed.push_back("containerd's copy of its images (" + std::to_string(n >> 20) + " MiB)");
     const std::uint64_t bytes = allocated_bytes(path);
     fs::remove_all(path, ec);
     if (ec)

@@ -206,6 +206,20 @@ std::string cmdline_option(const std::vector<std::string>& argv, const std::stri
   return {};
 }
 
+std::optional<std::string> environment_value(pid_t pid, std::string_view name) {
+  const std::string env = slurp("/proc/" + std::to_string(pid) + "/environ");
+  for (std::size_t b = 0; b < env.size();) {
+    std::size_t e = env.find('\0', b);
+    if (e == std::string::npos) e = env.size();
+    const std::string_view entry(env.data() + b, e - b);
+    if (entry.size() > name.size() && entry.substr(0, name.size()) == name &&
+        entry[name.size()] == '=')
+      return std::string(entry.substr(name.size() + 1));
+    b = e + 1;
+  }
+  return std::nullopt;
+}
+
 std::vector<ProcInfo> live_procs_where(const std::function<bool(const ProcInfo&)>& pred) {
   std::vector<ProcInfo> out;
   std::error_code ec;

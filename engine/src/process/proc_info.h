@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace gpuckpt::process {
@@ -64,6 +65,10 @@ std::vector<std::string> nvidia_gpu_uuids(pid_t pid);
 // The value of option `name` in a command line ("--name V" or "--name=V"; Go's flags take one
 // dash too); "" when absent.
 std::string cmdline_option(const std::vector<std::string>& argv, const std::string& name);
+
+// The value of `name` in the process's environment (as it was at its exec); nullopt where it is
+// unset, or the process is gone or unreadable.
+std::optional<std::string> environment_value(pid_t pid, std::string_view name);
 
 // Live (not zombie) processes for which `pred` holds: as read for `pred`, or their pids.
 std::vector<ProcInfo> live_procs_where(const std::function<bool(const ProcInfo&)>& pred);
