@@ -81,6 +81,7 @@ struct RestoreArgs {
   ProbeFlags probe{.timeout_s = 120};
   CriuFlags criu;
   int runs = 1;
+  unsigned copy_streams = 0;
   bool keep = false, new_pidns = false;
   double stop_timeout_s = 10;
 };
@@ -92,6 +93,7 @@ void run_restore(const RestoreArgs& a, Context& ctx) {
   o.staging_root = a.staging;
   o.probe = a.probe.probe();
   o.new_pid_ns = a.new_pidns;
+  o.copy_streams = a.copy_streams;
   o.criu = a.criu.settings();
   const auto grace = std::chrono::milliseconds(static_cast<long>(a.stop_timeout_s * 1000));
   std::vector<Timeline> runs;
@@ -221,6 +223,7 @@ void add_bench_transient(CLI::App& bench, Context& ctx) {
     c->add_option("--runs", a->runs, "Repetitions; each restored process is ended before the next")
         ->check(CLI::Range(1, 1000));
     c->add_flag("--keep", a->keep, "Leave the last restored process running");
+    add_copy_streams(c, a->copy_streams);
     c->add_option("--stop-timeout", a->stop_timeout_s,
                   "Seconds between SIGTERM and SIGKILL when ending a restored process")
         ->check(CLI::PositiveNumber);

@@ -251,6 +251,7 @@ constexpr const char* kNoHugePagesHelp =
     "\"Parallel fill\")";
 
 struct RestoreArgs {
+  unsigned copy_streams = 0;
   std::string checkpoint, gpu_map, spool, container_log;
   std::string expected_container;
   std::optional<std::string> container;
@@ -282,6 +283,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   }
   r.take_endpoints = o.take_endpoints;
   r.huge_pages = !o.no_huge_pages;
+  r.copy_streams = o.copy_streams;
   r.criu = o.criu.settings();
   r.trust = o.trust.options();
   auto result_json = [&r](const RestoreResult& res) {
@@ -373,6 +375,7 @@ void add_restore(CLI::App& app, Context& ctx) {
                 "With --container: file the restored container's stdout and stderr are "
                 "appended to (default /var/log/gpuckpt/containers/ID.log)");
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
+  add_copy_streams(c, o->copy_streams);
   c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
   o->probe.add(c);
   o->criu.add(c);

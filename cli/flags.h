@@ -13,6 +13,17 @@
 
 namespace gpuckpt::cli {
 
+// --copy-streams, for restore and bench restore.
+inline void add_copy_streams(CLI::App* c, unsigned& streams) {
+  c->add_option(
+       "--copy-streams", streams,
+       "Streams each restored process's pages are copied by, side by side (streamed "
+       "restores; docs/CRIU.md \"Parallel copy\"). 1: one, as upstream CRIU reads them "
+       "(default 0: half the CPUs, at most 9, fewer where the restore's buffer budget could not "
+       "feed them all at once)")
+      ->check(CLI::Range(0u, 9u));
+}
+
 // CRIU options.
 struct CriuFlags {
   std::string binary;

@@ -198,7 +198,34 @@ TEST(CriuStats, TheFillOfEveryRestoredProcessIsReadFromTheLogAndACutLineIsNoFigu
       "(08.5)  1: thp-fill: populate threads faulted in 42 bytes in 1.000 s\n");
   ASSERT_TRUE(one);
   EXPECT_EQ(one->bytes, 42u);
-  EXPECT_FALSE(criu::read_fill_stats("/nonexistent/restore.log"));
+  const auto none = criu::read_restore_log_spans("/nonexistent/restore.log");
+  EXPECT_FALSE(none.fill);
+  EXPECT_FALSE(none.copy);
+}
+
+TEST(CriuStats, ThePagesCopiedBySeveralStreamsAreReadFromTheLogBesideTheFill) {
+  // scripts/criu-patches/0004: a task whose image came as several streams logs its start and,
+  // once every stream is in, its bytes and seconds; a task read serially logs neither.
+  const std::string log =
+      "(00.100000)  7: thp-fill: 1 populate threads over 4 chunks\n"
+      "(00.200000)  9: copy: 4 streams over 1073741824 bytes of pages-1.img, 3 helper threads\n"
+      "(00.300000)  7: thp-fill: populate threads faulted in 8388608 bytes in 0.050 s\n"
+      "(00.250000)  10: copy: 2 streams over 134217728 bytes of pages-2.img, 1 helper threads\n"
+      "(00.450000)  10: copy: streams moved 134217728 bytes in 0.150 s\n"
+      "(00.700000)  9: copy: streams moved 1073741824 bytes in 0.400 s\n"
+      "(00.800000)  9: Error (criu/files.c:1): cannot copy: something\n";
+  const auto c = criu::parse_copy_stats(log);
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->bytes, 1073741824u + 134217728u);
+  EXPECT_NEAR(c->start_s, 0.2, 1e-9);
+  EXPECT_NEAR(c->end_s, 0.6, 1e-9);
+  const auto f = criu::parse_fill_stats(log);
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->bytes, 8388608u);
+  // A stream that failed: its task logs no end, and there is no figure.
+  EXPECT_FALSE(criu::parse_copy_stats(
+      "(00.2)  9: copy: 2 streams over 42 bytes of pages-1.img, 1 helper threads\n"));
+  EXPECT_FALSE(criu::parse_copy_stats("(00.1) restore read serially\n"));
 }
 
 TEST(CriuRun, DumpAndRestoreARealProcessWithThePluginLoaded) {

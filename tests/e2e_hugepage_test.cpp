@@ -76,6 +76,31 @@ while True:
     signal.pause()
 )";
 
+// A parent that fills a region and forks a child that inherits it (COW) and writes one page in
+// every 2 MiB of it; the child answers "HASH" (of the region as it sees it) and prints
+// "READY <pid>". Its image holds every page of the region: at restore, each is compared with the
+// parent's and written only where it differs.
+const char* kCowTree = R"(import hashlib, mmap, os, signal, socket, sys
+shared = mmap.mmap(-1, int(sys.argv[2]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+block = hashlib.sha256(b"cow").digest() * 128
+for off in range(0, len(shared), len(block)):
+    shared[off:off + len(block)] = bytes([off >> 12 & 0xff]) + block[1:]
+if os.fork() == 0:
+    for off in range(0, len(shared), 2 << 20):
+        shared[off:off + 8] = b"child!!!"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(sys.argv[1])
+    s.listen(4)
+    print("READY", os.getpid(), flush=True)
+    while True:
+        c, _ = s.accept()
+        if c.recv(64).strip() == b"HASH":
+            c.sendall(hashlib.sha256(shared[:]).hexdigest().encode() + b"\n")
+        c.close()
+while True:
+    signal.pause()
+)";
+
 // The signal lines of /proc/PID/status: which signals are caught, ignored and blocked.
 std::string signal_actions(pid_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/status");
@@ -291,9 +316,98 @@ TEST_F(HugePageFill, AVmaTheFillDeclinesIsStillPopulatedInParallelAndGainsNoMemo
       << (rss_bytes(p2.pid) >> 20) << " MiB";
 }
 
+// The parallel copy (docs/CRIU.md, "Parallel copy"; scripts/criu-patches/0004): the dense region
+// comes back byte for byte, into the same address space, whether its image came as one stream or
+// as three read side by side; a restore that asks for one stream copies none in parallel.
+TEST_F(HugePageFill, APagesImageCopiedAsSeveralStreamsComesBackByteForByte) {
+  Child target;
+  ASSERT_TRUE(start_target(target));
+  const std::string hash = ask_unix_line(sock_, "HASH");
+  ASSERT_TRUE(dump(target));
+  auto copy_stage = [](const json& r) -> const json* {
+    for (const auto& s : r["timeline"]["stages"])
+      if (s["name"] == "memory_copy") return &s;
+    return nullptr;
+  };
+
+  std::string one_layout;
+  {
+    json r = restore({"--copy-streams", "1"});
+    ASSERT_EQ(r.value("ok", false), true);
+    Ended p{r["pid"].get<pid_t>()};
+    EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash);
+    EXPECT_EQ(copy_stage(r), nullptr) << "one stream was asked for";
+    one_layout = layout(p.pid);
+  }
+  json r = restore({"--copy-streams", "3"});
+  ASSERT_EQ(r.value("ok", false), true);
+  const Ended p{r["pid"].get<pid_t>()};
+  EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the restored memory differs";
+  EXPECT_EQ(layout(p.pid), one_layout);
+  const json* copy = copy_stage(r);
+  ASSERT_NE(copy, nullptr) << "the image came as one stream: " << r["timeline"].dump();
+  // Every page of the image: the dense region, and the sparse one's written pages.
+  EXPECT_GE((*copy)["bytes"].get<std::uint64_t>(), kDenseMiB << 20);
+  EXPECT_EQ(r.value("staging_mode", ""), "stream");
+}
+
 }  // namespace
 
 namespace {
+
+// A child's image that holds its parent's pages (COW), copied by three streams: each page is
+// compared with the parent's by whichever thread reads it, so the child gets back what it had
+// written and still shares the rest with its parent.
+TEST_F(HugePageFill, AChildsCowPagesCopiedAsSeveralStreamsStaySharedWithItsParent) {
+  std::ofstream(dir_.path() / "cow.py") << kCowTree;
+  SpawnOptions so;
+  so.stdout_file = dir_.path() / "cow.out";
+  so.stderr_file = dir_.path() / "cow.err";
+  so.new_session = true;
+  Child root = spawn(
+      {"python3", (dir_.path() / "cow.py").string(), sock_.string(), std::to_string(kDenseMiB)},
+      so);
+  ASSERT_TRUE(test::wait_until(
+      [&] {
+        const std::string out = read_file(so.stdout_file);
+        return out.rfind("READY ", 0) == 0 && out.find('\n') != std::string::npos;
+      },
+      std::chrono::seconds(60)))
+      << read_file(so.stderr_file);
+  const pid_t child = std::stoi(read_file(so.stdout_file).substr(6));
+  const std::string hash = ask_unix_line(sock_, "HASH");
+  // The child's Shared_Dirty in the region's VMA: the parent's pages it still shares.
+  const auto shared_kib = [](pid_t p) -> std::uint64_t {
+    std::ifstream in("/proc/" + std::to_string(p) + "/smaps");
+    bool in_it = false;
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("Size:", 0) == 0)
+        in_it = std::stoull(line.substr(5)) == (kDenseMiB << 10);
+      else if (in_it && line.rfind("Shared_Dirty:", 0) == 0)
+        return std::stoull(line.substr(13));
+    }
+    return 0;
+  };
+  const std::uint64_t before = shared_kib(child);
+  ASSERT_GT(before, (kDenseMiB - 8) << 10) << "the child does not share the region";
+
+  const fs::path ckpt = dir_.path() / "cow.ckpt";
+  json d = run_json({"--json", "dump", "--pid", std::to_string(root.pid()), "-o", ckpt.string()});
+  ASSERT_EQ(d.value("ok", false), true);
+  root.wait();
+  test::wait_until([&] { return !process::alive(child); }, std::chrono::seconds(10));
+  json r = run_json({"--json", "restore", ckpt.string(), "--copy-streams", "3", "--probe",
+                     "unix:" + sock_.string()});
+  ASSERT_EQ(r.value("ok", false), true);
+  const Ended restored{r["pid"].get<pid_t>()}, restored_child{child};
+  EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the child's memory differs";
+  std::uint64_t copied = 0;
+  for (const auto& st : r["timeline"]["stages"])
+    if (st["name"] == "memory_copy") copied = st["bytes"].get<std::uint64_t>();
+  // The parent's image and the child's, each in streams.
+  EXPECT_GE(copied, 2 * (kDenseMiB << 20)) << r["timeline"].dump();
+  EXPECT_GE(shared_kib(child), before - (4u << 10)) << "the child no longer shares the region";
+}
 
 TEST_F(HugePageFill, AChildFilledInParallelKeepsItsMemoryAndItsSignalActions) {
   // The fill's threads must leave nothing behind: glibc installs handlers for its own signals
@@ -331,10 +445,26 @@ TEST_F(HugePageFill, AChildFilledInParallelKeepsItsMemoryAndItsSignalActions) {
 
   json r = run_json({"--json", "restore", ckpt.string(), "--probe", "unix:" + sock_.string()});
   ASSERT_EQ(r.value("ok", false), true);
-  const Ended restored{r["pid"].get<pid_t>()}, restored_child{child};
+  Ended restored{r["pid"].get<pid_t>()}, restored_child{child};
   EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the child's memory differs";
   EXPECT_EQ(signal_actions(child), actions) << "the child's signal actions changed";
   EXPECT_GE(r["huge_page_bytes"].get<std::uint64_t>(), (kDenseMiB - 4) << 20);
+
+  // Again, the child's pages image copied by three streams (scripts/criu-patches/0004), whose
+  // helpers are threads of the child as the populate helpers are.
+  const fs::path again = dir_.path() / "again.ckpt";
+  d = run_json({"--json", "dump", "--pid", std::to_string(restored.pid), "-o", again.string()});
+  ASSERT_EQ(d.value("ok", false), true);
+  restored.pid = restored_child.pid = 0;  // the dump ended them
+  r = run_json({"--json", "restore", again.string(), "--copy-streams", "3", "--probe",
+                "unix:" + sock_.string()});
+  ASSERT_EQ(r.value("ok", false), true);
+  const Ended copied{r["pid"].get<pid_t>()}, copied_child{child};
+  EXPECT_EQ(ask_unix_line(sock_, "HASH"), hash) << "the child's memory differs";
+  EXPECT_EQ(signal_actions(child), actions) << "the child's signal actions changed";
+  bool streamed = false;
+  for (const auto& s : r["timeline"]["stages"]) streamed |= s["name"] == "memory_copy";
+  EXPECT_TRUE(streamed) << r["timeline"].dump();
 }
 
 }  // namespace

@@ -226,6 +226,97 @@ TEST_F(StreamPack, PagesSplicedIntoAPipeArriveExactlyThoughTheReaderLags) {
   EXPECT_TRUE(got == files_[0].second) << "the bytes read from the pipe differ";
 }
 
+// CRIU's parallel copy (docs/CRIU.md) takes a pages image as several ranges, each through its
+// own pipe at once: every range comes exactly, whether it starts and ends inside a chunk or on
+// a chunk's edge, into a file or spliced into a pipe; a range not inside the file is refused.
+TEST_F(StreamPack, RangesOfAFileServedAtOnceEachArriveExactly) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  image::CheckpointSource src(ckpt);
+  const image::ManifestEntry* e = src.find("pages-1.img");
+  ASSERT_NE(e, nullptr);
+  const std::string& data = files_[0].second;
+  const std::uint64_t c = opts_.chunk_bytes, size = data.size();
+  ASSERT_GT(e->chunks.size(), 5u);
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges = {
+      {0, 1},        {c - 1, 2}, {c, c},       {3 * c + 17, 2 * c - 100},
+      {size - 1, 1}, {0, size},  {5, size - 5}};
+  for (const auto& [off, len] : ranges) {
+    UniqueFd fd(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+    EXPECT_TRUE(src.write_range_to(*e, off, len, fd.get()));
+    EXPECT_TRUE(fd_contents(fd.get()) == data.substr(off, len)) << off << "+" << len;
+  }
+  // The feeds a budget holds at once, each with its least slots: one at the very least.
+  EXPECT_GT(src.feeds_within_budget(), 2u);
+  image::SourceLimits tight;
+  tight.buffer_bytes = 1;
+  EXPECT_EQ(image::CheckpointSource(ckpt, nullptr, tight).feeds_within_budget(), 1u);
+  // Three ranges that make the whole file, spliced into three pipes read at once.
+  const std::uint64_t a = 2 * c + 4096, b = 7 * c;
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> parts = {
+      {0, a}, {a, b - a}, {b, size - b}};
+  std::vector<std::string> got(parts.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    threads.emplace_back([&, i] {
+      Pipe p = make_pipe();
+      std::thread reader([&] {
+        char buf[3000];
+        for (ssize_t n; (n = ::read(p.rd.get(), buf, sizeof buf)) > 0;)
+          got[i].append(buf, static_cast<std::size_t>(n));
+      });
+      EXPECT_TRUE(src.write_range_to(*e, parts[i].first, parts[i].second, p.wr.get()));
+      p.wr.reset();
+      reader.join();
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(got[0] + got[1] + got[2] == data) << "the ranges do not make the file";
+  for (const auto& [off, len] : std::vector<std::pair<std::uint64_t, std::uint64_t>>{
+           {0, 0}, {size, 1}, {1, size}, {~0ull, 2}}) {
+    UniqueFd fd(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+    try {
+      src.write_range_to(*e, off, len, fd.get());
+      ADD_FAILURE() << off << "+" << len << " was served";
+    } catch (const Error& err) {
+      EXPECT_EQ(err.code(), Errc::kInvalidInput) << err.what();
+    }
+  }
+}
+
+// A damaged chunk inside a range is refused as write_to refuses it; one outside the range is
+// never read.
+TEST_F(StreamPack, ARangeServesNoDamagedChunkAndReadsNoneOutsideIt) {
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  image::CheckpointSource probe(ckpt);
+  const image::ChunkRecord& c = probe.find("pages-1.img")->chunks[3];
+  {
+    std::fstream f(ckpt / probe.manifest().blobs[c.blob].name,
+                   std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(c.offset + c.stored / 2));
+    f.put('\x5a');
+  }
+  image::CheckpointSource src(ckpt);
+  const image::ManifestEntry* e = src.find("pages-1.img");
+  const std::uint64_t k = opts_.chunk_bytes;
+  UniqueFd before(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+  EXPECT_TRUE(src.write_range_to(*e, k, 2 * k, before.get()));
+  EXPECT_TRUE(fd_contents(before.get()) == files_[0].second.substr(k, 2 * k));
+  UniqueFd after(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+  EXPECT_TRUE(src.write_range_to(*e, 4 * k + 1, k, after.get()));
+  EXPECT_TRUE(fd_contents(after.get()) == files_[0].second.substr(4 * k + 1, k));
+  UniqueFd over(::memfd_create("stream-pack-test", MFD_CLOEXEC));
+  try {
+    src.write_range_to(*e, 3 * k - 1, 2, over.get());
+    ADD_FAILURE() << "a damaged chunk was served";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.code(), Errc::kCorrupt);
+    EXPECT_NE(std::string(err.what()).find("chunk 3 of 'pages-1.img'"), std::string::npos)
+        << err.what();
+  }
+  EXPECT_LE(fd_contents(over.get()).size(), 1u);
+}
+
 // A tree's tasks read their pages images at once: together, not each, they keep to the buffer
 // budget. A file that finds it spent still gets the few slots it needs to move, without waiting
 // for another file, whose reader may be waiting for this one.

@@ -29,6 +29,7 @@ inline constexpr const char kCheckpointDir[] = "checkpoint_dir";
 inline constexpr const char kCriuForking[] = "criu_forking";
 inline constexpr const char kCriuRestoreTasks[] = "criu_restore_tasks";
 inline constexpr const char kMemoryFill[] = "memory_fill";
+inline constexpr const char kMemoryCopy[] = "memory_copy";
 inline constexpr const char kDeviceRestore[] = "device_restore";
 inline constexpr const char kFirstAnswer[] = "first_answer";
 inline constexpr const char kEndOriginal[] = "end_original";
@@ -66,7 +67,7 @@ inline constexpr const char* kAll[] = {
     kUpload,      kReceive,         kSync,          kScan,           kSpawn,
     kCreateTree,  kCudaCheckpoint,  kCudaInit,      kCudaLock,       kCudaRestore,
     kCudaUnlock,  kReady,           kManifest,      kCompress,       kRead,
-    kWrite,       kDecompress};
+    kWrite,       kDecompress,      kMemoryCopy};
 }  // namespace stage
 
 namespace fault {

@@ -157,6 +157,10 @@ struct RestoreOptions {
   // docs/CRIU.md "Huge-page fill"): one page fault per 2 MiB instead of 512. false: CRIU fills
   // 4 KiB pages, as upstream CRIU does.
   bool huge_pages = true;
+  // Streams each restored task's pages image is copied by, side by side (gpuckpt's CRIU build,
+  // docs/CRIU.md "Parallel copy"; streamed restores only). 0: CRIU's default, half the CPUs
+  // (at most 9); 1: one stream, as upstream CRIU reads it.
+  unsigned copy_streams = 0;
   CriuSettings criu;
   TrustOptions trust;  // who may have written the checkpoint (check_trust, gpuckpt/image.h)
   // If set, called once the copy is restored (and has answered the probe): true keeps it;

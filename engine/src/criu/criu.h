@@ -22,6 +22,8 @@ inline constexpr const char* kPluginFile = "gpuckpt_criu_plugin.so";
 // "1" in criu restore's environment turns on the huge-page fill of gpuckpt's CRIU build
 // (scripts/criu-patches, docs/CRIU.md); any other CRIU ignores it.
 inline constexpr const char* kEnvThpFill = "GPUCKPT_CRIU_THP_FILL";
+// Streams per restored task's pages image (scripts/criu-patches/0004); unset: CRIU's default.
+inline constexpr const char* kEnvCopyStreams = "GPUCKPT_CRIU_COPY_STREAMS";
 
 // The patch of gpuckpt's CRIU build that lets `criu swrk` (a container runtime's CRIU) stream
 // its images: with `stream` in its configuration file, runc's CRIU reads them from a

@@ -174,16 +174,12 @@ std::optional<DumpStats> read_dump_stats(const fs::path& images_dir) {
   return decode_dump_stats(*data);
 }
 
-std::optional<FillStats> parse_fill_stats(std::string_view log) {
-  // Each restored process logs, just after its fill's clock starts,
-  //   "(00.090462)  22326: thp-fill: 1 populate threads over 512 chunks"
-  // and, once its read is done (later than the fill's end when the read is the slower),
-  //   "(08.550629)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.453 s"
-  // so a fill runs from the first line's time for the second line's seconds. A process whose
-  // helpers did not start logs "0 populate threads" and no end.
-  static constexpr std::string_view kMark = "thp-fill: ";
-  static constexpr std::string_view kStart = " populate threads over ";
-  static constexpr std::string_view kDone = "populate threads faulted in ";
+namespace {
+
+// A process's start line is "(TIME)  PID: MARK N START..." (N > 0: it runs), its end line
+// "(TIME)  PID: MARK DONE B bytes in S s"; the span runs from its start line's time for S seconds.
+std::optional<LoggedSpan> parse_span(std::string_view log, std::string_view mark,
+                                     std::string_view start_word, std::string_view done_word) {
   constexpr double kMaxSeconds = 1e7;  // CRIU's log clock never gets there: a garbled number
   // from_chars, unlike %llu, refuses a sign and a number that does not fit.
   auto number = [](std::string_view& v, auto& out) {
@@ -199,24 +195,23 @@ std::optional<FillStats> parse_fill_stats(std::string_view log) {
   };
   std::map<int, double> started;
   std::set<int> ended;
-  std::optional<FillStats> f;
-  for (std::size_t at = log.find(kMark); at != std::string_view::npos;
-       at = log.find(kMark, at + 1)) {
+  std::optional<LoggedSpan> f;
+  for (std::size_t at = log.find(mark); at != std::string_view::npos; at = log.find(mark, at + 1)) {
     const std::size_t line = log.rfind('\n', at);
     const std::size_t begin = line == std::string_view::npos ? 0 : line + 1;
     const std::size_t eol = std::min(log.find('\n', at), log.size());
     const std::string head(log.substr(begin, at - begin));
-    std::string_view rest = log.substr(at + kMark.size(), eol - at - kMark.size());
+    std::string_view rest = log.substr(at + mark.size(), eol - at - mark.size());
     double t = 0;
     int pid = 0;
     if (std::sscanf(head.c_str(), "(%lf) %d:", &t, &pid) != 2 || !(t >= 0 && t < kMaxSeconds))
       continue;
     unsigned threads = 0;
-    if (std::string_view r = rest; number(r, threads) && word(r, kStart)) {
+    if (std::string_view r = rest; number(r, threads) && word(r, start_word)) {
       if (threads > 0) started[pid] = t;
       continue;
     }
-    if (!word(rest, kDone)) continue;
+    if (!word(rest, done_word)) continue;
     double seconds = 0;
     std::uint64_t bytes = 0;
     const auto s = started.find(pid);
@@ -226,26 +221,42 @@ std::optional<FillStats> parse_fill_stats(std::string_view log) {
       return std::nullopt;
     ended.insert(pid);
     const double start = s->second, end = start + seconds;
-    if (!f) f = FillStats{0, start, end};
+    if (!f) f = LoggedSpan{0, start, end};
     if (bytes > std::numeric_limits<std::uint64_t>::max() - f->bytes) return std::nullopt;
     f->bytes += bytes;
     f->start_s = std::min(f->start_s, start);
     f->end_s = std::max(f->end_s, end);
   }
-  // A process whose fill started and never ended: the total would leave it out.
+  // A process whose span started and never ended: the total would leave it out.
   for (const auto& [pid, t] : started)
     if (!ended.contains(pid)) return std::nullopt;
   return f;
 }
 
-std::optional<FillStats> read_fill_stats(const fs::path& restore_log) {
-  // A figure for the report: a log that cannot be read must not fail a good restore.
+}  // namespace
+
+std::optional<LoggedSpan> parse_fill_stats(std::string_view log) {
+  //   "(00.090462)  22326: thp-fill: 1 populate threads over 512 chunks"
+  //   "(08.550629)  22326: thp-fill: populate threads faulted in 4294967296 bytes in 8.453 s"
+  // (the end comes once the read is done, later than the fill's end when the read is the
+  // slower). A process whose helpers did not start logs "0 populate threads" and no end.
+  return parse_span(log, "thp-fill: ", " populate threads over ", "populate threads faulted in ");
+}
+
+std::optional<LoggedSpan> parse_copy_stats(std::string_view log) {
+  //   "(00.132946)  9118: copy: 2 streams over 537161728 bytes of pages-1.img, 1 helper threads"
+  //   "(01.741115)  9118: copy: streams moved 537161728 bytes in 1.612 s"
+  return parse_span(log, "copy: ", " streams over ", "streams moved ");
+}
+
+RestoreLogSpans read_restore_log_spans(const fs::path& restore_log) {
+  // Figures for the report: a log that cannot be read must not fail a good restore.
   try {
     auto data = read_if_exists(restore_log);
-    if (!data) return std::nullopt;
-    return parse_fill_stats(*data);
+    if (!data) return {};
+    return {parse_fill_stats(*data), parse_copy_stats(*data)};
   } catch (const std::exception&) {
-    return std::nullopt;
+    return {};
   }
 }
 

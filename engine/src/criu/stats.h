@@ -25,21 +25,30 @@ struct RestoreStats {
   std::uint64_t pages_restored = 0;
 };
 
-// The huge-page fill's populate threads (scripts/criu-patches/0002), from a restore's log: how
-// fast this restore met its memory. Each restored process logs its own line; the fill runs from
-// the first start to the last end, on CRIU's log clock (seconds since criu started).
-struct FillStats {
+// A span of a restore that gpuckpt's CRIU patches time in its log: each restored process logs
+// when its part starts and, once done, its bytes and seconds; the span runs from the first start
+// to the last end, on CRIU's log clock (seconds since criu started).
+struct LoggedSpan {
   std::uint64_t bytes = 0;
   double start_s = 0, end_s = 0;
+};
+struct RestoreLogSpans {
+  // The huge-page fill's populate threads (scripts/criu-patches/0002): how fast this restore
+  // met its memory.
+  std::optional<LoggedSpan> fill;
+  // The pages images copied by several streams (scripts/criu-patches/0004).
+  std::optional<LoggedSpan> copy;
 };
 
 // nullopt if the file is absent; throws Error(kCriu) if it is malformed.
 std::optional<DumpStats> read_dump_stats(const std::filesystem::path& images_dir);
 std::optional<RestoreStats> read_restore_stats(const std::filesystem::path& images_dir);
 
-// nullopt without a fill line (no huge-page fill, or CRIU without the patch) or a log.
-std::optional<FillStats> read_fill_stats(const std::filesystem::path& restore_log);
-std::optional<FillStats> parse_fill_stats(std::string_view log);
+// Each nullopt without its lines (not asked for, or CRIU without the patch), a line it cannot
+// read, or a log.
+RestoreLogSpans read_restore_log_spans(const std::filesystem::path& restore_log);
+std::optional<LoggedSpan> parse_fill_stats(std::string_view log);
+std::optional<LoggedSpan> parse_copy_stats(std::string_view log);
 
 // Exposed for tests: decode the image bytes (magics + one length-prefixed stats_entry).
 DumpStats decode_dump_stats(std::string_view image);

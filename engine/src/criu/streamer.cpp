@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -339,19 +340,46 @@ void RestoreStreamer::fail(std::exception_ptr e) {
   if (!error_) error_ = e;
 }
 
-void RestoreStreamer::serve(const image::ManifestEntry* e, UniqueFd pipe) {
+void RestoreStreamer::serve(const image::ManifestEntry* e, std::optional<Range> range,
+                            UniqueFd pipe) {
   try {
     // criu asks for a task's pages once it has forked that task: a restore held here is half
     // done (tests stop it here).
     if (e->path.starts_with("pages-")) fault_point(fault::kRestorePages);
-    // A false return is criu closing the image before its end: it needed no more of it.
-    source_.write_to(*e, pipe.get());
+    // A false return is criu closing the image before its end: it needed no more of it (the
+    // rest comes as ranges, or never).
+    if (range)
+      source_.write_range_to(*e, range->offset, range->length, pipe.get());
+    else
+      source_.write_to(*e, pipe.get());
     ++served_;
   } catch (...) {
     // Closing the pipe early makes criu fail on a truncated image: the damaged bytes never
     // reach a restored process.
     fail(std::current_exception());
   }
+}
+
+const image::ManifestEntry* RestoreStreamer::find_range(const std::string& name,
+                                                        std::optional<Range>& range) const {
+  if (const image::ManifestEntry* e = source_.find(name)) return e;
+  const auto at = name.rfind('@');
+  if (at == std::string::npos) return nullptr;
+  // IMAGE@OFFSET+LENGTH, both decimal, nothing else.
+  const std::string_view spec = std::string_view(name).substr(at + 1);
+  const auto plus = spec.find('+');
+  Range r;
+  auto number = [](std::string_view t, std::uint64_t& v) {
+    const auto [p, ec] = std::from_chars(t.data(), t.data() + t.size(), v);
+    return !t.empty() && ec == std::errc() && p == t.data() + t.size();
+  };
+  if (plus == std::string_view::npos || !number(spec.substr(0, plus), r.offset) ||
+      !number(spec.substr(plus + 1), r.length))
+    return nullptr;
+  const image::ManifestEntry* e = source_.find(std::string_view(name).substr(0, at));
+  if (!e || r.length == 0 || r.offset > e->size || r.length > e->size - r.offset) return nullptr;
+  range = r;
+  return e;
 }
 
 void RestoreStreamer::run() {
@@ -387,7 +415,8 @@ void RestoreStreamer::run() {
             conn.reset();
             continue;
           }
-          const image::ManifestEntry* e = source_.find(*name);
+          std::optional<Range> range;
+          const image::ManifestEntry* e = find_range(*name, range);
           send_reply(conn.get(), e != nullptr);
           if (!e) {
             std::lock_guard lock(mu_);
@@ -398,8 +427,8 @@ void RestoreStreamer::run() {
           UniqueFd pipe = recv_pipe(conn.get());
           grow_pipe(pipe.get());
           servers_.emplace_back(
-              [this, e, p = std::make_shared<UniqueFd>(std::move(pipe))]() mutable {
-                serve(e, std::move(*p));
+              [this, e, range, p = std::make_shared<UniqueFd>(std::move(pipe))]() mutable {
+                serve(e, range, std::move(*p));
               });
         }
       }

@@ -11,6 +11,9 @@
 //     end on dump (CRIU writes the image into the pipe and closes it), the write end on restore
 //     (gpuckpt writes the image and closes it). Several pipes are open at once (CRIU writes a
 //     task's pagemap and pages images side by side), so every pipe is served concurrently.
+//   * A name "IMAGE@OFFSET+LENGTH" (decimal bytes) asks for that range of IMAGE alone: gpuckpt's
+//     CRIU takes a task's pages image as several streams (docs/CRIU.md, "Parallel copy"). A
+//     range not inside the image is answered as a missing file.
 //   * CRIU closes the socket when it has opened its last image; a fatal error on either side is
 //     a broken pipe for the other.
 //   * Files CRIU opens with O_FORCE_LOCAL (stats-dump, stats-restore, irmap-cache) and its log
@@ -23,6 +26,7 @@
 #include <exception>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -90,7 +94,14 @@ class RestoreStreamer {
 
  private:
   void run();
-  void serve(const image::ManifestEntry* e, UniqueFd pipe);
+  struct Range {
+    std::uint64_t offset = 0, length = 0;
+  };
+  void serve(const image::ManifestEntry* e, std::optional<Range> range, UniqueFd pipe);
+  // The entry `name` asks for: a file, or (IMAGE@OFFSET+LENGTH) a range of one, into `range`;
+  // nullptr if there is none.
+  const image::ManifestEntry* find_range(const std::string& name,
+                                         std::optional<Range>& range) const;
   void fail(std::exception_ptr e);
   const image::CheckpointSource& source_;
   std::filesystem::path socket_path_;

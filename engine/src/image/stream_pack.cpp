@@ -757,86 +757,130 @@ std::uint64_t CheckpointSource::buffer_bytes_peak() const {
   return peak_;
 }
 
+void CheckpointSource::mark_asked(const ManifestEntry& e) const {
+  std::lock_guard lk(asked_mu_);
+  asked_.resize(m_.entries.size());
+  asked_[static_cast<std::size_t>(&e - m_.entries.data())] = true;
+}
+
 bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
-  {
-    std::lock_guard lk(asked_mu_);
-    asked_.resize(m_.entries.size());
-    asked_[static_cast<std::size_t>(&e - m_.entries.data())] = true;
-  }
-  std::uint32_t largest = 1;
-  for (const auto& c : e.chunks) largest = std::max(largest, c.raw);
+  mark_asked(e);
   const std::size_t n = e.chunks.size();
   NoSigpipe nosig;
-  std::uint64_t digest = 0;
+  std::optional<std::uint64_t> digest;
   if (n <= 2) {  // small files (most CRIU images): decoded right here
-    const auto d = decode_serially(e, [&](const std::byte* data, std::uint32_t len) {
+    digest = decode_serially(e, [&](const std::byte* data, std::uint32_t len) {
       const WaitClock w(fed_wait_ns_);
       return write_all(fd, data, len, e.path, raw_written_);
     });
-    if (!d) return false;
-    digest = *d;
   } else {
-    // Large files (pages-*.img): the pipeline reads ahead with O_DIRECT through io_uring (cold
-    // buffered reads ran at a third of the disk's speed here, docs/PERFORMANCE.md), workers
-    // check and decompress, and this file's sink writes the chunks into the pipe in order.
-    std::vector<ReadSource> sources;
-    for (std::size_t b = 0; b < m_.blobs.size(); ++b) {
-      // Through our own descriptors: the blobs read are the ones checked when this opened.
-      const fs::path self = "/proc/self/fd/" + std::to_string(blobs_[b].get());
-      // Arriving blobs are in the page cache, where O_DIRECT would first write them back.
-      const bool direct =
-          !arrival_ && m_.blobs[b].size > 0 && !looks_cached(self, m_.blobs[b].size);
-      sources.push_back({self, "blob " + (ckpt_ / m_.blobs[b].name).string(), direct});
-    }
-    std::vector<ReadRange> ranges;
-    ranges.reserve(n);
-    for (const auto& c : e.chunks) ranges.push_back({c.blob, c.offset, c.stored});
-    PipelineConfig cfg;
-    cfg.phase = "restore";
-    // A few reads in flight beyond the workers' chunks keep the disk busy. Spliced chunks stay
-    // held while the pipe holds their bytes: room for those as well. Several images stream at
-    // once (a tree's tasks restore in parallel) and share one budget; one that finds it spent
-    // still gets what it needs to move, never waiting for another file: that one's reader, a
-    // CRIU task, may be waiting for this file's.
-    const std::size_t in_pipe = (pipe_capacity(fd) + largest - 1) / largest + 1;
-    cfg.buffer_bytes = slot_buffer_bytes(largest);
-    const std::size_t wanted = std::min<std::size_t>(n, std::size_t{threads_} + 4 + in_pipe);
-    const BufferGrant grant(*this, std::min(wanted, in_pipe + 2), wanted, 2 * cfg.buffer_bytes);
-    cfg.slots = static_cast<unsigned>(grant.slots());
-    cfg.workers = threads_;
-    cfg.queue_depth = cfg.slots;
-    cfg.short_read_errc = Errc::kCorrupt;
-    if (arrival_)
-      cfg.await_range = [this](const ReadRange& r) {
-        arrival_->wait(r.source, r.offset, r.offset + r.length);
-      };
-    DescriptorSink sink(fd, e.path, raw_written_, fed_wait_ns_);
-    const WorkerFactory make_worker = [&]() -> std::unique_ptr<ChunkWorker> {
-      struct Worker : ChunkWorker {
-        Worker(const CheckpointSource& src, const ManifestEntry& entry) : src(src), e(entry) {}
-        void process(Slot& s) override {
-          const std::byte* d =
-              check_and_decode(e.chunks[s.seq], s.chunk(), s.out, dec,
-                               [&](const std::string& why) { throw src.corrupt(e, s.seq, why); });
-          s.data = d == s.out ? s.out : s.chunk();
-          s.data_len = e.chunks[s.seq].raw;
-        }
-        const CheckpointSource& src;
-        const ManifestEntry& e;
-        Decompressor dec;
-      };
-      return std::make_unique<Worker>(*this, e);
-    };
-    try {
-      const PipelineStats st = run_pipeline(cfg, sources, ranges, make_worker, sink);
-      stored_read_ += st.bytes_read;
-    } catch (const ReaderClosed&) {
-      return false;
-    }
-    digest = sink.hash.digest();
+    digest = pipe_chunks(e, 0, n, 0, e.size, fd);
   }
-  check_whole(e, digest);
+  if (!digest) return false;
+  check_whole(e, *digest);
   return true;
+}
+
+unsigned CheckpointSource::feeds_within_budget() const {
+  // pipe_chunks' least for a chunk of the manifest's size into a pipe the streamer grew to 4 MiB.
+  const std::uint64_t chunk = std::max<std::uint32_t>(m_.chunk_bytes, 1);
+  const std::uint64_t in_pipe = ((4u << 20) + chunk - 1) / chunk + 1;
+  const std::uint64_t least =
+      (in_pipe + 2) * 2 * slot_buffer_bytes(static_cast<std::uint32_t>(chunk));
+  return static_cast<unsigned>(std::max<std::uint64_t>(1, budget_ / least));
+}
+
+bool CheckpointSource::write_range_to(const ManifestEntry& e, std::uint64_t offset,
+                                      std::uint64_t length, int fd) const {
+  if (length == 0 || offset > e.size || length > e.size - offset || m_.chunk_bytes == 0)
+    throw Error(Errc::kInvalidInput, "bytes " + std::to_string(offset) + "+" +
+                                         std::to_string(length) + " are not inside '" + e.path +
+                                         "' (" + std::to_string(e.size) + " bytes)");
+  mark_asked(e);
+  NoSigpipe nosig;
+  // Every chunk but the last holds chunk_bytes (the manifest reader checks it).
+  const std::size_t first = offset / m_.chunk_bytes;
+  const std::size_t last = (offset + length - 1) / m_.chunk_bytes;
+  return pipe_chunks(e, first, last - first + 1, offset - first * std::uint64_t{m_.chunk_bytes},
+                     length, fd)
+      .has_value();
+}
+
+std::optional<std::uint64_t> CheckpointSource::pipe_chunks(const ManifestEntry& e,
+                                                           std::size_t first, std::size_t count,
+                                                           std::uint64_t skip, std::uint64_t length,
+                                                           int fd) const {
+  std::uint32_t largest = 1;
+  for (std::size_t k = first; k < first + count; ++k) largest = std::max(largest, e.chunks[k].raw);
+  // Large files (pages-*.img): the pipeline reads ahead with O_DIRECT through io_uring (cold
+  // buffered reads ran at a third of the disk's speed here, docs/PERFORMANCE.md), workers
+  // check and decompress, and this file's sink writes the chunks into the pipe in order.
+  std::vector<ReadSource> sources;
+  for (std::size_t b = 0; b < m_.blobs.size(); ++b) {
+    // Through our own descriptors: the blobs read are the ones checked when this opened.
+    const fs::path self = "/proc/self/fd/" + std::to_string(blobs_[b].get());
+    // Arriving blobs are in the page cache, where O_DIRECT would first write them back.
+    const bool direct = !arrival_ && m_.blobs[b].size > 0 && !looks_cached(self, m_.blobs[b].size);
+    sources.push_back({self, "blob " + (ckpt_ / m_.blobs[b].name).string(), direct});
+  }
+  std::vector<ReadRange> ranges;
+  ranges.reserve(count);
+  for (std::size_t k = first; k < first + count; ++k)
+    ranges.push_back({e.chunks[k].blob, e.chunks[k].offset, e.chunks[k].stored});
+  PipelineConfig cfg;
+  cfg.phase = "restore";
+  // A few reads in flight beyond the workers' chunks keep the disk busy. Spliced chunks stay
+  // held while the pipe holds their bytes: room for those as well. Several images stream at
+  // once (a tree's tasks restore in parallel) and share one budget; one that finds it spent
+  // still gets what it needs to move, never waiting for another file: that one's reader, a
+  // CRIU task, may be waiting for this file's.
+  const std::size_t in_pipe = (pipe_capacity(fd) + largest - 1) / largest + 1;
+  cfg.buffer_bytes = slot_buffer_bytes(largest);
+  const std::size_t wanted = std::min<std::size_t>(count, std::size_t{threads_} + 4 + in_pipe);
+  const BufferGrant grant(*this, std::min(wanted, in_pipe + 2), wanted, 2 * cfg.buffer_bytes);
+  cfg.slots = static_cast<unsigned>(grant.slots());
+  cfg.workers = threads_;
+  cfg.queue_depth = cfg.slots;
+  cfg.short_read_errc = Errc::kCorrupt;
+  if (arrival_)
+    cfg.await_range = [this](const ReadRange& r) {
+      arrival_->wait(r.source, r.offset, r.offset + r.length);
+    };
+  DescriptorSink sink(fd, e.path, raw_written_, fed_wait_ns_);
+  const std::uint64_t begin = first * std::uint64_t{m_.chunk_bytes} + skip;
+  const WorkerFactory make_worker = [&]() -> std::unique_ptr<ChunkWorker> {
+    struct Worker : ChunkWorker {
+      Worker(const CheckpointSource& src, const ManifestEntry& entry, std::size_t first,
+             std::uint64_t begin, std::uint64_t end)
+          : src(src), e(entry), first(first), begin(begin), end(end) {}
+      void process(Slot& s) override {
+        const std::size_t k = first + s.seq;
+        const ChunkRecord& c = e.chunks[k];
+        const std::byte* d =
+            check_and_decode(c, s.chunk(), s.out, dec,
+                             [&](const std::string& why) { throw src.corrupt(e, k, why); });
+        s.data = d == s.out ? s.out : s.chunk();
+        // Only the asked-for bytes of the first and last chunk of a range.
+        const std::uint64_t at = k * std::uint64_t{src.m_.chunk_bytes};
+        const std::uint64_t from = std::max(at, begin), to = std::min(at + c.raw, end);
+        s.data += from - at;
+        s.data_len = static_cast<std::uint32_t>(to - from);
+      }
+      const CheckpointSource& src;
+      const ManifestEntry& e;
+      std::size_t first;
+      std::uint64_t begin, end;
+      Decompressor dec;
+    };
+    return std::make_unique<Worker>(*this, e, first, begin, begin + length);
+  };
+  try {
+    const PipelineStats st = run_pipeline(cfg, sources, ranges, make_worker, sink);
+    stored_read_ += st.bytes_read;
+  } catch (const ReaderClosed&) {
+    return std::nullopt;
+  }
+  return sink.hash.digest();
 }
 
 }  // namespace gpuckpt::image

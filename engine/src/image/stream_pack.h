@@ -172,6 +172,17 @@ class CheckpointSource {
   // before the end of the file (EPIPE: it did not need the rest). Throws Error(kCorrupt) on a
   // damaged chunk, before any of its bytes are written, and on a whole-file mismatch.
   bool write_to(const ManifestEntry& e, int fd) const;
+  // Writes bytes [offset, offset + length) of the file to `fd`, as write_to() writes the whole
+  // file: for a reader that takes one file as several streams (CRIU's parallel copy,
+  // docs/CRIU.md). Each chunk is checked as write_to() checks it; the whole-file xxh3 is not,
+  // since it covers bytes this does not read. Error(kInvalidInput) if the range is empty or
+  // not inside the file.
+  bool write_range_to(const ManifestEntry& e, std::uint64_t offset, std::uint64_t length,
+                      int fd) const;
+  // How many files (or ranges of them) this can feed into pipes at once within its buffer budget:
+  // each feed holds at least a few chunk slots whatever the budget (pipe_chunks), so more at once
+  // would pass it.
+  unsigned feeds_within_budget() const;
   // The raw bytes of chunk `k` of `e`, checked (zstd's sample for the path ceilings).
   std::vector<std::byte> raw_chunk(const ManifestEntry& e, std::size_t k) const;
   // Checks every file that write_to was never asked for (a restore reads only the images CRIU
@@ -196,6 +207,13 @@ class CheckpointSource {
  private:
   const std::byte* decode(const ManifestEntry& e, std::size_t k, AlignedBuffer& in,
                           AlignedBuffer& out, Decompressor& dec) const;
+  void mark_asked(const ManifestEntry& e) const;
+  // Chunks [first, first + count) of `e` through the read-ahead pipeline into `fd`, the bytes
+  // [skip, skip + length) of them. Returns the xxh3 of what it wrote, or nullopt if the reader
+  // closed its end first.
+  std::optional<std::uint64_t> pipe_chunks(const ManifestEntry& e, std::size_t first,
+                                           std::size_t count, std::uint64_t skip,
+                                           std::uint64_t length, int fd) const;
   // Decodes the chunks of `e` in order on this thread, each handed to `each` (false: stop).
   // Returns the whole file's xxh3, or nullopt if `each` stopped.
   std::optional<std::uint64_t> decode_serially(

@@ -315,6 +315,23 @@ void move_endpoints_aside(const RestoreState& r) {
   }
 }
 
+// The streams each task's pages image is copied by (docs/CRIU.md, "Parallel copy"): as asked, or
+// half the CPUs (as CRIU's own default), no more than the buffer budget feeds at once when every
+// large pages image is read at the same time (a tree's tasks restore side by side), so that the
+// restore keeps its memory bound. 0: not a streamed restore (leave CRIU's default).
+unsigned copy_streams(const RestoreState& r) {
+  if (r.o.copy_streams) return r.o.copy_streams;
+  // The operator's setting, in gpuckpt's environment, reaches CRIU as it is.
+  if (!r.source || std::getenv(criu::kEnvCopyStreams)) return 0;
+  constexpr std::uint64_t kLarge = 128ull << 20;  // two of the patch's 64 MiB ranges
+  unsigned large = 0;
+  for (const auto& e : r.source->manifest().entries)
+    if (e.path.starts_with("pages-") && e.size >= kLarge) ++large;
+  if (!large) return 0;
+  const unsigned want = std::clamp(usable_cpus() / 2, 1u, 9u);
+  return std::min(want, std::max(1u, r.source->feeds_within_budget() / large));
+}
+
 void build_criu_args(RestoreState& r) {
   const RestoreOptions& o = r.o;
   criu::RestoreArgs& a = r.args;
@@ -338,6 +355,8 @@ void build_criu_args(RestoreState& r) {
   a.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
            std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
            std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
+  if (const unsigned n = copy_streams(r))
+    a.env.push_back(std::string(criu::kEnvCopyStreams) + "=" + std::to_string(n));
   for (auto& e : plugin_device_env(r.rec.cuda_pids)) a.env.push_back(std::move(e));
 }
 
@@ -411,12 +430,15 @@ void finish_streaming(RestoreState& r) {
   if (!r.streamer) return;
   r.streamer->finish();
   // read_decompress overlaps criu_restore: CRIU reads its images while it restores.
-  r.out.timeline.add(stage::kReadDecompress, r.run.start, Timeline::Clock::now(),
-                     r.source->raw_written());
+  const auto fed = Timeline::Clock::now();
+  r.out.timeline.add(stage::kReadDecompress, r.run.start, fed, r.source->raw_written());
   // Not an interval: the time gpuckpt's feed waited for CRIU to read, summed over the files.
   // Near read_decompress, CRIU's copy bounds the restore; far below it, the reads and the
-  // decompression do.
-  r.out.timeline.add(stage::kFeedWait, r.run.start, r.run.start + r.source->waited_for_reader());
+  // decompression do. Files fed at once (a tree's tasks, a task's streams) wait at once: the
+  // sum is capped at read_decompress, which it would otherwise pass, and the restore's total.
+  r.out.timeline.add(stage::kFeedWait, r.run.start,
+                     r.run.start + std::min<Timeline::Clock::duration>(
+                                       r.source->waited_for_reader(), fed - r.run.start));
   r.streamer.reset();
 }
 
@@ -431,7 +453,7 @@ std::string collect_restored(RestoreState& r) {
   if (!plugin && r.rec.container && !r.stream)
     plugin = criu::read_plugin_report(r.images / criu::kRestoreReportName);
   add_restore_stages(out.timeline, r.run, criu::read_restore_stats(r.images), plugin,
-                     criu::read_fill_stats(r.run.log));
+                     criu::read_restore_log_spans(r.run.log));
   out.gpu = plugin && plugin->cuda;
   // CRIU ignores errors of the late device hook (it only logs them), so a failed CUDA restore
   // would leave a process that hangs on its first CUDA call.
@@ -542,6 +564,8 @@ void restore_container(RestoreState& r) {
   q.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
            std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
            std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
+  if (const unsigned n = copy_streams(r))
+    q.env.push_back(std::string(criu::kEnvCopyStreams) + "=" + std::to_string(n));
   for (auto& e : plugin_device_env(r.rec.cuda_pids)) q.env.push_back(std::move(e));
   if (!r.stream) {
     // A runtime whose CRIU gets none of this environment (dockerd's, containerd 2.0's shims)

@@ -92,7 +92,7 @@ void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_byt
 void add_restore_stages(Timeline& tl, const criu::Run& run,
                         const std::optional<criu::RestoreStats>& stats,
                         const std::optional<criu::PluginReport>& plugin,
-                        const std::optional<criu::FillStats>& fill) {
+                        const criu::RestoreLogSpans& spans) {
   Pending p;
   p.add(stage::kCriuRestore, run.start, run.end);
   if (stats) {
@@ -100,14 +100,13 @@ void add_restore_stages(Timeline& tl, const criu::Run& run,
     p.add(stage::kCriuRestoreTasks, run.start, run.start + us(stats->restore_us),
           stats->pages_restored * 4096);
   }
-  if (fill) {
-    // Clamped in seconds, before any conversion: the log's figures are inside the run.
-    const double run_s = std::chrono::duration<double>(run.end - run.start).count();
-    auto at = [&](double s) {
-      return run.start + us(static_cast<std::uint64_t>(std::clamp(s, 0.0, run_s) * 1e6));
-    };
-    p.add(stage::kMemoryFill, at(fill->start_s), at(fill->end_s), fill->bytes);
-  }
+  // Clamped in seconds, before any conversion: the log's figures are inside the run.
+  const double run_s = std::chrono::duration<double>(run.end - run.start).count();
+  auto at = [&](double s) {
+    return run.start + us(static_cast<std::uint64_t>(std::clamp(s, 0.0, run_s) * 1e6));
+  };
+  if (const auto& f = spans.fill) p.add(stage::kMemoryFill, at(f->start_s), at(f->end_s), f->bytes);
+  if (const auto& c = spans.copy) p.add(stage::kMemoryCopy, at(c->start_s), at(c->end_s), c->bytes);
   if (plugin) p.add_plugin(*plugin);
   p.flush(tl);
 }

@@ -18,11 +18,11 @@ void add_dump_stages(Timeline& tl, const criu::Run& run, std::uint64_t image_byt
                      const std::optional<criu::DumpStats>& stats,
                      const std::optional<criu::PluginReport>& plugin);
 
-// `fill`: the huge-page fill as CRIU's log timed it, a stage of its own (memory_fill) inside
-// criu_restore_tasks.
+// `spans`: the huge-page fill and the parallel copy as CRIU's log timed them, stages of their
+// own (memory_fill, memory_copy) inside criu_restore_tasks.
 void add_restore_stages(Timeline& tl, const criu::Run& run,
                         const std::optional<criu::RestoreStats>& stats,
                         const std::optional<criu::PluginReport>& plugin,
-                        const std::optional<criu::FillStats>& fill = std::nullopt);
+                        const criu::RestoreLogSpans& spans = {});
 
 }  // namespace gpuckpt::process

@@ -170,6 +170,11 @@ std::optional<Floor> stage_floor(const Stage& s, const PathCeilings& p, const Fl
     // The populate threads alone, inside criu_restore_tasks (whose floor and CPU budget count
     // the fill already): how fast this restore met its memory against the ceiling.
     w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
+  } else if (n == stage::kMemoryCopy) {
+    // The pages images copied by several streams, inside criu_restore_tasks: each copy also
+    // faults in its pages, and the streams share the cores.
+    w.add(raw, p.fill_huge_gbps, "memory fill (huge pages)");
+    w.add(raw, p.memcpy_gbps * cores, "memcpy on every core");
   } else if (n == stage::kTransfer || n == stage::kReceive || n == stage::kUpload ||
              n == stage::kDownload) {
     if (p.network_gbps) w.add(raw, *p.network_gbps, "network");

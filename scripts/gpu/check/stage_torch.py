@@ -4,6 +4,7 @@
 equal an uninterrupted reference's; then the transient figures (cold start, restore, migration)
 and `gpuckpt report` of them."""
 
+import json
 import os
 
 import helpers as h
@@ -58,10 +59,20 @@ class Torch:
             c.record("FAIL", "torch bench", f"pid {self.pid} still there after the dump")
             return
         probe = ["--probe", f"unix:{self.sock}", "--request", "PING", *c.criu_args]
+        # CRIU's one copy path first (--copy-streams 1), then its default streams (half the
+        # CPUs), in the same run: docs/CRIU.md, "Parallel copy".
+        argv = [c.gpuckpt, "--json", "bench", "restore", f"{b}/torch.ckpt", "--runs", "1",
+                "--copy-streams", "1", *probe]
+        if c.run(argv, timeout=c.cap(60), out=f"{b}/restore-1.json",
+                 err=f"{b}/restore-1.err") != 0:
+            return fail_tail("torch bench restore (one stream)", "restore-1")
         argv = [c.gpuckpt, "--json", "bench", "restore", f"{b}/torch.ckpt", "--runs", "2", "--keep",
                 *probe]
         if c.run(argv, timeout=c.cap(60), out=f"{b}/restore.json", err=f"{b}/restore.err") != 0:
             return fail_tail("torch bench restore", "restore")
+        c.record("INFO", "torch copy streams", "; ".join(
+            f"{what}: {copy_figures(f'{b}/{stem}.json')}"
+            for what, stem in (("one stream", "restore-1"), ("default streams", "restore"))))
         argv = [c.gpuckpt, "--json", "bench", "migrate", "--pid", self.pid, "--to", f"{b}/migrate",
                 *probe]
         if c.run(argv, timeout=c.cap(60), out=f"{b}/migrate.json", err=f"{b}/migrate.err") != 0:
@@ -130,6 +141,21 @@ class Torch:
                 break
         if c.s.failures == failures_before_rounds and c.have_time(90, "torch transient"):
             self.transient_figures()
+
+
+def copy_figures(path):
+    """criu_restore_tasks and memory_copy (seconds, GB/s) of a bench restore's first run."""
+    try:
+        with open(path) as f:
+            stages = {st["name"]: st for st in json.load(f)["runs"][0]["stages"]}
+    except Exception:
+        return "no figures"
+    out = []
+    for name in ("criu_restore_tasks", "memory_copy", "memory_fill", "device_restore"):
+        st = stages.get(name)
+        if st:
+            out.append(f"{name} {st['seconds']:.2f} s ({st.get('gbps', 0):.1f} GB/s)")
+    return ", ".join(out) or "no figures"
 
 
 def torch_importable(c):
