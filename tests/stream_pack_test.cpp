@@ -387,6 +387,64 @@ TEST_F(StreamPack, FilesStreamedAtOnceShareOneBufferBudget) {
   EXPECT_LE(src.buffer_bytes_peak(), limits.buffer_bytes + 2 * 4 * slot);
 }
 
+// Feeds told how many run at once (a restore's copy streams, share_feeds) take a share each,
+// so that together they stay within the budget, and a share of the workers.
+TEST_F(StreamPack, FeedsThatShareTheBudgetStayWithinItTogether) {
+  constexpr std::size_t kChunks = 40;
+  files_ = {{"pages-1.img", random_bytes(kChunks * opts_.chunk_bytes, 31, true)}};
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  write(ckpt);
+  image::SourceLimits limits;
+  limits.threads = 8;
+  const std::uint64_t slot = 2 * image::slot_buffer_bytes(opts_.chunk_bytes);
+  limits.buffer_bytes = 14 * slot;  // one feed's whole want, as above
+  image::CheckpointSource src(ckpt, nullptr, limits);
+  src.share_feeds(3);
+  const image::ManifestEntry* e = src.find("pages-1.img");
+  const std::uint64_t third = kChunks / 3 * opts_.chunk_bytes;
+  const std::vector<std::pair<std::uint64_t, std::uint64_t>> parts = {
+      {0, third}, {third, third}, {2 * third, e->size - 2 * third}};
+  std::vector<Pipe> pipes;
+  for (int i = 0; i < 3; ++i) {
+    pipes.push_back(make_pipe());
+    ASSERT_EQ(::fcntl(pipes[i].wr.get(), F_SETPIPE_SZ, 65536), 65536);
+  }
+  std::vector<std::future<bool>> writers;
+  for (int i = 0; i < 3; ++i)
+    writers.push_back(std::async(std::launch::async, [&, i] {
+      struct Close {
+        UniqueFd& fd;
+        ~Close() { fd.reset(); }
+      } close{pipes[i].wr};
+      return src.write_range_to(*e, parts[i].first, parts[i].second, pipes[i].wr.get());
+    }));
+  struct CloseReaders {
+    std::vector<Pipe>& p;
+    ~CloseReaders() {
+      for (auto& x : p) x.rd.reset();
+    }
+  } close_readers{pipes};
+  auto readable = [&](int i) {
+    pollfd p{pipes[i].rd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  };
+  ASSERT_TRUE(test::wait_until([&] { return readable(0) && readable(1) && readable(2); }));
+  // Unshared, the first would take all 14 slots and the others 4 each (22).
+  EXPECT_LE(src.buffer_bytes_held(), limits.buffer_bytes) << src.buffer_bytes_held() / slot;
+  std::vector<std::string> got(3);
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 3; ++i)
+    readers.emplace_back([&, i] {
+      char buf[65536];
+      for (ssize_t n; (n = ::read(pipes[i].rd.get(), buf, sizeof buf)) > 0;)
+        got[i].append(buf, static_cast<std::size_t>(n));
+    });
+  for (auto& r : readers) r.join();
+  for (auto& w : writers) EXPECT_TRUE(w.get());
+  EXPECT_TRUE(got[0] + got[1] + got[2] == files_[0].second);
+  EXPECT_LE(src.buffer_bytes_peak(), limits.buffer_bytes);
+}
+
 // CRIU may close an image before its end (it needed no more of it): not an error.
 TEST_F(StreamPack, AReaderClosingThePipeEarlyEndsTheFileWithoutAnError) {
   const fs::path ckpt = dir_.path() / "c.ckpt";

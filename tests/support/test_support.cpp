@@ -681,7 +681,12 @@ FakeCudaTree::FakeCudaTree(int procs) : dir(scratch_dir("gpuckpt-fake-cuda")) {
 }
 
 FakeCudaTree::~FakeCudaTree() {
-  for (pid_t p : pids) ::kill(p, SIGKILL);
+  // Only the tree's own processes: each is this test's child (it is their subreaper) or a child
+  // of another of them. A pid a test reaped already may name an unrelated process by now.
+  for (pid_t p : pids)
+    if (const auto i = process::read_proc(p);
+        i && (i->ppid == ::getpid() || std::find(pids.begin(), pids.end(), i->ppid) != pids.end()))
+      ::kill(p, SIGKILL);
   for (pid_t p : pids) reap(p);
 }
 

@@ -735,7 +735,9 @@ CheckpointSource::BufferGrant::BufferGrant(const CheckpointSource& src, std::siz
                                            std::size_t wanted, std::size_t slot_bytes)
     : src_(src) {
   std::lock_guard lk(src.budget_mu_);
-  const std::uint64_t left = src.budget_ > src.held_ ? src.budget_ - src.held_ : 0;
+  std::uint64_t left = src.budget_ > src.held_ ? src.budget_ - src.held_ : 0;
+  if (const unsigned feeds = src.feeds_.load())
+    left = std::min<std::uint64_t>(left, src.budget_ / feeds);
   slots_ = std::max<std::size_t>(least, std::min<std::uint64_t>(wanted, left / slot_bytes));
   bytes_ = static_cast<std::uint64_t>(slots_) * slot_bytes;
   src.held_ += bytes_;
@@ -839,7 +841,8 @@ std::optional<std::uint64_t> CheckpointSource::pipe_chunks(const ManifestEntry& 
   const std::size_t wanted = std::min<std::size_t>(count, std::size_t{threads_} + 4 + in_pipe);
   const BufferGrant grant(*this, std::min(wanted, in_pipe + 2), wanted, 2 * cfg.buffer_bytes);
   cfg.slots = static_cast<unsigned>(grant.slots());
-  cfg.workers = threads_;
+  const unsigned feeds = feeds_.load();
+  cfg.workers = feeds ? std::max(1u, threads_ / feeds) : threads_;
   cfg.queue_depth = cfg.slots;
   cfg.short_read_errc = Errc::kCorrupt;
   if (arrival_)

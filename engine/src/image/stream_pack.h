@@ -183,6 +183,11 @@ class CheckpointSource {
   // each feed holds at least a few chunk slots whatever the budget (pipe_chunks), so more at once
   // would pass it.
   unsigned feeds_within_budget() const;
+  // The reader will take `feeds` large files (or ranges of them) at once: each feed then holds
+  // at most its share of the buffer budget (never less than it needs to move) and of the
+  // decompression workers, so that together they keep to both. 0: no such promise (a feed takes
+  // what the budget has left, with every worker). Before any feed starts.
+  void share_feeds(unsigned feeds) { feeds_ = feeds; }
   // The raw bytes of chunk `k` of `e`, checked (zstd's sample for the path ceilings).
   std::vector<std::byte> raw_chunk(const ManifestEntry& e, std::size_t k) const;
   // Checks every file that write_to was never asked for (a restore reads only the images CRIU
@@ -243,6 +248,7 @@ class CheckpointSource {
   const BlobArrival* arrival_ = nullptr;
   unsigned threads_ = 1;  // decompression workers per large file
   std::uint64_t budget_ = kAutoBufferBudget;
+  std::atomic<unsigned> feeds_{0};  // share_feeds
   mutable std::mutex budget_mu_;
   mutable std::uint64_t held_ = 0, peak_ = 0;
   Manifest m_;

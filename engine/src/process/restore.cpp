@@ -319,17 +319,22 @@ void move_endpoints_aside(const RestoreState& r) {
 // half the CPUs (as CRIU's own default), no more than the buffer budget feeds at once when every
 // large pages image is read at the same time (a tree's tasks restore side by side), so that the
 // restore keeps its memory bound. 0: not a streamed restore (leave CRIU's default).
-unsigned copy_streams(const RestoreState& r) {
-  if (r.o.copy_streams) return r.o.copy_streams;
-  // The operator's setting, in gpuckpt's environment, reaches CRIU as it is.
-  if (!r.source || std::getenv(criu::kEnvCopyStreams)) return 0;
+unsigned copy_streams(RestoreState& r) {
+  if (!r.source) return r.o.copy_streams;         // staged: CRIU reads files, gpuckpt feeds nothing
   constexpr std::uint64_t kLarge = 128ull << 20;  // two of the patch's 64 MiB ranges
   unsigned large = 0;
   for (const auto& e : r.source->manifest().entries)
     if (e.path.starts_with("pages-") && e.size >= kLarge) ++large;
-  if (!large) return 0;
-  const unsigned want = std::clamp(usable_cpus() / 2, 1u, 9u);
-  return std::min(want, std::max(1u, r.source->feeds_within_budget() / large));
+  unsigned n = r.o.copy_streams;
+  // The operator's setting, in gpuckpt's environment, reaches CRIU as it is.
+  const char* env = std::getenv(criu::kEnvCopyStreams);
+  if (!n && env) n = static_cast<unsigned>(std::strtoul(env, nullptr, 10));
+  if (!n && large)
+    n = std::min(std::clamp(usable_cpus() / 2, 1u, 9u),
+                 std::max(1u, r.source->feeds_within_budget() / large));
+  // Every stream of every large image fed at once, each within its share.
+  if (n > 1 && large) r.source->share_feeds(n * large);
+  return r.o.copy_streams || !env ? n : 0;
 }
 
 void build_criu_args(RestoreState& r) {
