@@ -56,13 +56,25 @@ while True:
 )";
 
 // A tree: a small parent and a child whose dense region the restore fills in parallel
-// (docs/CRIU.md, "Parallel fill"); the child answers "HASH" as above and prints "READY <pid>".
+// (docs/CRIU.md, "Parallel fill"); the child answers "HASH" (of its region) and prints
+// "READY <pid>". With a third argument "cow" the parent fills the region before the fork and the
+// child inherits it (COW), writing one page in every 2 MiB of it: the child's image then holds
+// every page of the region, each compared at restore with the parent's and written only where it
+// differs.
 const char* kTree = R"(import hashlib, mmap, os, signal, socket, sys
+cow = len(sys.argv) > 3 and sys.argv[3] == "cow"
+def filled(tag):
+    m = mmap.mmap(-1, int(sys.argv[2]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    block = hashlib.sha256(tag).digest() * 128
+    for off in range(0, len(m), len(block)):
+        m[off:off + len(block)] = bytes([off >> 12 & 0xff]) + block[1:]
+    return m
+inherited = filled(b"cow") if cow else None
 if os.fork() == 0:
-    dense = mmap.mmap(-1, int(sys.argv[2]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    block = hashlib.sha256(b"tree").digest() * 128
-    for off in range(0, len(dense), len(block)):
-        dense[off:off + len(block)] = bytes([off >> 12 & 0xff]) + block[1:]
+    dense = inherited if cow else filled(b"tree")
+    if cow:
+        for off in range(0, len(dense), 2 << 20):
+            dense[off:off + 8] = b"child!!!"
     s = socket.socket(socket.AF_UNIX)
     s.bind(sys.argv[1])
     s.listen(4)
@@ -71,31 +83,6 @@ if os.fork() == 0:
         c, _ = s.accept()
         if c.recv(64).strip() == b"HASH":
             c.sendall(hashlib.sha256(dense[:]).hexdigest().encode() + b"\n")
-        c.close()
-while True:
-    signal.pause()
-)";
-
-// A parent that fills a region and forks a child that inherits it (COW) and writes one page in
-// every 2 MiB of it; the child answers "HASH" (of the region as it sees it) and prints
-// "READY <pid>". Its image holds every page of the region: at restore, each is compared with the
-// parent's and written only where it differs.
-const char* kCowTree = R"(import hashlib, mmap, os, signal, socket, sys
-shared = mmap.mmap(-1, int(sys.argv[2]) << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-block = hashlib.sha256(b"cow").digest() * 128
-for off in range(0, len(shared), len(block)):
-    shared[off:off + len(block)] = bytes([off >> 12 & 0xff]) + block[1:]
-if os.fork() == 0:
-    for off in range(0, len(shared), 2 << 20):
-        shared[off:off + 8] = b"child!!!"
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(sys.argv[1])
-    s.listen(4)
-    print("READY", os.getpid(), flush=True)
-    while True:
-        c, _ = s.accept()
-        if c.recv(64).strip() == b"HASH":
-            c.sendall(hashlib.sha256(shared[:]).hexdigest().encode() + b"\n")
         c.close()
 while True:
     signal.pause()
@@ -192,6 +179,29 @@ class HugePageFill : public ::testing::Test {
       return ::testing::AssertionSuccess();
     return ::testing::AssertionFailure()
            << "the target never got ready: " << read_file(so.stderr_file);
+  }
+  // Starts kTree (SOCK DENSE, then `mode`) in a session of its own and waits for its child's
+  // "READY <pid>" line; `child` is that pid.
+  ::testing::AssertionResult start_tree(const std::string& mode, Child& root, pid_t& child) {
+    const std::string name = "tree" + mode;
+    const fs::path script = dir_.path() / (name + ".py");
+    std::ofstream(script) << kTree;
+    SpawnOptions so;
+    so.stdout_file = dir_.path() / (name + ".out");
+    so.stderr_file = dir_.path() / (name + ".err");
+    so.new_session = true;
+    root = spawn({"python3", script.string(), sock_.string(), std::to_string(kDenseMiB), mode}, so);
+    // Python may write "READY" and its pid in two writes: wait for the whole line.
+    if (!test::wait_until(
+            [&] {
+              const std::string out = read_file(so.stdout_file);
+              return out.rfind("READY ", 0) == 0 && out.find('\n') != std::string::npos;
+            },
+            std::chrono::seconds(60)))
+      return ::testing::AssertionFailure()
+             << "the tree never got ready: " << read_file(so.stderr_file);
+    child = std::stoi(read_file(so.stdout_file).substr(6));
+    return ::testing::AssertionSuccess();
   }
   // Dumps `target` to ckpt_; the dump ends it.
   ::testing::AssertionResult dump(Child& target) {
@@ -359,22 +369,9 @@ namespace {
 // compared with the parent's by whichever thread reads it, so the child gets back what it had
 // written and still shares the rest with its parent.
 TEST_F(HugePageFill, AChildsCowPagesCopiedAsSeveralStreamsStaySharedWithItsParent) {
-  std::ofstream(dir_.path() / "cow.py") << kCowTree;
-  SpawnOptions so;
-  so.stdout_file = dir_.path() / "cow.out";
-  so.stderr_file = dir_.path() / "cow.err";
-  so.new_session = true;
-  Child root = spawn(
-      {"python3", (dir_.path() / "cow.py").string(), sock_.string(), std::to_string(kDenseMiB)},
-      so);
-  ASSERT_TRUE(test::wait_until(
-      [&] {
-        const std::string out = read_file(so.stdout_file);
-        return out.rfind("READY ", 0) == 0 && out.find('\n') != std::string::npos;
-      },
-      std::chrono::seconds(60)))
-      << read_file(so.stderr_file);
-  const pid_t child = std::stoi(read_file(so.stdout_file).substr(6));
+  Child root;
+  pid_t child = 0;
+  ASSERT_TRUE(start_tree("cow", root, child));
   const std::string hash = ask_unix_line(sock_, "HASH");
   // The child's Shared_Dirty in the region's VMA: the parent's pages it still shares.
   const auto shared_kib = [](pid_t p) -> std::uint64_t {
@@ -416,23 +413,9 @@ TEST_F(HugePageFill, AChildFilledInParallelKeepsItsMemoryAndItsSignalActions) {
   const std::string mode = thp_mode();
   if (mode != "madvise" && mode != "always")
     GTEST_SKIP() << "transparent huge pages are '" << mode << "' on this kernel";
-  std::ofstream(dir_.path() / "tree.py") << kTree;
-  SpawnOptions so;
-  so.stdout_file = dir_.path() / "tree.out";
-  so.stderr_file = dir_.path() / "tree.err";
-  so.new_session = true;
-  Child root = spawn(
-      {"python3", (dir_.path() / "tree.py").string(), sock_.string(), std::to_string(kDenseMiB)},
-      so);
-  // Python may write "READY" and its pid in two writes: wait for the whole line.
-  ASSERT_TRUE(test::wait_until(
-      [&] {
-        const std::string out = read_file(so.stdout_file);
-        return out.rfind("READY ", 0) == 0 && out.find('\n') != std::string::npos;
-      },
-      std::chrono::seconds(60)))
-      << read_file(so.stderr_file);
-  const pid_t child = std::stoi(read_file(so.stdout_file).substr(6));
+  Child root;
+  pid_t child = 0;
+  ASSERT_TRUE(start_tree("", root, child));
   const std::string hash = ask_unix_line(sock_, "HASH");
   const std::string actions = signal_actions(child);
   ASSERT_NE(actions.find("SigCgt:"), std::string::npos) << actions;

@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <map>
 #include <random>
@@ -54,6 +55,60 @@ Pipe make_pipe() {
   if (::pipe2(p, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
   return {UniqueFd(p[0]), UniqueFd(p[1])};
 }
+
+// `n` feeds into `n` pipes of 64 KiB at once, each `feed(i, fd)` on a thread of its own whose
+// write end closes however it ends. Should a test stop early, the read ends close first: a feed
+// blocked on its pipe then ends (EPIPE) instead of holding the futures' destructors forever.
+class FedAtOnce {
+ public:
+  FedAtOnce(int n, const std::function<bool(int, int)>& feed) : pipes_(static_cast<size_t>(n)) {
+    for (auto& p : pipes_) {
+      p = make_pipe();
+      if (::fcntl(p.wr.get(), F_SETPIPE_SZ, 65536) != 65536)
+        throw std::runtime_error("F_SETPIPE_SZ failed");
+    }
+    for (int i = 0; i < n; ++i)
+      writers_.push_back(std::async(std::launch::async, [this, i, feed] {
+        struct Close {
+          UniqueFd& fd;
+          ~Close() { fd.reset(); }
+        } close{pipes_[static_cast<size_t>(i)].wr};
+        return feed(i, pipes_[static_cast<size_t>(i)].wr.get());
+      }));
+  }
+  ~FedAtOnce() {
+    for (auto& p : pipes_) p.rd.reset();
+  }
+  // Bytes in the pipe: that feed holds its slots (a file of 40 chunks cannot finish into a
+  // 64 KiB pipe before it is read).
+  bool readable(int i) const {
+    pollfd p{pipes_[static_cast<size_t>(i)].rd.get(), POLLIN, 0};
+    return ::poll(&p, 1, 0) == 1;
+  }
+  bool all_readable() const {
+    for (int i = 0; i < static_cast<int>(pipes_.size()); ++i)
+      if (!readable(i)) return false;
+    return true;
+  }
+  // Reads every pipe to its end, side by side; then each feed's result.
+  std::vector<std::string> read_all(std::vector<bool>& results) {
+    std::vector<std::string> got(pipes_.size());
+    std::vector<std::thread> readers;
+    for (size_t i = 0; i < pipes_.size(); ++i)
+      readers.emplace_back([&, i] {
+        char buf[65536];
+        for (ssize_t n; (n = ::read(pipes_[i].rd.get(), buf, sizeof buf)) > 0;)
+          got[i].append(buf, static_cast<std::size_t>(n));
+      });
+    for (auto& r : readers) r.join();  // each ends at its write end's close
+    for (auto& w : writers_) results.push_back(w.get());
+    return got;
+  }
+
+ private:
+  std::vector<Pipe> pipes_;
+  std::vector<std::future<bool>> writers_;
+};
 
 class StreamPack : public ::testing::Test {
  protected:
@@ -334,55 +389,18 @@ TEST_F(StreamPack, FilesStreamedAtOnceShareOneBufferBudget) {
   const std::uint64_t slot = 2 * image::slot_buffer_bytes(opts_.chunk_bytes);
   limits.buffer_bytes = 14 * slot;
   const image::CheckpointSource src(ckpt, nullptr, limits);
-
-  std::vector<Pipe> pipes;
-  for (int i = 0; i < 3; ++i) {
-    pipes.push_back(make_pipe());
-    ASSERT_EQ(::fcntl(pipes[i].wr.get(), F_SETPIPE_SZ, 65536), 65536);
-  }
-  std::vector<std::future<bool>> writers;
-  for (int i = 0; i < 3; ++i)
-    writers.push_back(std::async(std::launch::async, [&, i] {
-      // The write end closes however write_to ends, so that the reader sees the end.
-      struct Close {
-        UniqueFd& fd;
-        ~Close() { fd.reset(); }
-      } close{pipes[i].wr};
-      return src.write_to(*src.find(files_[i].first), pipes[i].wr.get());
-    }));
-  // Should the test stop early, the read ends close first: a writer blocked on its pipe then
-  // ends (EPIPE) instead of holding the futures' destructors forever.
-  struct CloseReaders {
-    std::vector<Pipe>& p;
-    ~CloseReaders() {
-      for (auto& x : p) x.rd.reset();
-    }
-  } close_readers{pipes};
-  // Bytes in a pipe: that file holds its slots, and cannot finish (40 chunks, a 64 KiB pipe)
-  // before its pipe is read. All three hold theirs now.
-  auto readable = [&](int i) {
-    pollfd p{pipes[i].rd.get(), POLLIN, 0};
-    return ::poll(&p, 1, 0) == 1;
-  };
-  ASSERT_TRUE(test::wait_until([&] { return readable(0) && readable(1) && readable(2); }))
-      << "a file never started";
+  FedAtOnce feeds(3, [&](int i, int fd) { return src.write_to(*src.find(files_[i].first), fd); });
+  // All three hold their slots now.
+  ASSERT_TRUE(test::wait_until([&] { return feeds.all_readable(); })) << "a file never started";
   const std::uint64_t held = src.buffer_bytes_held();
   // The first file takes its 14 slots; each of the others what it needs to move: the pipe's
   // 2 chunks and 2 more. Each on its own would have taken 14.
   EXPECT_LE(held, limits.buffer_bytes + 2 * 4 * slot) << held / slot << " slots";
   EXPECT_GE(held, 3 * 4 * slot);
-
-  std::vector<std::string> got(3);
-  std::vector<std::thread> readers;
+  std::vector<bool> whole;
+  const std::vector<std::string> got = feeds.read_all(whole);
   for (int i = 0; i < 3; ++i)
-    readers.emplace_back([&, i] {
-      char buf[65536];
-      for (ssize_t n; (n = ::read(pipes[i].rd.get(), buf, sizeof buf)) > 0;)
-        got[i].append(buf, static_cast<std::size_t>(n));
-    });
-  for (auto& r : readers) r.join();  // each ends at its write end's close
-  for (auto& w : writers) EXPECT_TRUE(w.get());
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == files_[i].second) << files_[i].first;
+    EXPECT_TRUE(whole[i] && got[i] == files_[i].second) << files_[i].first;
   EXPECT_EQ(src.buffer_bytes_held(), 0u);
   EXPECT_LE(src.buffer_bytes_peak(), limits.buffer_bytes + 2 * 4 * slot);
 }
@@ -404,43 +422,15 @@ TEST_F(StreamPack, FeedsThatShareTheBudgetStayWithinItTogether) {
   const std::uint64_t third = kChunks / 3 * opts_.chunk_bytes;
   const std::vector<std::pair<std::uint64_t, std::uint64_t>> parts = {
       {0, third}, {third, third}, {2 * third, e->size - 2 * third}};
-  std::vector<Pipe> pipes;
-  for (int i = 0; i < 3; ++i) {
-    pipes.push_back(make_pipe());
-    ASSERT_EQ(::fcntl(pipes[i].wr.get(), F_SETPIPE_SZ, 65536), 65536);
-  }
-  std::vector<std::future<bool>> writers;
-  for (int i = 0; i < 3; ++i)
-    writers.push_back(std::async(std::launch::async, [&, i] {
-      struct Close {
-        UniqueFd& fd;
-        ~Close() { fd.reset(); }
-      } close{pipes[i].wr};
-      return src.write_range_to(*e, parts[i].first, parts[i].second, pipes[i].wr.get());
-    }));
-  struct CloseReaders {
-    std::vector<Pipe>& p;
-    ~CloseReaders() {
-      for (auto& x : p) x.rd.reset();
-    }
-  } close_readers{pipes};
-  auto readable = [&](int i) {
-    pollfd p{pipes[i].rd.get(), POLLIN, 0};
-    return ::poll(&p, 1, 0) == 1;
-  };
-  ASSERT_TRUE(test::wait_until([&] { return readable(0) && readable(1) && readable(2); }));
+  FedAtOnce feeds(3, [&](int i, int fd) {
+    return src.write_range_to(*e, parts[i].first, parts[i].second, fd);
+  });
+  ASSERT_TRUE(test::wait_until([&] { return feeds.all_readable(); }));
   // Unshared, the first would take all 14 slots and the others 4 each (22).
   EXPECT_LE(src.buffer_bytes_held(), limits.buffer_bytes) << src.buffer_bytes_held() / slot;
-  std::vector<std::string> got(3);
-  std::vector<std::thread> readers;
-  for (int i = 0; i < 3; ++i)
-    readers.emplace_back([&, i] {
-      char buf[65536];
-      for (ssize_t n; (n = ::read(pipes[i].rd.get(), buf, sizeof buf)) > 0;)
-        got[i].append(buf, static_cast<std::size_t>(n));
-    });
-  for (auto& r : readers) r.join();
-  for (auto& w : writers) EXPECT_TRUE(w.get());
+  std::vector<bool> whole;
+  const std::vector<std::string> got = feeds.read_all(whole);
+  EXPECT_EQ(whole, std::vector<bool>(3, true));
   EXPECT_TRUE(got[0] + got[1] + got[2] == files_[0].second);
   EXPECT_LE(src.buffer_bytes_peak(), limits.buffer_bytes);
 }
