@@ -318,7 +318,8 @@ void move_endpoints_aside(const RestoreState& r) {
 // The streams each task's pages image is copied by (docs/CRIU.md, "Parallel copy"): as asked, or
 // half the CPUs (as CRIU's own default), no more than the buffer budget feeds at once when every
 // large pages image is read at the same time (a tree's tasks restore side by side), so that the
-// restore keeps its memory bound. 0: not a streamed restore (leave CRIU's default).
+// restore keeps its memory bound. 0: nothing to pass (an operator's GPUCKPT_CRIU_COPY_STREAMS
+// reaches CRIU as it is; a restore with no large pages image leaves CRIU's default).
 unsigned copy_streams(RestoreState& r) {
   if (!r.source) return r.o.copy_streams;         // staged: CRIU reads files, gpuckpt feeds nothing
   constexpr std::uint64_t kLarge = 128ull << 20;  // two of the patch's 64 MiB ranges
