@@ -338,6 +338,19 @@ unsigned copy_streams(RestoreState& r) {
   return r.o.copy_streams || !env ? n : 0;
 }
 
+// What gpuckpt gives the restoring CRIU and its plugin, as KEY=VALUE: its own criu's environment,
+// or a runtime's (restore_container).
+std::vector<std::string> criu_env(RestoreState& r) {
+  std::vector<std::string> env = {
+      std::string(criu::kEnvReport) + "=" + r.report_path.string(),
+      std::string(criu::kEnvGpuMap) + "=" + r.o.gpu_map.to_string(),
+      std::string(criu::kEnvThpFill) + "=" + (r.o.huge_pages ? "1" : "0")};
+  if (const unsigned n = copy_streams(r))
+    env.push_back(std::string(criu::kEnvCopyStreams) + "=" + std::to_string(n));
+  for (auto& e : plugin_device_env(r.rec.cuda_pids)) env.push_back(std::move(e));
+  return env;
+}
+
 void build_criu_args(RestoreState& r) {
   const RestoreOptions& o = r.o;
   criu::RestoreArgs& a = r.args;
@@ -358,12 +371,7 @@ void build_criu_args(RestoreState& r) {
     if (guard) guard->criu_ended(st.exited && st.code != 0, log);
   };
   r.report_path = r.staging.path() / criu::kRestoreReportName;
-  a.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
-           std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
-           std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
-  if (const unsigned n = copy_streams(r))
-    a.env.push_back(std::string(criu::kEnvCopyStreams) + "=" + std::to_string(n));
-  for (auto& e : plugin_device_env(r.rec.cuda_pids)) a.env.push_back(std::move(e));
+  a.env = criu_env(r);
 }
 
 void criu_restore_in_new_pidns(RestoreState& r) {
@@ -567,12 +575,7 @@ void restore_container(RestoreState& r) {
   args.insert(args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   for (auto& l : criu_config_lines(args)) q.criu_config.push_back(std::move(l));
   if (r.stream) stream_into_runtime(r, rec, q);
-  q.env = {std::string(criu::kEnvReport) + "=" + r.report_path.string(),
-           std::string(criu::kEnvGpuMap) + "=" + o.gpu_map.to_string(),
-           std::string(criu::kEnvThpFill) + "=" + (o.huge_pages ? "1" : "0")};
-  if (const unsigned n = copy_streams(r))
-    q.env.push_back(std::string(criu::kEnvCopyStreams) + "=" + std::to_string(n));
-  for (auto& e : plugin_device_env(r.rec.cuda_pids)) q.env.push_back(std::move(e));
+  q.env = criu_env(r);
   if (!r.stream) {
     // A runtime whose CRIU gets none of this environment (dockerd's, containerd 2.0's shims)
     // has the plugin read it from beside the images, and write its report there
