@@ -783,12 +783,21 @@ bool CheckpointSource::write_to(const ManifestEntry& e, int fd) const {
   return true;
 }
 
+namespace {
+
+// The slots a feed into a pipe of `pipe_bytes` needs to move, whatever the budget: the spliced
+// chunks the pipe's bytes keep held (one more, for a chunk that straddles its read point), and
+// two more. pipe_chunks grants it; feeds_within_budget counts on it.
+std::size_t least_feed_slots(std::size_t pipe_bytes, std::uint32_t chunk) {
+  return (pipe_bytes + chunk - 1) / chunk + 1 + 2;
+}
+
+}  // namespace
+
 unsigned CheckpointSource::feeds_within_budget() const {
   // pipe_chunks' least for a chunk of the manifest's size into a pipe the streamer grew to 4 MiB.
-  const std::uint64_t chunk = std::max<std::uint32_t>(m_.chunk_bytes, 1);
-  const std::uint64_t in_pipe = ((4u << 20) + chunk - 1) / chunk + 1;
-  const std::uint64_t least =
-      (in_pipe + 2) * 2 * slot_buffer_bytes(static_cast<std::uint32_t>(chunk));
+  const std::uint32_t chunk = std::max<std::uint32_t>(m_.chunk_bytes, 1);
+  const std::uint64_t least = least_feed_slots(4u << 20, chunk) * 2 * slot_buffer_bytes(chunk);
   return static_cast<unsigned>(std::max<std::uint64_t>(1, budget_ / least));
 }
 
@@ -836,10 +845,10 @@ std::optional<std::uint64_t> CheckpointSource::pipe_chunks(const ManifestEntry& 
   // once (a tree's tasks restore in parallel) and share one budget; one that finds it spent
   // still gets what it needs to move, never waiting for another file: that one's reader, a
   // CRIU task, may be waiting for this file's.
-  const std::size_t in_pipe = (pipe_capacity(fd) + largest - 1) / largest + 1;
+  const std::size_t least = least_feed_slots(pipe_capacity(fd), largest);
   cfg.buffer_bytes = slot_buffer_bytes(largest);
-  const std::size_t wanted = std::min<std::size_t>(count, std::size_t{threads_} + 4 + in_pipe);
-  const BufferGrant grant(*this, std::min(wanted, in_pipe + 2), wanted, 2 * cfg.buffer_bytes);
+  const std::size_t wanted = std::min<std::size_t>(count, std::size_t{threads_} + 2 + least);
+  const BufferGrant grant(*this, std::min(wanted, least), wanted, 2 * cfg.buffer_bytes);
   cfg.slots = static_cast<unsigned>(grant.slots());
   const unsigned feeds = feeds_.load();
   cfg.workers = feeds ? std::max(1u, threads_ / feeds) : threads_;
