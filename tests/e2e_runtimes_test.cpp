@@ -681,7 +681,8 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
 // dockerd's CRIU reads its options from /etc/criu/runc.conf alone: a checkpoint with CUDA state
 // (here the test driver's, tests/support/fake_cuda_driver.cpp) is refused before dockerd makes
 // or starts anything, unless gpuckpt's plugin is in the libdir named there (else
-// /usr/lib/criu); a migration of such a container is refused before its freeze.
+// /usr/lib/criu); a migration of such a container, here or over ssh, is refused before its
+// freeze.
 TEST_F(E2eRuntimes, ADockerRestoreOfCudaStateNeedsGpuckptsPluginWhereDockersCriuLoadsIt) {
   if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
   std::ifstream conf("/etc/criu/runc.conf");
@@ -724,6 +725,21 @@ TEST_F(E2eRuntimes, ADockerRestoreOfCudaStateNeedsGpuckptsPluginWhereDockersCriu
   EXPECT_EQ(m.exit_code, 2) << m.out << m.err;
   EXPECT_NE(m.out.find("ln -s "), std::string::npos) << m.out;
   EXPECT_EQ(docker_pid(name), init) << "the migration's refusal came after the freeze";
+  EXPECT_TRUE(test::runs_again(init));
+  // Over ssh the target's own dockerd and CRIU configuration decide, and it refuses before
+  // it says it receives: nothing here is frozen.
+  test::close_inherited_fds();
+  const test::NetNs host("dkrgpu");
+  const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
+                          {"DOCKER_HOST=unix://" + docker_sock_.string()});
+  const auto s =
+      test::run_cli({"--json", "migrate", "--container", name, "--new-id", name + "-there", "--to",
+                     ssh.url(), "--ssh-config", ssh.config().string(), "--remote-gpuckpt",
+                     test::gpuckpt_binary().string(), "--spool", dir_.path().string()});
+  EXPECT_EQ(s.exit_code, 2) << s.out << s.err;
+  EXPECT_NE(s.out.find("gpuckpt_criu_plugin.so"), std::string::npos) << s.out;
+  EXPECT_NE(s.out.find("nothing was frozen"), std::string::npos) << s.out;
+  EXPECT_EQ(docker_pid(name), init) << "the target's refusal came after the freeze";
   EXPECT_TRUE(test::runs_again(init));
   const fs::path ckpt = dir_.path() / "dc.ckpt";
   const auto d = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});

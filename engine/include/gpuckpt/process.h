@@ -170,8 +170,9 @@ struct RestoreOptions {
   // With `container`: the container record the checkpoint will bring (its "container" in
   // `inspect --json`), checked here before anything is read or started, as the restore would
   // check it once the checkpoint is in: the ID free, the runtime answering, its image, rootfs
-  // and mount sources here. A migration's controller sends it, so that a target that cannot
-  // take the container refuses before the freeze.
+  // and mount sources here; with "cuda": true beside them, also a runtime whose CRIU loads
+  // gpuckpt's plugin. A migration's controller sends it, so that a target that cannot take the
+  // container refuses before the freeze.
   nlohmann::json expected_container;
   // A stream ("-") only: called once its spool is ready, just before the stream is read (a
   // migration's controller starts the dump only then, so no frozen time waits on this start).

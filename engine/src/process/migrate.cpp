@@ -166,6 +166,7 @@ void end_original(const DumpOutcome& dumped, const ContainerMove* c, Timeline& t
 
 namespace {
 
+bool holds_gpu(const container::Container& box);
 MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove* c);
 
 }  // namespace
@@ -185,6 +186,7 @@ MigrateResult migrate(const MigrateOptions& opts) {
   c.box = container::find(opts.container);
   c.plan = container::plan_dump(c.box, opts.tcp_established);
   c.copy_id = opts.new_container_id.empty() ? c.box.id : opts.new_container_id;
+  c.cuda = holds_gpu(c.box);
   MigrateOptions o = opts;
   o.pid = c.box.init_pid;
   MigrateResult res = migrate_tree(o, &c);
@@ -194,17 +196,22 @@ MigrateResult migrate(const MigrateOptions& opts) {
 
 namespace {
 
-// A copy that its runtime's CRIU restores without gpuckpt's settings (Docker, containerd 2.0)
-// needs gpuckpt's plugin where that CRIU loads plugins, if the container holds a GPU: checked
-// before the freeze, not once the original is dumped (a rollback).
-void require_copy_gets_plugin(const process::ContainerMove& c) {
+// Whether the container's tree holds the GPU's device files (so its dump carries CUDA state).
+bool holds_gpu(const container::Container& box) {
   // Tests name what stands for /dev/nvidia* there, as they do for the plugin.
   const char* test = std::getenv(criu::kEnvTestDevicePrefix);
   const std::string prefix = test && *test ? test : "/dev/nvidia";
-  bool gpu = false;
-  for (pid_t p : process::process_tree(c.box.init_pid))
-    gpu |= device::holds_device_files(p, prefix);
-  if (!gpu) return;
+  for (pid_t p : process::process_tree(box.init_pid))
+    if (device::holds_device_files(p, prefix)) return true;
+  return false;
+}
+
+// A copy that its runtime's CRIU restores without gpuckpt's settings (Docker, containerd 2.0)
+// needs gpuckpt's plugin where that CRIU loads plugins, if the container holds a GPU: checked
+// before the freeze, not once the original is dumped (a rollback). Over ssh the target checks
+// its own, told by the expected container's "cuda".
+void require_copy_gets_plugin(const process::ContainerMove& c) {
+  if (!c.cuda) return;
   if (const std::string why = container::stream_refusal(c.plan.record); !why.empty())
     container::require_runc_criu_loads_plugin(criu::locate().plugin_dir, why);
 }

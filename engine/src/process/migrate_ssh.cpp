@@ -170,9 +170,11 @@ std::string remote_restore_command(const MigrateOptions& o, bool release,
   if (box) {
     c += " --container " + shell_quote(box->copy_id);
     // Checked there before it answers that it receives, so before anything is frozen here:
-    // the ID free there, its runtime, image, rootfs and mount sources.
-    c +=
-        " --expect-container " + shell_quote(container::target_check_json(box->plan.record).dump());
+    // the ID free there, its runtime, image, rootfs and mount sources, and for CUDA state a
+    // runtime whose CRIU loads gpuckpt's plugin.
+    json expect = container::target_check_json(box->plan.record);
+    if (box->cuda) expect["cuda"] = true;
+    c += " --expect-container " + shell_quote(expect.dump());
   } else if (!release)
     c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());

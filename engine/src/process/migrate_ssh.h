@@ -25,6 +25,9 @@ struct ContainerMove {
   container::Container box;
   container::DumpPlan plan;
   std::string copy_id;
+  // Its tree holds the GPU's device files, so the checkpoint will carry CUDA state: the copy's
+  // runtime must load gpuckpt's plugin, checked before the freeze.
+  bool cuda = false;
 };
 
 // `c`: the container moved whole, or null for a bare tree.

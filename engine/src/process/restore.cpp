@@ -721,6 +721,11 @@ RestoreResult restore(const RestoreOptions& opts) {
       throw Error(Errc::kUsage, "an expected container is checked for --container only");
     const auto rec = container::container_record_from_json(opts.expected_container);
     container::check_restore_target(rec, opts.container->empty() ? rec.id : *opts.container);
+    // The checkpoint to come carries CUDA state: a runtime that restores it with a CRIU of its
+    // own must load gpuckpt's plugin, as restore_into checks once the record is read.
+    if (opts.expected_container.value("cuda", false))
+      if (const std::string why = container::stream_refusal(rec); !why.empty())
+        container::require_runc_criu_loads_plugin(criu::locate(opts.criu.binary).plugin_dir, why);
   }
   RestoreResult r;
   // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
