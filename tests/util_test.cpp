@@ -14,6 +14,7 @@
 #include "gpuckpt/timing.h"
 #include "test_support.h"
 #include "util/fd_passing.h"
+#include "util/subprocess.h"
 #include "util/unique_fd.h"
 #include "util/utf8.h"
 
@@ -284,6 +285,21 @@ TEST(Subprocess, CapturesOutputAndExitCode) {
   EXPECT_EQ(r.output, "hello\n");
   EXPECT_TRUE(r.status.exited);
   EXPECT_EQ(r.status.code, 3);
+}
+
+TEST(Subprocess, AChildsEnvironmentTakesEachOverrideInPlaceOfItsKeyAndKeepsTheRest) {
+  test::ScopedEnv a("GPUCKPT_TEST_ENV_A", "from-parent");
+  test::ScopedEnv b("GPUCKPT_TEST_ENV_AB", "kept");
+  SpawnOptions so;
+  so.env = {"GPUCKPT_TEST_ENV_A=x=y", "GPUCKPT_TEST_ENV_NEW="};
+  const auto r = run_capture({"sh", "-c", "env | grep '^GPUCKPT_TEST_ENV_' | sort"},
+                             std::chrono::seconds(10), so);
+  EXPECT_TRUE(r.status.ok());
+  // One A, the override's (a prefix of AB's name did not take AB away); the empty one is set.
+  EXPECT_EQ(r.output, "GPUCKPT_TEST_ENV_A=x=y\nGPUCKPT_TEST_ENV_AB=kept\nGPUCKPT_TEST_ENV_NEW=\n");
+  EXPECT_EQ(split_env_entry("K=v=w"), (std::pair<std::string, std::string>{"K", "v=w"}));
+  EXPECT_EQ(split_env_entry("K="), (std::pair<std::string, std::string>{"K", ""}));
+  EXPECT_FALSE(split_env_entry("K").has_value());
 }
 
 TEST(Subprocess, MissingProgramIsAClearError) {

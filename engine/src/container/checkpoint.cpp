@@ -1264,11 +1264,9 @@ fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir) {
   write_file_atomic(dir / "criu.conf", criu_config_text(q));
   std::string sh =
       "#!/bin/sh\nexport CRIU_CONFIG_FILE=" + shell_quote((dir / "criu.conf").string()) + "\n";
-  for (const auto& e : q.env) {
-    const auto eq = e.find('=');
-    if (eq == std::string::npos) continue;
-    sh += "export " + e.substr(0, eq) + "=" + shell_quote(e.substr(eq + 1)) + "\n";
-  }
+  for (const auto& e : q.env)
+    if (const auto kv = split_env_entry(e))
+      sh += "export " + kv->first + "=" + shell_quote(kv->second) + "\n";
   sh += "exec " + shell_quote(q.criu.string()) + " \"$@\"\n";
   const fs::path wrapper = dir / "criu";
   write_file_atomic(wrapper, sh);

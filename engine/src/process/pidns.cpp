@@ -19,11 +19,10 @@
 #include "gpuckpt/error.h"
 #include "util/no_sigpipe.h"
 #include "util/pipe.h"
+#include "util/subprocess.h"
 #include "util/unique_fd.h"
 
 namespace fs = std::filesystem;
-
-extern char** environ;
 
 namespace gpuckpt::process {
 
@@ -129,13 +128,7 @@ PidnsRun run_in_new_pidns(const std::vector<std::string>& argv_in,
   std::vector<char*> argv;
   for (const auto& a : argv_in) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  std::vector<std::string> envs;
-  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
-  for (const auto& kv : env) {
-    const auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(envs, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
-    envs.push_back(kv);
-  }
+  std::vector<std::string> envs = environment_with(env);
   std::vector<char*> envp;
   for (auto& s : envs) envp.push_back(s.data());
   envp.push_back(nullptr);

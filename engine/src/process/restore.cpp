@@ -39,6 +39,7 @@
 #include "remote/ssh.h"
 #include "util/fault.h"
 #include "util/fs.h"
+#include "util/subprocess.h"
 #include "util/unique_fd.h"
 #include "util/utf8.h"
 
@@ -583,8 +584,7 @@ void restore_container(RestoreState& r) {
     fs::remove(r.images / criu::kRestoreReportName);
     nlohmann::json env = nlohmann::json::object();
     for (const auto& e : q.env)
-      if (const auto eq = e.find('='); eq != std::string::npos)
-        env[e.substr(0, eq)] = e.substr(eq + 1);
+      if (const auto kv = split_env_entry(e)) env[kv->first] = kv->second;
     write_file_atomic(r.images / criu::kEnvFileName, env.dump(2) + "\n");
   }
   q.stdio_log = o.container_log;

@@ -124,19 +124,30 @@ pid_t Child::release() {
   return std::exchange(pid_, -1);
 }
 
+std::vector<std::string> environment_with(const std::vector<std::string>& overrides) {
+  std::vector<std::string> envs;
+  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
+  for (const auto& kv : overrides) {
+    const auto key = kv.substr(0, kv.find('=') + 1);
+    std::erase_if(envs, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
+    envs.push_back(kv);
+  }
+  return envs;
+}
+
+std::optional<std::pair<std::string, std::string>> split_env_entry(const std::string& kv) {
+  const auto eq = kv.find('=');
+  if (eq == std::string::npos) return std::nullopt;
+  return std::pair{kv.substr(0, eq), kv.substr(eq + 1)};
+}
+
 Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
   if (argv.empty()) throw Error(Errc::kInternal, "spawn: empty argv");
   // Everything the child needs is prepared before fork(): after it only async-signal-safe calls.
   std::vector<char*> cargv;
   for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
-  std::vector<std::string> envs;
-  for (char** e = environ; *e; ++e) envs.emplace_back(*e);
-  for (const auto& kv : opts.env) {
-    const auto key = kv.substr(0, kv.find('=') + 1);
-    std::erase_if(envs, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
-    envs.push_back(kv);
-  }
+  std::vector<std::string> envs = environment_with(opts.env);
   std::vector<char*> cenv;
   for (auto& s : envs) cenv.push_back(s.data());
   cenv.push_back(nullptr);

@@ -9,11 +9,19 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "util/unique_fd.h"
 
 namespace gpuckpt {
+
+// A child's whole environment: this process's, with each of `overrides` ("KEY=VALUE") in place
+// of any entry of the same KEY.
+std::vector<std::string> environment_with(const std::vector<std::string>& overrides);
+
+// The KEY and the VALUE of a "KEY=VALUE" entry; nullopt where it has no '='.
+std::optional<std::pair<std::string, std::string>> split_env_entry(const std::string& kv);
 
 struct SpawnOptions {
   std::vector<std::string> env;       // extra "KEY=VALUE" entries on top of environ
