@@ -670,12 +670,41 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
     EXPECT_TRUE(test::wait_until([&] { return (left = checkpoint_dirs()).empty(); }))
         << left.front();
     EXPECT_TRUE(test::wait_until([&] { return test::container_restore_dirs(copy).empty(); }));
+    EXPECT_TRUE(test::wait_until([&] { return fs::is_empty(dir_.path() / "ctd-tmp"); }))
+        << "containerd's copy of the images is left";
   }
   const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   ASSERT_GT(docker_pid(copy), 0);
   EXPECT_EQ(redis(docker_pid(copy), {"DEBUG", "DIGEST"}), digest);
   EXPECT_EQ(docker_pid(name), init);
+
+  // In place of the dumped container (its record kept, not made for the restore), killed once
+  // dockerd has the start: the guard waits for that start to end, ends what it brought up and
+  // removes containerd's copy, then drops its journal.
+  const fs::path run = dir_.path() / "run";
+  const test::ScopedEnv run_dir("GPUCKPT_RUN_DIR", run.string());
+  const fs::path ended = dir_.path() / "dh-ended.ckpt";
+  ASSERT_EQ(test::run_cli({"dump", "--container", name, "-o", ended.string()}).exit_code, 0);
+  ASSERT_TRUE(test::wait_until([&] { return docker_pid(name) == 0; }));
+  auto journals = [&] {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(run, ec))
+      if (e.path().filename().string().starts_with(".restore-")) out.push_back(e.path());
+    return out;
+  };
+  Child g =
+      test::paused_cli({"restore", ended.string(), "--container"}, "runtime_starting", dir_.path());
+  ASSERT_EQ(journals().size(), 1u) << "no journal while the restore runs";
+  g.kill(SIGKILL);
+  g.wait();
+  EXPECT_TRUE(test::wait_until([&] { return journals().empty(); })) << "the guard's journal stays";
+  EXPECT_EQ(docker_pid(name), 0) << "the start that gpuckpt did not see through left it running";
+  EXPECT_TRUE(fs::is_empty(dir_.path() / "ctd-tmp")) << "containerd's copy of the images is left";
+  const auto back = test::run_cli({"restore", ended.string(), "--container"});
+  ASSERT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_EQ(redis(docker_pid(name), {"DEBUG", "DIGEST"}), digest);
 }
 
 // dockerd's CRIU reads its options from /etc/criu/runc.conf alone: a checkpoint with CUDA state

@@ -873,6 +873,15 @@ std::string remove_ended(const Container& c) {
   return {};
 }
 
+void await_runtime_start(const Container& c, std::chrono::seconds limit) noexcept {
+  if (c.root.runtime != Runtime::kDocker) return;
+  try {
+    (void)docker::Client().inspect(c.id, limit);
+  } catch (const std::exception& e) {
+    spdlog::warn("waiting for dockerd's start of container {} to end: {}", c.id, e.what());
+  }
+}
+
 std::string remove_unstarted(const Container& c) {
   if (c.root.runtime != Runtime::kContainerd) return {};
   try {
@@ -1423,6 +1432,7 @@ Container docker_restore(const RestoreRequest& q) {
       id = docker::string_at(*have, {"Id"});
       if (q.on_container_id) q.on_container_id(r.root, id, false);
     }
+    if (q.on_unpacked_token) q.on_unpacked_token(token);
     set_writable_layer(
         q, docker::string_at(api.inspect(id).value_or(json()), {"GraphDriver", "Data", "UpperDir"}),
         made);

@@ -177,6 +177,9 @@ struct RestoreRequest {
   // ... and, for one that Docker creates (named to on_container_id by its name), the ID
   // dockerd gave it, once it has.
   std::function<void(const std::string& id)> on_container_named;
+  // ... and the token that marks the copies of the images its runtime unpacks (containerd's,
+  // for Docker's start: containerd::remove_unpacked_copies), before that start is asked for.
+  std::function<void(const std::string& token)> on_unpacked_token;
   // A directory made for the restore outside its staging (Docker's checkpoint directory of the
   // container): the guard removes it should gpuckpt die before it does.
   std::function<void(const std::filesystem::path&)> on_path_made;
@@ -214,6 +217,11 @@ void restore_loopback(const ContainerRecord& r, pid_t init);
 // (runc's bundle, the CRIU wrapper for containerd's shim), if any: a restore that runc left
 // unmade (the container's own deletion, remove_ended, removes it with it).
 void remove_restore_bundle(const std::filesystem::path& root, const std::string& id);
+// Returns once the runtime has no start of container `c` in flight, or `limit` has passed: a
+// start that gpuckpt asked dockerd for goes on after gpuckpt dies (containerd unpacking the
+// images, its runc restoring), and what it leaves is known only then. Immediate for runc and
+// containerd, whose restores gpuckpt runs itself (the guard waits for their runc).
+void await_runtime_start(const Container& c, std::chrono::seconds limit) noexcept;
 // Deletes the task that containerd created from the images for container `c` but never started
 // (gpuckpt died between Tasks.Create and Tasks.Start); nothing for another runtime, or a task
 // that started. Returns why it failed ("" when it did not).

@@ -99,10 +99,9 @@ json object_at(const json& j, std::initializer_list<const char*> path) {
   return p && p->is_object() ? *p : json::object();
 }
 
-std::optional<json> Client::inspect(const std::string& id) {
+std::optional<json> Client::inspect(const std::string& id, std::chrono::seconds timeout) {
   int st = 0;
-  json j = request("GET", "/containers/" + url_encoded(id) + "/json", nullptr, &st,
-                   std::chrono::seconds(30));
+  json j = request("GET", "/containers/" + url_encoded(id) + "/json", nullptr, &st, timeout);
   if (st == 404) return std::nullopt;
   return j;
 }

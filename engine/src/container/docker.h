@@ -29,8 +29,11 @@ class Client {
  public:
   explicit Client(std::filesystem::path socket = address());
 
-  // GET /containers/ID/json (ID or name); nullopt if Docker has no such container.
-  std::optional<nlohmann::json> inspect(const std::string& id);
+  // GET /containers/ID/json (ID or name); nullopt if Docker has no such container. dockerd
+  // answers only once a start of the container in flight has ended (it holds the container's
+  // lock for the whole start, and so does its inspect).
+  std::optional<nlohmann::json> inspect(const std::string& id,
+                                        std::chrono::seconds timeout = std::chrono::seconds(30));
   // GET /images/ID/json; nullopt if dockerd has no such image.
   std::optional<nlohmann::json> image(const std::string& id);
   // GET /info, /version.

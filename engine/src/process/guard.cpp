@@ -324,6 +324,9 @@ void Guard::container_runc(pid_t runc) {
 void Guard::container_known_as(const std::string& id) {
   send(command(GuardOp::kContainerId, {{"id", id}}));
 }
+void Guard::container_unpacks(const std::string& token) {
+  send(command(GuardOp::kContainerToken, {{"token", token}}));
+}
 void Guard::container_init(pid_t init) {
   send(command(GuardOp::kContainerInit, {{"started", start_ticks(init).value_or(0)}}));
 }

@@ -117,6 +117,10 @@ class Guard {
   // ... its runtime knows it as `id` now: Docker gives a container it creates an ID, and the
   // guard was told its name before (nothing is left unnamed if gpuckpt dies in between).
   void container_known_as(const std::string& id);
+  // ... its runtime unpacks copies of the images marked with `token` (containerd does for a
+  // Docker start, into its temporary directory, and keeps them): recovery removes them once
+  // the runtime's start has settled, whatever became of the container.
+  void container_unpacks(const std::string& token);
   // The copy is the service now (a restore's commit): it is left on recovery, and the paths
   // renamed aside for a rollback are removed (as hand_over). Done even with the guard dead.
   void keep_copy();

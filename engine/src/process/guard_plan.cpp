@@ -31,6 +31,7 @@ constexpr GuardOpName kGuardOps[] = {
     {GuardOp::kContainerRunc, "container_runc"},
     {GuardOp::kContainerInit, "container_init"},
     {GuardOp::kContainerId, "container_id"},
+    {GuardOp::kContainerToken, "container_token"},
     {GuardOp::kKeepCopy, "keep_copy"},
     {GuardOp::kHandOver, "hand_over"},
     {GuardOp::kRemove, "remove"},
@@ -154,6 +155,11 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
     case GuardOp::kContainerId: {
       if (p.containers.empty()) throw Error(Errc::kCorrupt, "container_id before container");
       p.containers.back().id = m.at("id").get<std::string>();
+      break;
+    }
+    case GuardOp::kContainerToken: {
+      if (p.containers.empty()) throw Error(Errc::kCorrupt, "container_token before container");
+      p.containers.back().unpacked_token = m.at("token").get<std::string>();
       break;
     }
     case GuardOp::kCriuExit: {

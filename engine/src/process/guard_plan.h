@@ -64,6 +64,9 @@ struct GuardPlan {
     pid_t runc = 0;     // the leader of its own process group (criu runs in it)
     std::uint64_t runc_started = 0;
     std::uint64_t init_started = 0;
+    // Its runtime unpacks copies of the images that carry this token (containerd, for a Docker
+    // start) and never removes them: recovery does.
+    std::string unpacked_token;
   };
   std::vector<ContainerCopy> containers;
   std::vector<std::pair<std::filesystem::path, std::filesystem::path>> renames;
@@ -82,27 +85,28 @@ using Plan = GuardPlan;
 // The commands gpuckpt gives its guard, one JSON object a line ({"op": NAME, ...}), which the
 // journal keeps too. The names are the protocol: never rename one.
 enum class GuardOp {
-  kProtect,        // the trees to resume (root, pids, their start ticks)
-  kCuda,           // their processes whose CUDA state is locked and checkpointed
-  kCudaReport,     // where the dump's CRIU plugin reports the tasks it locks
-  kCriu,           // the criu in flight (pid 0: none any more)
-  kCriuExit,       // how the restore's criu ended, and where its log is
-  kDurable,        // the checkpoint is durable (and whether the trees end)
-  kCopy,           // a restored copy (or its pid namespace's init)
-  kCopyPidfile,    // a copy that criu's pidfile will name
-  kContainer,      // a container that runc restores (root, ID), to kill or leave
-  kContainerRunc,  // ... the runc restoring it
-  kContainerInit,  // ... its init, restored
-  kContainerId,    // ... the ID its runtime gave it (Docker's, for one made by name)
-  kKeepCopy,       // commit: the copies stay
-  kHandOver,       // commit: a migration's copy is the service
-  kRemove,         // a path to remove in recovery
-  kKeep,           // ... no longer
-  kRename,         // an entry moved aside, to put back
-  kRestoreFrom,    // a release migration's original, to restore from this checkpoint
-  kLocks,          // process locks (file descriptors) come with this line; not journalled
-  kAbort,          // recover now
-  kDone,           // the operation is over: exit without touching anything
+  kProtect,         // the trees to resume (root, pids, their start ticks)
+  kCuda,            // their processes whose CUDA state is locked and checkpointed
+  kCudaReport,      // where the dump's CRIU plugin reports the tasks it locks
+  kCriu,            // the criu in flight (pid 0: none any more)
+  kCriuExit,        // how the restore's criu ended, and where its log is
+  kDurable,         // the checkpoint is durable (and whether the trees end)
+  kCopy,            // a restored copy (or its pid namespace's init)
+  kCopyPidfile,     // a copy that criu's pidfile will name
+  kContainer,       // a container that runc restores (root, ID), to kill or leave
+  kContainerRunc,   // ... the runc restoring it
+  kContainerInit,   // ... its init, restored
+  kContainerId,     // ... the ID its runtime gave it (Docker's, for one made by name)
+  kContainerToken,  // ... the token of the copies of the images its runtime unpacks
+  kKeepCopy,        // commit: the copies stay
+  kHandOver,        // commit: a migration's copy is the service
+  kRemove,          // a path to remove in recovery
+  kKeep,            // ... no longer
+  kRename,          // an entry moved aside, to put back
+  kRestoreFrom,     // a release migration's original, to restore from this checkpoint
+  kLocks,           // process locks (file descriptors) come with this line; not journalled
+  kAbort,           // recover now
+  kDone,            // the operation is over: exit without touching anything
 };
 
 std::string_view op_name(GuardOp op);

@@ -68,17 +68,17 @@ std::string joined(const RecoveryLog& log) {
   return join(log.said, "; ");
 }
 
-// Every path of the plan goes (never a published checkpoint: remove() names temporaries).
+// Every path of the plan goes (never a published checkpoint: remove() names temporaries), and
+// the copies of the images that the containers' runtimes unpacked (their starts have settled).
 void remove_staged(const Plan& p, RecoveryLog& log) {
   std::vector<std::string> removed;
+  for (const auto& c : p.containers)
+    if (const std::uint64_t n = container::containerd::remove_unpacked_copies(c.unpacked_token))
+      removed.push_back("containerd's copy of the images of " + c.id + " (" +
+                        std::to_string(n >> 20) + " MiB)");
   for (const auto& path : p.remove) {
     std::error_code ec;
     if (!fs::exists(fs::symlink_status(path, ec))) continue;
-    // A Docker restore's images, which containerd may have unpacked a copy of by now (its runc
-    // restore was let finish): that copy goes too.
-    if (const std::string token = container::containerd::restore_token_in(path); !token.empty())
-      if (const std::uint64_t n = container::containerd::remove_unpacked_copies(token))
-        removed.push_back("containerd's copy of its images (" + std::to_string(n >> 20) + " MiB)");
     const std::uint64_t bytes = allocated_bytes(path);
     fs::remove_all(path, ec);
     if (ec)
@@ -354,6 +354,9 @@ std::vector<pid_t> shim_runc_restoring(const fs::path& root, const std::string& 
 // replay knows the container by its init alone: an ID taken since is someone else's.
 void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   for (const auto& c : p.containers) {
+    const container::Container box{container::root_at(c.root), c.id};
+    // dockerd's start, asked for by gpuckpt, goes on without it: its outcome first.
+    if (!p.replay) container::await_runtime_start(box, std::chrono::seconds(60));
     if (!p.replay)
       for (const pid_t q : shim_runc_restoring(c.root, c.id))
         if (q != c.runc)  // gpuckpt's own runc is waited for below, with its process group
@@ -361,7 +364,6 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
     // runc and its criu: runc leads their process group.
     if (is(c.runc, c.runc_started) && alive(c.runc))
       let_finish(c.runc, "runc restore", /*group=*/true, log);
-    const container::Container box{container::root_at(c.root), c.id};
     const auto state = container::state_json(box.root, c.id);
     const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
     const bool ours =
