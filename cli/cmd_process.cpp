@@ -252,7 +252,7 @@ constexpr const char* kNoHugePagesHelp =
 
 struct RestoreArgs {
   unsigned copy_streams = 0;
-  std::string checkpoint, gpu_map, spool, container_log;
+  std::string checkpoint, gpu_map, spool, container_log, netns;
   std::string expected_container;
   std::optional<std::string> container;
   StagingFlags staging;
@@ -276,6 +276,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.new_pid_ns = o.new_pidns;
   r.container = o.container;
   r.container_log = o.container_log;
+  r.network_namespace = o.netns;
   if (!o.expected_container.empty()) {
     r.expected_container = nlohmann::json::parse(o.expected_container, nullptr, false);
     if (!r.expected_container.is_object())
@@ -374,6 +375,10 @@ void add_restore(CLI::App& app, Context& ctx) {
   c->add_option("--container-log", o->container_log,
                 "With --container: file the restored container's stdout and stderr are "
                 "appended to (default /var/log/gpuckpt/containers/ID.log)");
+  c->add_option("--netns", o->netns,
+                "With --container, for a container that joined a network namespace by path (a "
+                "Kubernetes pod's): the namespace it joins instead, as /run/netns/NAME or "
+                "/proc/PID/ns/net (a new pod's)");
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
   add_copy_streams(c, o->copy_streams);
   c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));

@@ -62,6 +62,37 @@ TEST(ContainerRecord, WhatTheTargetChecksFitsOneCommandLineArgumentWhateverTheSp
   EXPECT_EQ(back.containerd->snapshot_parent, r.containerd->snapshot_parent);
 }
 
+// A pod's container: the namespace it joined reaches the target's check, which refuses it where
+// it is missing; --netns is refused, before any runtime is asked, for a container that joined
+// none and for Docker's.
+TEST(ContainerRecord, ThePodsNetworkNamespaceIsCheckedOnTheTargetAndNetnsOnlyForAPodsContainer) {
+  ContainerRecord r = containerd_record();
+  r.spec["linux"]["namespaces"] = json::array(
+      {{{"type", "pid"}}, {{"type", "network"}, {"path", "/run/netns/gpuckpt-no-such-pod"}}});
+  const ContainerRecord back =
+      container::container_record_from_json(container::target_check_json(r));
+  EXPECT_EQ(container::joined_network(back), "/run/netns/gpuckpt-no-such-pod");
+  Error e = test::error_from([&] { container::check_restore_target(back, "llm-1"); });
+  EXPECT_EQ(e.code(), Errc::kInvalidInput) << e.what();
+  EXPECT_NE(std::string(e.what()).find("/run/netns/gpuckpt-no-such-pod"), std::string::npos);
+  EXPECT_NE(std::string(e.what()).find("--netns"), std::string::npos) << e.what();
+
+  r.spec["linux"]["namespaces"] = json::array({{{"type", "network"}}});
+  r.own_network = true;
+  EXPECT_EQ(container::joined_network(r), "");
+  e = test::error_from([&] { container::check_restore_target(r, "llm-1", "/proc/self/ns/net"); });
+  EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
+  EXPECT_NE(std::string(e.what()).find("its own"), std::string::npos) << e.what();
+
+  ContainerRecord d;
+  d.runtime = container::Runtime::kDocker;
+  d.id = std::string(64, 'c');
+  d.spec = {{"linux", {{"namespaces", json::array({{{"type", "network"}, {"path", "/x"}}})}}}};
+  e = test::error_from([&] { container::check_restore_target(d, "web", "/proc/self/ns/net"); });
+  EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
+  EXPECT_NE(std::string(e.what()).find("dockerd"), std::string::npos) << e.what();
+}
+
 TEST(ContainerRecord, DockersImageAndNameReachTheTargetWithoutItsConfig) {
   ContainerRecord r;
   r.runtime = container::Runtime::kDocker;

@@ -7,6 +7,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
@@ -378,6 +379,74 @@ TEST_F(E2eContainer, OneCheckpointRestoredTwiceServesTwoReplicasOnTheSamePort) {
   EXPECT_EQ(redis(replicas[1], {"PING"}), "PONG");
   EXPECT_EQ(redis(replicas[1], {"EXISTS", "only"}), "0");
   EXPECT_EQ(redis(replicas[0], {"EXISTS", "only"}), "1");
+}
+
+// A Kubernetes pod's shape: the container joins a network namespace it does not own (the pod's,
+// held by path as the runtime holds it for the pause container). The dump takes it as external,
+// and the restore puts the container back into that very namespace, where a neighbour in the pod
+// reaches it over the loopback they share.
+TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace) {
+  const test::NetNs pod("pod");
+  const fs::path path = fs::path("/run/netns") / pod.name();
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  for (auto& ns : spec["linux"]["namespaces"])
+    if (ns.value("type", "") == "network") ns["path"] = path.string();
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  auto netns_of = [](pid_t p) {
+    struct stat st {};
+    return ::stat(("/proc/" + std::to_string(p) + "/ns/net").c_str(), &st) == 0 ? st.st_ino : 0;
+  };
+  struct stat want {};
+  ASSERT_EQ(::stat(path.c_str(), &want), 0);
+  const auto [id, init, digest] = serving("pod");
+  ASSERT_GT(init, 0);
+  ASSERT_EQ(netns_of(init), want.st_ino);
+  auto from_the_pod = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv{"redis-cli", "-p", std::to_string(kRedisPort)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_capture(pod.wrap(argv), 30s).output;
+  };
+  ASSERT_EQ(from_the_pod({"DEBUG", "DIGEST"}), digest + "\n");
+
+  const fs::path ckpt = dir_.path() / "pod.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_TRUE(test::wait_until([&] { return !process::alive(init); }));
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = pid_of(id);
+  ASSERT_GT(back, 0);
+  EXPECT_EQ(netns_of(back), want.st_ino) << "restored outside the pod's network namespace";
+  EXPECT_EQ(from_the_pod({"DEBUG", "DIGEST"}), digest + "\n");
+
+  // Scaled out into a second pod (--netns), beside the first; a namespace that is not here, or
+  // that is no namespace, is refused before anything starts.
+  const std::string rid = unique_id("pod2");
+  started_.push_back(rid);
+  for (const std::string& bad :
+       std::vector<std::string>{"/run/netns/gpuckpt-no-such-pod", dir_.path().string()}) {
+    SCOPED_TRACE(bad);
+    const auto e =
+        test::run_cli({"--json", "restore", ckpt.string(), "--container", rid, "--netns", bad});
+    EXPECT_EQ(e.exit_code, 3) << e.out;
+    EXPECT_NE(e.out.find(bad), std::string::npos) << e.out;
+    EXPECT_EQ(pid_of(rid), 0);
+  }
+  const test::NetNs second("pod2");
+  const auto r2 = test::run_cli(
+      {"restore", ckpt.string(), "--container", rid, "--netns", "/run/netns/" + second.name()});
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  const pid_t replica = pid_of(rid);
+  ASSERT_GT(replica, 0);
+  struct stat other {};
+  ASSERT_EQ(::stat(("/run/netns/" + second.name()).c_str(), &other), 0);
+  EXPECT_EQ(netns_of(replica), other.st_ino);
+  EXPECT_EQ(
+      run_capture(second.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
+                  30s)
+          .output,
+      digest + "\n");
+  EXPECT_EQ(netns_of(pid_of(id)), want.st_ino) << "the first pod's container moved";
 }
 
 // gpuckpt killed by any signal at each phase before the checkpoint is durable: the container

@@ -291,11 +291,12 @@ TEST(Subprocess, AChildsEnvironmentTakesEachOverrideInPlaceOfItsKeyAndKeepsTheRe
   test::ScopedEnv a("GPUCKPT_TEST_ENV_A", "from-parent");
   test::ScopedEnv b("GPUCKPT_TEST_ENV_AB", "kept");
   SpawnOptions so;
-  so.env = {"GPUCKPT_TEST_ENV_A=x=y", "GPUCKPT_TEST_ENV_NEW="};
-  const auto r = run_capture({"sh", "-c", "env | grep '^GPUCKPT_TEST_ENV_' | sort"},
+  so.env = {"GPUCKPT_TEST_ENV_A=x=y", "GPUCKPT_TEST_ENV_NEW=", "GPUCKPT_TEST_ENV_AB"};
+  const auto r = run_capture({"sh", "-c", "env | grep '^GPUCKPT_TEST_ENV_' | LC_ALL=C sort"},
                              std::chrono::seconds(10), so);
   EXPECT_TRUE(r.status.ok());
-  // One A, the override's (a prefix of AB's name did not take AB away); the empty one is set.
+  // One A, the override's (a prefix of AB's name did not take AB away); the empty one is set;
+  // an entry without '=' takes nothing away.
   EXPECT_EQ(r.output, "GPUCKPT_TEST_ENV_A=x=y\nGPUCKPT_TEST_ENV_AB=kept\nGPUCKPT_TEST_ENV_NEW=\n");
   EXPECT_EQ(split_env_entry("K=v=w"), (std::pair<std::string, std::string>{"K", "v=w"}));
   EXPECT_EQ(split_env_entry("K="), (std::pair<std::string, std::string>{"K", ""}));

@@ -146,6 +146,9 @@ struct RestoreOptions {
   // The restored container's stdout and stderr (appended); "" =
   // /var/log/gpuckpt/containers/ID.log.
   std::filesystem::path container_log;
+  // With `container`, for one that joined a network namespace by path (a Kubernetes pod's): the
+  // namespace it joins instead (a new pod's, here or on a spare host); "" = the one it joined.
+  std::filesystem::path network_namespace;
   // Restore into a fresh pid namespace, so that the checkpointed pid may still be in use on
   // this host (the original runs, or is kept frozen by migrate). The restored process then has
   // its old pid inside the namespace and RestoreResult::pid on the host.

@@ -1,6 +1,7 @@
 #include "container/checkpoint.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -8,13 +9,16 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <xxhash.h>
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -240,7 +244,10 @@ json to_json(const ContainerRecord& r) {
 
 json target_check_json(const ContainerRecord& r) {
   json j = to_json(r);
+  // Of the spec, only the namespace the container joined by path, which must be there too.
   j["spec"] = json::object();
+  if (const std::string net = joined_network(r); !net.empty())
+    j["spec"]["linux"]["namespaces"] = json::array({{{"type", "network"}, {"path", net}}});
   if (j.contains("containerd")) {
     j["containerd"]["labels"] = json::object();
     j["containerd"]["options"] = "";
@@ -873,12 +880,16 @@ std::string remove_ended(const Container& c) {
   return {};
 }
 
-void await_runtime_start(const Container& c, std::chrono::seconds limit) noexcept {
-  if (c.root.runtime != Runtime::kDocker) return;
+bool await_runtime_start(const Container& c, std::chrono::seconds limit) noexcept {
+  if (c.root.runtime != Runtime::kDocker) return true;
+  // dockerd holds a container's lock for the whole of its start, and its inspect takes that
+  // lock: the answer comes once no start is in flight (a container gone answers at once).
   try {
     (void)docker::Client().inspect(c.id, limit);
+    return true;
   } catch (const std::exception& e) {
     spdlog::warn("waiting for dockerd's start of container {} to end: {}", c.id, e.what());
+    return false;
   }
 }
 
@@ -1031,7 +1042,8 @@ void require_layer_carried(const ContainerRecord& r, const std::string& id) {
                     "it was dumped on, not as a new container " + id + ". Nothing was restored");
 }
 
-void check_containerd_target(const ContainerRecord& r, const std::string& id) {
+void check_containerd_target(const ContainerRecord& r, const std::string& id,
+                             const std::string& netns) {
   const ContainerdRecord& d = *r.containerd;
   containerd::Client api(containerd::address(), d.ns);
   std::optional<containerd::ContainerInfo> have;
@@ -1052,6 +1064,12 @@ void check_containerd_target(const ContainerRecord& r, const std::string& id) {
       throw Error(Errc::kExists, "containerd (namespace " + d.ns + ") already has a container " +
                                      id + " that is not the one dumped (" + r.id +
                                      "): remove it (ctr container rm) or choose another ID");
+    // Its task is made from its record's spec, which names the namespace it joined.
+    if (!netns.empty())
+      throw Error(Errc::kUsage, "containerd's container " + id +
+                                    " keeps the network namespace its record names: restore it "
+                                    "as a new container (--container NEW_ID) to join " +
+                                    netns);
     return;  // the container dumped, its task ended: restored in place
   }
   // A new container record, over the image's own top layer.
@@ -1131,7 +1149,51 @@ std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
 
 }  // namespace
 
-void check_restore_target(const ContainerRecord& r, const std::string& id) {
+std::string joined_network(const ContainerRecord& r) {
+  if (!r.spec.contains("linux") || !r.spec["linux"].contains("namespaces")) return {};
+  for (const auto& ns : r.spec["linux"]["namespaces"])
+    if (ns.is_object() && ns.value("type", "") == "network") return ns.value("path", "");
+  return {};
+}
+
+namespace {
+
+// The namespace a restore of `r` joins: `netns`, else the recorded one, refused (Error) where it
+// cannot be joined here.
+void check_joined_network(const ContainerRecord& r, const std::string& netns) {
+  const std::string recorded = r.runtime == Runtime::kDocker ? "" : joined_network(r);
+  if (!netns.empty() && recorded.empty())
+    throw Error(Errc::kUsage,
+                r.runtime == Runtime::kDocker
+                    ? std::string("dockerd makes a Docker container's network namespace itself: "
+                                  "--netns is for runc and containerd containers")
+                    : "container " + r.id + " had a network namespace of " +
+                          (r.own_network ? "its own" : "the host's") +
+                          ", and --netns is for one that joined a namespace by path (a pod's)");
+  const std::string join = netns.empty() ? recorded : netns;
+  if (join.empty()) return;
+  struct statfs fs {};
+  if (::statfs(join.c_str(), &fs) != 0) {
+    const int err = errno;
+    throw Error(Errc::kInvalidInput,
+                "the network namespace " + join + " that the container joins" +
+                    (netns.empty() ? " (its pod's at the dump)" : "") + " is not here (" +
+                    std::strerror(err) +
+                    "): give the namespace it is to join here (a new pod's) with --netns PATH. "
+                    "Nothing was restored");
+  }
+  if (fs.f_type != NSFS_MAGIC)
+    throw Error(Errc::kInvalidInput, join +
+                                         " is no namespace (a bind mount of one, as "
+                                         "/run/netns/NAME, or /proc/PID/ns/net). Nothing was "
+                                         "restored");
+}
+
+}  // namespace
+
+void check_restore_target(const ContainerRecord& r, const std::string& id,
+                          const std::string& netns) {
+  check_joined_network(r, netns);
   if (r.runtime == Runtime::kDocker) {
     check_docker_target(r, id);
   } else {
@@ -1140,7 +1202,7 @@ void check_restore_target(const ContainerRecord& r, const std::string& id) {
                                     "' is no container ID runc accepts (letters, digits, _ + - "
                                     "and .): nothing was restored");
     if (r.runtime == Runtime::kContainerd) {
-      check_containerd_target(r, id);
+      check_containerd_target(r, id, netns);
     } else {
       check_runc_target(r, id);
     }
@@ -1181,11 +1243,19 @@ Container running_as(const std::string& root, const std::string& id) {
               how + ":\n" + more + criu::log_excerpt(kept) + "CRIU's log: " + kept.string());
 }
 
+// The network namespace that `spec` joins by path becomes `netns` ("" leaves it).
+void join_network(json& spec, const std::string& netns) {
+  if (netns.empty() || !spec.contains("linux") || !spec["linux"].contains("namespaces")) return;
+  for (auto& ns : spec["linux"]["namespaces"])
+    if (ns.is_object() && ns.value("type", "") == "network") ns["path"] = netns;
+}
+
 Container runc_restore(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
   const fs::path bundle = make_restore_dir(r.root, q.id);
   write_file_atomic(bundle / "criu.conf", criu_config_text(q));
   json spec = r.spec;
+  join_network(spec, q.netns);
   spec["root"]["path"] = r.rootfs;  // absolute: this bundle is not where the rootfs is
   // runc takes a relative bind source from the bundle, which was another directory.
   if (spec.contains("mounts"))
@@ -1300,6 +1370,7 @@ Container containerd_restore(const RestoreRequest& q) {
     n.runtime_options_type = d.options_type;
     n.runtime_options = d.options;
     json spec = r.spec;
+    join_network(spec, q.netns);
     // Its cgroup is named after it ("/NS/ID" as ctr makes it): a replica's is its own.
     if (spec.contains("linux") && spec["linux"].contains("cgroupsPath")) {
       std::string cg = spec["linux"]["cgroupsPath"].get<std::string>();

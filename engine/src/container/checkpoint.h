@@ -162,6 +162,8 @@ struct RestoreRequest {
   std::vector<std::string> env;          // for runc, and so for criu and its plugins
   // The container's stdout and stderr, appended; "" = /var/log/gpuckpt/containers/ID.log.
   std::filesystem::path stdio_log;
+  // The network namespace it joins in place of the one it joined at the dump ("": that one).
+  std::string netns;
   std::chrono::seconds timeout{1800};
   // Where the runtime's own steps are timed, if anywhere: rootfs_apply (the writable layer into
   // a new container's snapshot), checkpoint_dir (the images into Docker's directory).
@@ -185,12 +187,20 @@ struct RestoreRequest {
   std::function<void(const std::filesystem::path&)> on_path_made;
 };
 
+// The network namespace that `r`'s container joined by path (a Kubernetes pod's, which its
+// sandbox holds), as its OCI spec names it; "" for one of its own or the host's.
+std::string joined_network(const ContainerRecord& r);
+
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
 // ended before runc forgot it, is deleted), the rootfs and every external mount's source exist
 // (kInvalidInput, naming what is missing). For containerd and Docker: the daemon answers, and
 // either the container is the one dumped (restored in place) or the image it needs is here.
-void check_restore_target(const ContainerRecord& r, const std::string& id);
+// A container that joined a network namespace joins `netns` (a new pod's), else the recorded
+// one: it must be a network namespace here (kInvalidInput); `netns` for another container, or
+// for Docker's (dockerd makes its namespaces), is kUsage.
+void check_restore_target(const ContainerRecord& r, const std::string& id,
+                          const std::string& netns = {});
 
 // The directory the CRIU that runc runs loads plugins from: `libdir` in /etc/criu/runc.conf,
 // else CRIU's default, /usr/lib/criu.
@@ -217,11 +227,12 @@ void restore_loopback(const ContainerRecord& r, pid_t init);
 // (runc's bundle, the CRIU wrapper for containerd's shim), if any: a restore that runc left
 // unmade (the container's own deletion, remove_ended, removes it with it).
 void remove_restore_bundle(const std::filesystem::path& root, const std::string& id);
-// Returns once the runtime has no start of container `c` in flight, or `limit` has passed: a
-// start that gpuckpt asked dockerd for goes on after gpuckpt dies (containerd unpacking the
-// images, its runc restoring), and what it leaves is known only then. Immediate for runc and
-// containerd, whose restores gpuckpt runs itself (the guard waits for their runc).
-void await_runtime_start(const Container& c, std::chrono::seconds limit) noexcept;
+// Waits until the runtime has no start of container `c` in flight: a start that gpuckpt asked
+// dockerd for goes on after gpuckpt dies (containerd unpacking the images, its runc restoring),
+// and what it leaves is known only then. False if that is not known within `limit` (dockerd
+// does not answer). Immediately true for runc and containerd, whose restores gpuckpt runs
+// itself (the guard waits for their runc).
+bool await_runtime_start(const Container& c, std::chrono::seconds limit) noexcept;
 // Deletes the task that containerd created from the images for container `c` but never started
 // (gpuckpt died between Tasks.Create and Tasks.Start); nothing for another runtime, or a task
 // that started. Returns why it failed ("" when it did not).

@@ -68,14 +68,9 @@ std::string joined(const RecoveryLog& log) {
   return join(log.said, "; ");
 }
 
-// Every path of the plan goes (never a published checkpoint: remove() names temporaries), and
-// the copies of the images that the containers' runtimes unpacked (their starts have settled).
+// Every path of the plan goes (never a published checkpoint: remove() names temporaries).
 void remove_staged(const Plan& p, RecoveryLog& log) {
   std::vector<std::string> removed;
-  for (const auto& c : p.containers)
-    if (const std::uint64_t n = container::containerd::remove_unpacked_copies(c.unpacked_token))
-      removed.push_back("containerd's copy of the images of " + c.id + " (" +
-                        std::to_string(n >> 20) + " MiB)");
   for (const auto& path : p.remove) {
     std::error_code ec;
     if (!fs::exists(fs::symlink_status(path, ec))) continue;
@@ -352,62 +347,80 @@ std::vector<pid_t> shim_runc_restoring(const fs::path& root, const std::string& 
 // state once criu is done), then what runc lists under the ID, if this restore made it: killed
 // and deleted from runc's state, so that the ID is free again (or left, if it was to stay). A
 // replay knows the container by its init alone: an ID taken since is someone else's.
+void end_restored_container(const Plan& p, const Plan::ContainerCopy& c, RecoveryLog& log,
+                            const auto& is) {
+  const container::Container box{container::root_at(c.root), c.id};
+  if (!p.replay)
+    for (const pid_t q : shim_runc_restoring(c.root, c.id))
+      if (q != c.runc)  // gpuckpt's own runc is waited for below, with its process group
+        let_finish(q, "the runtime's runc restore", /*group=*/false, log);
+  // runc and its criu: runc leads their process group.
+  if (is(c.runc, c.runc_started) && alive(c.runc))
+    let_finish(c.runc, "runc restore", /*group=*/true, log);
+  const auto state = container::state_json(box.root, c.id);
+  const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
+  const bool ours =
+      state && (c.init_started > 0 ? start == c.init_started : !p.replay && start >= c.after);
+  if (state && !ours) {
+    say(log, "container " + c.id + " (runc root " + c.root.string() +
+                 ") is not the one this restore made, and was left as it is");
+    return;
+  }
+  if (!state) {
+    // runc made nothing it still lists: only the bundle gpuckpt wrote for it, a task its
+    // runtime created from the images but never started, and the runtime's record made for
+    // it, may be left.
+    if (!p.replay) {
+      container::remove_restore_bundle(box.root.path, c.id);
+      if (c.kill) {
+        if (const std::string why = container::remove_unstarted(box); !why.empty())
+          fail(log, Errc::kProcess, "the task created for container " + c.id + " stays: " + why);
+        if (c.made) forget_made_record(box, log);
+      }
+    }
+    return;
+  }
+  const pid_t init = state->value("init_process_pid", 0);
+  const bool runs = init > 0 && is(init, start) && alive(init);
+  if (!c.kill) {
+    if (runs) say(log, "the restored container " + c.id + " is left running");
+    return;
+  }
+  // end_tree locks restored CUDA processes before it kills them (cuda-checkpoint#53).
+  if (runs)
+    if (const auto left = end_tree(process_tree(init), 10000); !left.empty()) {
+      fail(log, Errc::kProcess,
+           "the restored container " + c.id + " did not end (still alive: " + pid_list(left) +
+               "), so two copies may serve");
+      return;
+    }
+  if (const std::string why = container::remove_ended(box); !why.empty()) {
+    fail(log, Errc::kProcess,
+         "the restored container " + c.id + " ended, but runc still lists it: " + why);
+    return;
+  }
+  say(log, "the restored container " + c.id + " was killed and deleted from runc");
+  if (c.made) forget_made_record(box, log);
+}
+
 void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   for (const auto& c : p.containers) {
-    const container::Container box{container::root_at(c.root), c.id};
-    // dockerd's start, asked for by gpuckpt, goes on without it: its outcome first.
-    if (!p.replay) container::await_runtime_start(box, std::chrono::seconds(60));
-    if (!p.replay)
-      for (const pid_t q : shim_runc_restoring(c.root, c.id))
-        if (q != c.runc)  // gpuckpt's own runc is waited for below, with its process group
-          let_finish(q, "the runtime's runc restore", /*group=*/false, log);
-    // runc and its criu: runc leads their process group.
-    if (is(c.runc, c.runc_started) && alive(c.runc))
-      let_finish(c.runc, "runc restore", /*group=*/true, log);
-    const auto state = container::state_json(box.root, c.id);
-    const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
-    const bool ours =
-        state && (c.init_started > 0 ? start == c.init_started : !p.replay && start >= c.after);
-    if (state && !ours) {
-      say(log, "container " + c.id + " (runc root " + c.root.string() +
-                   ") is not the one this restore made, and was left as it is");
-      continue;
+    // A start that gpuckpt asked dockerd for goes on without it: its outcome first, and the
+    // copies of the images that containerd unpacked for it go only once it has ended.
+    const bool settled = c.unpacked_token.empty() || p.replay ||
+                         container::await_runtime_start({container::root_at(c.root), c.id},
+                                                        std::chrono::seconds(60));
+    end_restored_container(p, c, log, is);
+    if (!settled) {
+      say(log, "containerd's copies of the images of " + c.id +
+                   " were left: dockerd's start had not ended after 60 s (remove the "
+                   "ctrd-checkpoint* directories holding the token " +
+                   c.unpacked_token + " once it has)");
+    } else if (const std::uint64_t n =
+                   container::containerd::remove_unpacked_copies(c.unpacked_token)) {
+      say(log, "containerd's copy of the images of " + c.id + " was removed (" +
+                   std::to_string(n >> 20) + " MiB)");
     }
-    if (!state) {
-      // runc made nothing it still lists: only the bundle gpuckpt wrote for it, a task its
-      // runtime created from the images but never started, and the runtime's record made for
-      // it, may be left.
-      if (!p.replay) {
-        container::remove_restore_bundle(box.root.path, c.id);
-        if (c.kill) {
-          if (const std::string why = container::remove_unstarted(box); !why.empty())
-            fail(log, Errc::kProcess, "the task created for container " + c.id + " stays: " + why);
-          if (c.made) forget_made_record(box, log);
-        }
-      }
-      continue;
-    }
-    const pid_t init = state->value("init_process_pid", 0);
-    const bool runs = init > 0 && is(init, start) && alive(init);
-    if (!c.kill) {
-      if (runs) say(log, "the restored container " + c.id + " is left running");
-      continue;
-    }
-    // end_tree locks restored CUDA processes before it kills them (cuda-checkpoint#53).
-    if (runs)
-      if (const auto left = end_tree(process_tree(init), 10000); !left.empty()) {
-        fail(log, Errc::kProcess,
-             "the restored container " + c.id + " did not end (still alive: " + pid_list(left) +
-                 "), so two copies may serve");
-        continue;
-      }
-    if (const std::string why = container::remove_ended(box); !why.empty()) {
-      fail(log, Errc::kProcess,
-           "the restored container " + c.id + " ended, but runc still lists it: " + why);
-      continue;
-    }
-    say(log, "the restored container " + c.id + " was killed and deleted from runc");
-    if (c.made) forget_made_record(box, log);
   }
 }
 

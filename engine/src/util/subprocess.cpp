@@ -128,7 +128,9 @@ std::vector<std::string> environment_with(const std::vector<std::string>& overri
   std::vector<std::string> envs;
   for (char** e = environ; *e; ++e) envs.emplace_back(*e);
   for (const auto& kv : overrides) {
-    const auto key = kv.substr(0, kv.find('=') + 1);
+    const auto entry = split_env_entry(kv);
+    if (!entry) continue;  // no KEY=VALUE: it would match every entry, and set none
+    const std::string key = entry->first + "=";
     std::erase_if(envs, [&](const std::string& s) { return s.rfind(key, 0) == 0; });
     envs.push_back(kv);
   }

@@ -17,7 +17,7 @@
 namespace gpuckpt {
 
 // A child's whole environment: this process's, with each of `overrides` ("KEY=VALUE") in place
-// of any entry of the same KEY.
+// of any entry of the same KEY; an override without '=' is left out.
 std::vector<std::string> environment_with(const std::vector<std::string>& overrides);
 
 // The KEY and the VALUE of a "KEY=VALUE" entry; nullopt where it has no '='.
