@@ -390,7 +390,7 @@ void add_restore(CLI::App& app, Context& ctx) {
 
 struct MigrateArgs {
   TargetFlags target;
-  std::string new_id;
+  std::string new_id, netns;
   std::string to, gpu_map, ssh_config, remote_gpuckpt = "gpuckpt", spool, remote_spool;
   MigrateHandoff handoff = MigrateHandoff::kAuto;
   bool keep = false, no_huge_pages = false;
@@ -406,6 +406,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.pid = o.target.pid;
   m.container = o.target.container;
   m.new_container_id = o.new_id;
+  m.network_namespace = o.netns;
   m.to_dir = o.to;
   m.ssh_config = o.ssh_config;
   m.remote_gpuckpt = o.remote_gpuckpt;
@@ -465,6 +466,10 @@ void add_migrate(CLI::App& app, Context& ctx) {
                 "With --container: the copy's container ID (default: the original's). On this "
                 "host a frozen handoff needs one, for the frozen original keeps its ID until "
                 "the copy answers")
+      ->needs(box);
+  c->add_option("--netns", o->netns,
+                "With --container, for a container that joined a network namespace by path (a "
+                "Kubernetes pod's): the namespace its copy joins on the target (a new pod's)")
       ->needs(box);
   c->add_option("--handoff", o->handoff,
                 "auto|frozen|release: frozen keeps the original frozen until the copy (in a new "

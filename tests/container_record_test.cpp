@@ -77,6 +77,14 @@ TEST(ContainerRecord, ThePodsNetworkNamespaceIsCheckedOnTheTargetAndNetnsOnlyFor
   EXPECT_NE(std::string(e.what()).find("/run/netns/gpuckpt-no-such-pod"), std::string::npos);
   EXPECT_NE(std::string(e.what()).find("--netns"), std::string::npos) << e.what();
 
+  // A pod's container that shares its ipc namespace too: --netns would split it across pods.
+  r.spec["linux"]["namespaces"] = json::array({{{"type", "network"}, {"path", "/proc/self/ns/net"}},
+                                               {{"type", "ipc"}, {"path", "/proc/self/ns/ipc"}}});
+  e = test::error_from([&] { container::check_restore_target(r, "llm-1", "/proc/self/ns/net"); });
+  EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
+  EXPECT_NE(std::string(e.what()).find("ipc namespace /proc/self/ns/ipc"), std::string::npos)
+      << e.what();
+
   r.spec["linux"]["namespaces"] = json::array({{{"type", "network"}}});
   r.own_network = true;
   EXPECT_EQ(container::joined_network(r), "");

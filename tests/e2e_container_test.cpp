@@ -384,7 +384,8 @@ TEST_F(E2eContainer, OneCheckpointRestoredTwiceServesTwoReplicasOnTheSamePort) {
 // A Kubernetes pod's shape: the container joins a network namespace it does not own (the pod's,
 // held by path as the runtime holds it for the pause container). The dump takes it as external,
 // and the restore puts the container back into that very namespace, where a neighbour in the pod
-// reaches it over the loopback they share.
+// reaches it over the loopback they share. --netns puts a copy into another pod: a replica, or
+// a migration's copy.
 TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace) {
   const test::NetNs pod("pod");
   const fs::path path = fs::path("/run/netns") / pod.name();
@@ -423,8 +424,8 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
   // that is no namespace, is refused before anything starts.
   const std::string rid = unique_id("pod2");
   started_.push_back(rid);
-  for (const std::string& bad :
-       std::vector<std::string>{"/run/netns/gpuckpt-no-such-pod", dir_.path().string()}) {
+  for (const std::string& bad : std::vector<std::string>{
+           "/run/netns/gpuckpt-no-such-pod", dir_.path().string(), "/proc/self/ns/ipc"}) {
     SCOPED_TRACE(bad);
     const auto e =
         test::run_cli({"--json", "restore", ckpt.string(), "--container", rid, "--netns", bad});
@@ -447,6 +448,26 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
           .output,
       digest + "\n");
   EXPECT_EQ(netns_of(pid_of(id)), want.st_ino) << "the first pod's container moved";
+
+  // Moved from the second pod into a third (a pod rescheduled): the copy joins the third, and
+  // the original ends once the copy answers there.
+  const test::NetNs third("pod3");
+  const std::string mid = unique_id("pod3");
+  started_.push_back(mid);
+  const auto m =
+      test::run_cli({"migrate", "--container", rid, "--new-id", mid, "--netns",
+                     "/run/netns/" + third.name(), "--to", (dir_.path() / "pod3").string(),
+                     "--probe", "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  struct stat moved {};
+  ASSERT_EQ(::stat(("/run/netns/" + third.name()).c_str(), &moved), 0);
+  ASSERT_GT(pid_of(mid), 0);
+  EXPECT_EQ(netns_of(pid_of(mid)), moved.st_ino);
+  EXPECT_EQ(run_capture(
+                third.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}), 30s)
+                .output,
+            digest + "\n");
+  EXPECT_FALSE(process::alive(replica));
 }
 
 // gpuckpt killed by any signal at each phase before the checkpoint is durable: the container

@@ -227,6 +227,9 @@ struct MigrateOptions {
   // as a container its runtime lists, under `new_container_id` ("" = its own ID). On this host
   // a frozen handoff needs a new ID: the frozen original holds its own until the copy answers.
   std::string container, new_container_id;
+  // For a container that joined a network namespace by path (a pod's): the one its copy joins
+  // on the target (RestoreOptions::network_namespace); "" = the same path.
+  std::filesystem::path network_namespace;
   // Where the checkpoint is written and restored from: a directory on this host, or
   // ssh://[USER@]HOST[:PORT], another host running gpuckpt (docs/PROCESS.md, "migrate to
   // another host").

@@ -1,7 +1,7 @@
 #include "container/checkpoint.h"
 
 #include <fcntl.h>
-#include <linux/magic.h>
+#include <linux/nsfs.h>
 #include <net/if.h>
 #include <sched.h>
 #include <signal.h>
@@ -9,7 +9,6 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -242,12 +241,26 @@ json to_json(const ContainerRecord& r) {
   return j;
 }
 
+namespace {
+
+// The namespaces that `spec` joins by path (OCI type, path), in its order.
+std::vector<std::pair<std::string, std::string>> joined_namespaces(const json& spec) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!spec.contains("linux") || !spec["linux"].contains("namespaces")) return out;
+  for (const auto& ns : spec["linux"]["namespaces"])
+    if (ns.is_object() && !ns.value("path", "").empty())
+      out.emplace_back(ns.value("type", ""), ns.value("path", ""));
+  return out;
+}
+
+}  // namespace
+
 json target_check_json(const ContainerRecord& r) {
   json j = to_json(r);
-  // Of the spec, only the namespace the container joined by path, which must be there too.
+  // Of the spec, only the namespaces the container joined by path, which must be there too.
   j["spec"] = json::object();
-  if (const std::string net = joined_network(r); !net.empty())
-    j["spec"]["linux"]["namespaces"] = json::array({{{"type", "network"}, {"path", net}}});
+  for (const auto& [type, path] : joined_namespaces(r.spec))
+    j["spec"]["linux"]["namespaces"].push_back({{"type", type}, {"path", path}});
   if (j.contains("containerd")) {
     j["containerd"]["labels"] = json::object();
     j["containerd"]["options"] = "";
@@ -1149,51 +1162,91 @@ std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
 
 }  // namespace
 
+namespace {
+
+// The clone flag of an OCI namespace type; 0 for one gpuckpt does not know.
+int clone_flag(const std::string& type) {
+  static const std::pair<const char*, int> kTypes[] = {
+      {"network", CLONE_NEWNET}, {"ipc", CLONE_NEWIPC},       {"uts", CLONE_NEWUTS},
+      {"mount", CLONE_NEWNS},    {"cgroup", CLONE_NEWCGROUP}, {"user", CLONE_NEWUSER},
+      {"pid", CLONE_NEWPID}};
+  for (const auto& [name, flag] : kTypes)
+    if (type == name) return flag;
+  return 0;
+}
+
+// Refused (Error(kInvalidInput), naming it) unless `path` is a namespace of OCI type `type` here.
+void require_namespace(const std::string& type, const std::string& path, const std::string& how) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    const int err = errno;
+    throw Error(Errc::kInvalidInput, "the " + type + " namespace " + path + " that the container " +
+                                         how + " is not here (" + std::strerror(err) +
+                                         "). Nothing was restored");
+  }
+  const int want = clone_flag(type);
+  const int got = ::ioctl(fd.get(), NS_GET_NSTYPE);
+  if (got < 0 || (want != 0 && got != want))
+    throw Error(Errc::kInvalidInput, path + ", the " + type + " namespace that the container " +
+                                         how + ", is no " + type +
+                                         " namespace (a bind mount of one, as /run/netns/NAME, "
+                                         "or /proc/PID/ns/" +
+                                         (type == "network" ? "net" : type) +
+                                         "). Nothing was restored");
+}
+
+}  // namespace
+
 std::string joined_network(const ContainerRecord& r) {
-  if (!r.spec.contains("linux") || !r.spec["linux"].contains("namespaces")) return {};
-  for (const auto& ns : r.spec["linux"]["namespaces"])
-    if (ns.is_object() && ns.value("type", "") == "network") return ns.value("path", "");
+  for (const auto& [type, path] : joined_namespaces(r.spec))
+    if (type == "network") return path;
   return {};
 }
 
 namespace {
 
-// The namespace a restore of `r` joins: `netns`, else the recorded one, refused (Error) where it
-// cannot be joined here.
-void check_joined_network(const ContainerRecord& r, const std::string& netns) {
-  const std::string recorded = r.runtime == Runtime::kDocker ? "" : joined_network(r);
-  if (!netns.empty() && recorded.empty())
-    throw Error(Errc::kUsage,
-                r.runtime == Runtime::kDocker
-                    ? std::string("dockerd makes a Docker container's network namespace itself: "
-                                  "--netns is for runc and containerd containers")
-                    : "container " + r.id + " had a network namespace of " +
-                          (r.own_network ? "its own" : "the host's") +
-                          ", and --netns is for one that joined a namespace by path (a pod's)");
-  const std::string join = netns.empty() ? recorded : netns;
-  if (join.empty()) return;
-  struct statfs fs {};
-  if (::statfs(join.c_str(), &fs) != 0) {
-    const int err = errno;
-    throw Error(Errc::kInvalidInput,
-                "the network namespace " + join + " that the container joins" +
-                    (netns.empty() ? " (its pod's at the dump)" : "") + " is not here (" +
-                    std::strerror(err) +
-                    "): give the namespace it is to join here (a new pod's) with --netns PATH. "
-                    "Nothing was restored");
+// Every namespace a restore of `r` joins by path: `netns` for its network, else the recorded
+// ones, each refused (Error) where it is not one of its type here. A Docker container's are
+// dockerd's to make.
+void check_joined_namespaces(const ContainerRecord& r, const std::string& netns) {
+  const auto joined = r.runtime == Runtime::kDocker ? decltype(joined_namespaces(r.spec)){}
+                                                    : joined_namespaces(r.spec);
+  const auto net = std::find_if(joined.begin(), joined.end(),
+                                [](const auto& j) { return j.first == "network"; });
+  if (!netns.empty()) {
+    if (r.runtime == Runtime::kDocker)
+      throw Error(Errc::kUsage,
+                  "dockerd makes a Docker container's network namespace itself: "
+                  "--netns is for runc and containerd containers");
+    if (net == joined.end())
+      throw Error(Errc::kUsage, "container " + r.id + " had a network namespace of " +
+                                    (r.own_network ? "its own" : "the host's") +
+                                    ", and --netns is for one that joined a namespace by path (a "
+                                    "pod's)");
+    // The runtime's shim opens it from a directory of its own, and a migration's on the target.
+    if (netns.front() != '/')
+      throw Error(Errc::kUsage, "--netns takes an absolute path, not " + netns);
+    // Moved into another pod by its network alone, it would keep the first pod's others.
+    for (const auto& [type, path] : joined)
+      if (type != "network")
+        throw Error(Errc::kUsage, "container " + r.id + " also joined the " + type + " namespace " +
+                                      path +
+                                      " by path (its pod's), and --netns moves only the network "
+                                      "namespace: restore it where that namespace is. Nothing "
+                                      "was restored");
+    require_namespace("network", netns, "is to join");
   }
-  if (fs.f_type != NSFS_MAGIC)
-    throw Error(Errc::kInvalidInput, join +
-                                         " is no namespace (a bind mount of one, as "
-                                         "/run/netns/NAME, or /proc/PID/ns/net). Nothing was "
-                                         "restored");
+  for (const auto& [type, path] : joined)
+    if (netns.empty() || type != "network")
+      require_namespace(type, path,
+                        "joined at the dump (its pod's; --netns names another for its network)");
 }
 
 }  // namespace
 
 void check_restore_target(const ContainerRecord& r, const std::string& id,
                           const std::string& netns) {
-  check_joined_network(r, netns);
+  check_joined_namespaces(r, netns);
   if (r.runtime == Runtime::kDocker) {
     check_docker_target(r, id);
   } else {
@@ -1562,7 +1615,8 @@ Container restore_container(const RestoreRequest& q) {
 
 std::string in_container_network(const ContainerRecord& r, pid_t init,
                                  const std::function<std::string()>& fn) {
-  return r.own_network ? in_network_of(init, fn) : fn();
+  // Its own namespace, or one it joined (a pod's): not the host's, where gpuckpt runs.
+  return r.own_network || !joined_network(r).empty() ? in_network_of(init, fn) : fn();
 }
 
 void restore_loopback(const ContainerRecord& r, pid_t init) {

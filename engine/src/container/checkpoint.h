@@ -237,9 +237,9 @@ bool await_runtime_start(const Container& c, std::chrono::seconds limit) noexcep
 // (gpuckpt died between Tasks.Create and Tasks.Start); nothing for another runtime, or a task
 // that started. Returns why it failed ("" when it did not).
 std::string remove_unstarted(const Container& c);
-// Runs `fn` where the container's network is: on a thread that has entered its own network
-// namespace (that of `init`), else on this one. A readiness probe's 127.0.0.1 is then the
-// container's loopback.
+// Runs `fn` where the container's network is: on a thread that has entered its network
+// namespace (that of `init`: its own, or a pod's it joined), else, on the host's, on this one. A
+// readiness probe's 127.0.0.1 is then the container's loopback.
 std::string in_container_network(const ContainerRecord& r, pid_t init,
                                  const std::function<std::string()>& fn);
 // Removes the record that a restore made in containerd (with its snapshot) or Docker for a

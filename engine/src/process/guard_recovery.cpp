@@ -403,6 +403,22 @@ void end_restored_container(const Plan& p, const Plan::ContainerCopy& c, Recover
   if (c.made) forget_made_record(box, log);
 }
 
+// The copies of the images that containerd unpacked for container `c`'s start (a Docker
+// restore's), once that start has ended (`settled`), else said to be left.
+void remove_runtime_copies(const Plan::ContainerCopy& c, bool settled, RecoveryLog& log) {
+  if (c.unpacked_token.empty()) return;
+  if (!settled) {
+    say(log, "containerd's copies of the images of " + c.id +
+                 ", if any, were left: dockerd's start had not ended after 60 s (remove the "
+                 "ctrd-checkpoint* directories holding the token " +
+                 c.unpacked_token + " once it has)");
+  } else if (const std::uint64_t n =
+                 container::containerd::remove_unpacked_copies(c.unpacked_token)) {
+    say(log, "containerd's copy of the images of " + c.id + " was removed (" +
+                 std::to_string(n >> 20) + " MiB)");
+  }
+}
+
 void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   for (const auto& c : p.containers) {
     // A start that gpuckpt asked dockerd for goes on without it: its outcome first, and the
@@ -411,16 +427,7 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
                          container::await_runtime_start({container::root_at(c.root), c.id},
                                                         std::chrono::seconds(60));
     end_restored_container(p, c, log, is);
-    if (!settled) {
-      say(log, "containerd's copies of the images of " + c.id +
-                   " were left: dockerd's start had not ended after 60 s (remove the "
-                   "ctrd-checkpoint* directories holding the token " +
-                   c.unpacked_token + " once it has)");
-    } else if (const std::uint64_t n =
-                   container::containerd::remove_unpacked_copies(c.unpacked_token)) {
-      say(log, "containerd's copy of the images of " + c.id + " was removed (" +
-                   std::to_string(n >> 20) + " MiB)");
-    }
+    remove_runtime_copies(c, settled, log);
   }
 }
 
@@ -604,6 +611,8 @@ Recovery recover(const Plan& p) {
       if (!p.durable || !p.end_targets) give_back_cuda(p, live_targets(), log);
       say(log, why + (log.said.size() > said ? ", so nothing else was undone"
                                              : ", so nothing was undone"));
+      // Long after the kill, no start it asked for is still in flight.
+      for (const auto& c : p.containers) remove_runtime_copies(c, /*settled=*/true, log);
       remove_staged(p, log);
       return {joined(log), std::move(log.failed)};
     }

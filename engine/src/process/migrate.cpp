@@ -54,10 +54,11 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
                               const process::ContainerMove* c) {
   bool release_needed = false;
   std::string why;
-  // A container's copy gets a network namespace of its own if the original has one: its ports
-  // and abstract names cannot clash there. But it shares the original's root filesystem, and
-  // its runtime lists the frozen original under its ID until the copy answers.
-  const bool own_network = c && c->plan.record.own_network;
+  // A container's copy gets a network namespace of its own if the original has one, or joins
+  // another pod's (--netns): its ports and abstract names cannot clash there. But it shares the
+  // original's root filesystem, and its runtime lists the frozen original under its ID until
+  // the copy answers.
+  const bool own_network = c && (c->plan.record.own_network || !o.network_namespace.empty());
   if (c && c->copy_id == c->box.id) {
     release_needed = true;
     why = "the copy takes the container's own ID, " + c->box.id;
@@ -178,6 +179,10 @@ MigrateResult migrate(const MigrateOptions& opts) {
     if (opts.pid <= 0) throw Error(Errc::kUsage, "no pid given");
     if (!opts.new_container_id.empty())
       throw Error(Errc::kUsage, "a new container ID is for a container (--container)");
+    if (!opts.network_namespace.empty())
+      throw Error(Errc::kUsage,
+                  "--netns names the network namespace a container joins: it is "
+                  "for --container only");
     return migrate_tree(opts, nullptr);
   }
   if (opts.pid > 0) throw Error(Errc::kUsage, "give --pid or --container, not both");
@@ -233,7 +238,8 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   res.handoff = choose_handoff(o, *info, c);
   // A new ID for the copy must be free before the freeze (the original's own is freed by the
   // release; its rootfs and mounts are here, as the original runs).
-  if (c && c->copy_id != c->box.id) container::check_restore_target(c->plan.record, c->copy_id);
+  if (c && (c->copy_id != c->box.id || !o.network_namespace.empty()))
+    container::check_restore_target(c->plan.record, c->copy_id, o.network_namespace.string());
   if (c) require_copy_gets_plugin(*c);
   require_utf8_path(fs::absolute(o.to_dir), "--to directory");
   std::error_code ec;
@@ -265,6 +271,7 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   r.probe = o.probe;
   if (c) {
     r.container = c->copy_id;  // namespaces of its own, made by runc
+    r.network_namespace = o.network_namespace;
   } else {
     r.new_pid_ns = !release;
     r.take_endpoints = true;  // the copy is meant to take the original's socket paths

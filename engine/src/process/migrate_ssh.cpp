@@ -175,6 +175,7 @@ std::string remote_restore_command(const MigrateOptions& o, bool release,
     json expect = container::target_check_json(box->plan.record);
     if (box->cuda) expect["cuda"] = true;
     c += " --expect-container " + shell_quote(expect.dump());
+    if (!o.network_namespace.empty()) c += " --netns " + shell_quote(o.network_namespace.string());
   } else if (!release)
     c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());
