@@ -468,6 +468,17 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
                 .output,
             digest + "\n");
   EXPECT_FALSE(process::alive(replica));
+
+  // And back into the second pod under its own ID: the release frees the ID for the copy.
+  const pid_t in_third = pid_of(mid);
+  const auto back2 =
+      test::run_cli({"migrate", "--container", mid, "--netns", "/run/netns/" + second.name(),
+                     "--to", (dir_.path() / "pod2-back").string(), "--probe",
+                     "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
+  ASSERT_EQ(back2.exit_code, 0) << back2.err;
+  ASSERT_GT(pid_of(mid), 0);
+  EXPECT_EQ(netns_of(pid_of(mid)), other.st_ino);
+  EXPECT_FALSE(process::alive(in_third));
 }
 
 // gpuckpt killed by any signal at each phase before the checkpoint is durable: the container

@@ -1,6 +1,7 @@
 #include "container/checkpoint.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <linux/nsfs.h>
 #include <net/if.h>
 #include <sched.h>
@@ -9,6 +10,7 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
@@ -1164,12 +1166,15 @@ std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
 
 namespace {
 
+// CLONE_NEWTIME, which older headers lack.
+constexpr int kCloneNewTime = 0x00000080;
+
 // The clone flag of an OCI namespace type; 0 for one gpuckpt does not know.
 int clone_flag(const std::string& type) {
   static const std::pair<const char*, int> kTypes[] = {
       {"network", CLONE_NEWNET}, {"ipc", CLONE_NEWIPC},       {"uts", CLONE_NEWUTS},
       {"mount", CLONE_NEWNS},    {"cgroup", CLONE_NEWCGROUP}, {"user", CLONE_NEWUSER},
-      {"pid", CLONE_NEWPID}};
+      {"pid", CLONE_NEWPID},     {"time", kCloneNewTime}};
   for (const auto& [name, flag] : kTypes)
     if (type == name) return flag;
   return 0;
@@ -1177,7 +1182,8 @@ int clone_flag(const std::string& type) {
 
 // Refused (Error(kInvalidInput), naming it) unless `path` is a namespace of OCI type `type` here.
 void require_namespace(const std::string& type, const std::string& path, const std::string& how) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // A FIFO or a device at the path must neither block nor become a terminal.
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
   if (!fd) {
     const int err = errno;
     throw Error(Errc::kInvalidInput, "the " + type + " namespace " + path + " that the container " +
@@ -1185,7 +1191,10 @@ void require_namespace(const std::string& type, const std::string& path, const s
                                          "). Nothing was restored");
   }
   const int want = clone_flag(type);
-  const int got = ::ioctl(fd.get(), NS_GET_NSTYPE);
+  struct statfs fs {};
+  const int got = ::fstatfs(fd.get(), &fs) == 0 && fs.f_type == NSFS_MAGIC
+                      ? ::ioctl(fd.get(), NS_GET_NSTYPE)
+                      : -1;
   if (got < 0 || (want != 0 && got != want))
     throw Error(Errc::kInvalidInput, path + ", the " + type + " namespace that the container " +
                                          how + ", is no " + type +
@@ -1203,11 +1212,6 @@ std::string joined_network(const ContainerRecord& r) {
   return {};
 }
 
-namespace {
-
-// Every namespace a restore of `r` joins by path: `netns` for its network, else the recorded
-// ones, each refused (Error) where it is not one of its type here. A Docker container's are
-// dockerd's to make.
 void check_joined_namespaces(const ContainerRecord& r, const std::string& netns) {
   const auto joined = r.runtime == Runtime::kDocker ? decltype(joined_namespaces(r.spec)){}
                                                     : joined_namespaces(r.spec);
@@ -1241,8 +1245,6 @@ void check_joined_namespaces(const ContainerRecord& r, const std::string& netns)
       require_namespace(type, path,
                         "joined at the dump (its pod's; --netns names another for its network)");
 }
-
-}  // namespace
 
 void check_restore_target(const ContainerRecord& r, const std::string& id,
                           const std::string& netns) {

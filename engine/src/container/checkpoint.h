@@ -191,6 +191,12 @@ struct RestoreRequest {
 // sandbox holds), as its OCI spec names it; "" for one of its own or the host's.
 std::string joined_network(const ContainerRecord& r);
 
+// Every namespace a restore of `r` joins by path: `netns` for its network, else the recorded
+// ones, each refused (Error(kInvalidInput)) where it is not one of its type here; `netns` for a
+// container that joined no network namespace by path, or also joined others (a CRI pod's ipc
+// and uts), or for Docker's (dockerd makes its namespaces), is Error(kUsage).
+void check_joined_namespaces(const ContainerRecord& r, const std::string& netns);
+
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
 // ended before runc forgot it, is deleted), the rootfs and every external mount's source exist

@@ -55,10 +55,14 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
   bool release_needed = false;
   std::string why;
   // A container's copy gets a network namespace of its own if the original has one, or joins
-  // another pod's (--netns): its ports and abstract names cannot clash there. But it shares the
-  // original's root filesystem, and its runtime lists the frozen original under its ID until
-  // the copy answers.
-  const bool own_network = c && (c->plan.record.own_network || !o.network_namespace.empty());
+  // another pod's (--netns naming another namespace than the original's): its ports and
+  // abstract names cannot clash there. But it shares the original's root filesystem, and its
+  // runtime lists the frozen original under its ID until the copy answers.
+  std::error_code ec;
+  const bool other_pod =
+      !o.network_namespace.empty() &&
+      !fs::equivalent(o.network_namespace, "/proc/" + std::to_string(o.pid) + "/ns/net", ec);
+  const bool own_network = c && (c->plan.record.own_network || other_pod);
   if (c && c->copy_id == c->box.id) {
     release_needed = true;
     why = "the copy takes the container's own ID, " + c->box.id;
@@ -238,8 +242,17 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   res.handoff = choose_handoff(o, *info, c);
   // A new ID for the copy must be free before the freeze (the original's own is freed by the
   // release; its rootfs and mounts are here, as the original runs).
-  if (c && (c->copy_id != c->box.id || !o.network_namespace.empty()))
+  if (c && c->copy_id != c->box.id) {
     container::check_restore_target(c->plan.record, c->copy_id, o.network_namespace.string());
+  } else if (c && !o.network_namespace.empty()) {
+    // Its own ID, freed by the release: only where the copy joins.
+    container::check_joined_namespaces(c->plan.record, o.network_namespace.string());
+    if (c->plan.record.runtime == container::Runtime::kContainerd)
+      throw Error(Errc::kUsage, "containerd's container " + c->box.id +
+                                    " keeps the network namespace its record names: move it "
+                                    "under a new ID (--new-id) to join " +
+                                    o.network_namespace.string() + ". Nothing was frozen");
+  }
   if (c) require_copy_gets_plugin(*c);
   require_utf8_path(fs::absolute(o.to_dir), "--to directory");
   std::error_code ec;
