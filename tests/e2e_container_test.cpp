@@ -397,17 +397,22 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
     struct stat st {};
     return ::stat(("/proc/" + std::to_string(p) + "/ns/net").c_str(), &st) == 0 ? st.st_ino : 0;
   };
-  struct stat want {};
-  ASSERT_EQ(::stat(path.c_str(), &want), 0);
+  // A pod's namespace's inode, and what redis answers DEBUG DIGEST with from inside it.
+  auto inode_of = [](const test::NetNs& ns) {
+    struct stat st {};
+    return ::stat(("/run/netns/" + ns.name()).c_str(), &st) == 0 ? st.st_ino : 0;
+  };
+  auto digest_in = [](const test::NetNs& ns) {
+    return run_capture(ns.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
+                       30s)
+        .output;
+  };
+  const auto want = inode_of(pod);
+  ASSERT_NE(want, 0u);
   const auto [id, init, digest] = serving("pod");
   ASSERT_GT(init, 0);
-  ASSERT_EQ(netns_of(init), want.st_ino);
-  auto from_the_pod = [&](const std::vector<std::string>& args) {
-    std::vector<std::string> argv{"redis-cli", "-p", std::to_string(kRedisPort)};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return run_capture(pod.wrap(argv), 30s).output;
-  };
-  ASSERT_EQ(from_the_pod({"DEBUG", "DIGEST"}), digest + "\n");
+  ASSERT_EQ(netns_of(init), want);
+  ASSERT_EQ(digest_in(pod), digest + "\n");
 
   const fs::path ckpt = dir_.path() / "pod.ckpt";
   const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string()});
@@ -417,8 +422,8 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const pid_t back = pid_of(id);
   ASSERT_GT(back, 0);
-  EXPECT_EQ(netns_of(back), want.st_ino) << "restored outside the pod's network namespace";
-  EXPECT_EQ(from_the_pod({"DEBUG", "DIGEST"}), digest + "\n");
+  EXPECT_EQ(netns_of(back), want) << "restored outside the pod's network namespace";
+  EXPECT_EQ(digest_in(pod), digest + "\n");
 
   // Scaled out into a second pod (--netns), beside the first; a namespace that is not here, or
   // that is no namespace, is refused before anything starts.
@@ -439,15 +444,11 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
   ASSERT_EQ(r2.exit_code, 0) << r2.err;
   const pid_t replica = pid_of(rid);
   ASSERT_GT(replica, 0);
-  struct stat other {};
-  ASSERT_EQ(::stat(("/run/netns/" + second.name()).c_str(), &other), 0);
-  EXPECT_EQ(netns_of(replica), other.st_ino);
-  EXPECT_EQ(
-      run_capture(second.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
-                  30s)
-          .output,
-      digest + "\n");
-  EXPECT_EQ(netns_of(pid_of(id)), want.st_ino) << "the first pod's container moved";
+  const auto other = inode_of(second);
+  ASSERT_NE(other, 0u);
+  EXPECT_EQ(netns_of(replica), other);
+  EXPECT_EQ(digest_in(second), digest + "\n");
+  EXPECT_EQ(netns_of(pid_of(id)), want) << "the first pod's container moved";
 
   // Moved from the second pod into a third (a pod rescheduled): the copy joins the third, and
   // the original ends once the copy answers there.
@@ -459,14 +460,10 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
                      "/run/netns/" + third.name(), "--to", (dir_.path() / "pod3").string(),
                      "--probe", "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
   ASSERT_EQ(m.exit_code, 0) << m.err;
-  struct stat moved {};
-  ASSERT_EQ(::stat(("/run/netns/" + third.name()).c_str(), &moved), 0);
+  ASSERT_NE(inode_of(third), 0u);
   ASSERT_GT(pid_of(mid), 0);
-  EXPECT_EQ(netns_of(pid_of(mid)), moved.st_ino);
-  EXPECT_EQ(run_capture(
-                third.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}), 30s)
-                .output,
-            digest + "\n");
+  EXPECT_EQ(netns_of(pid_of(mid)), inode_of(third));
+  EXPECT_EQ(digest_in(third), digest + "\n");
   EXPECT_FALSE(process::alive(replica));
 
   // And back into the second pod under its own ID: the release frees the ID for the copy.
@@ -477,7 +474,7 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
                      "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
   ASSERT_EQ(back2.exit_code, 0) << back2.err;
   ASSERT_GT(pid_of(mid), 0);
-  EXPECT_EQ(netns_of(pid_of(mid)), other.st_ino);
+  EXPECT_EQ(netns_of(pid_of(mid)), other);
   EXPECT_FALSE(process::alive(in_third));
 }
 

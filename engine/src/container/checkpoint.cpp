@@ -1057,6 +1057,21 @@ void require_layer_carried(const ContainerRecord& r, const std::string& id) {
                     "it was dumped on, not as a new container " + id + ". Nothing was restored");
 }
 
+}  // namespace
+
+void require_new_record_for_netns(const ContainerRecord& r, const std::string& id,
+                                  const std::string& netns) {
+  // containerd makes the task from its record's spec, which names the namespace it joined.
+  if (r.runtime == Runtime::kContainerd && !netns.empty())
+    throw Error(Errc::kUsage, "containerd's container " + id +
+                                  " keeps the network namespace its record names: give the copy "
+                                  "a new ID (restore --container NEW_ID, migrate --new-id) to "
+                                  "join " +
+                                  netns + ". Nothing was frozen or restored");
+}
+
+namespace {
+
 void check_containerd_target(const ContainerRecord& r, const std::string& id,
                              const std::string& netns) {
   const ContainerdRecord& d = *r.containerd;
@@ -1079,12 +1094,7 @@ void check_containerd_target(const ContainerRecord& r, const std::string& id,
       throw Error(Errc::kExists, "containerd (namespace " + d.ns + ") already has a container " +
                                      id + " that is not the one dumped (" + r.id +
                                      "): remove it (ctr container rm) or choose another ID");
-    // Its task is made from its record's spec, which names the namespace it joined.
-    if (!netns.empty())
-      throw Error(Errc::kUsage, "containerd's container " + id +
-                                    " keeps the network namespace its record names: restore it "
-                                    "as a new container (--container NEW_ID) to join " +
-                                    netns);
+    require_new_record_for_netns(r, id, netns);
     return;  // the container dumped, its task ended: restored in place
   }
   // A new container record, over the image's own top layer.

@@ -197,14 +197,17 @@ std::string joined_network(const ContainerRecord& r);
 // and uts), or for Docker's (dockerd makes its namespaces), is Error(kUsage).
 void check_joined_namespaces(const ContainerRecord& r, const std::string& netns);
 
+// A copy restored under its runtime's record of the container dumped (containerd's, kept) is
+// made from that record's spec, with the namespaces it names: `netns` is then Error(kUsage).
+void require_new_record_for_netns(const ContainerRecord& r, const std::string& id,
+                                  const std::string& netns);
+
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
 // ended before runc forgot it, is deleted), the rootfs and every external mount's source exist
 // (kInvalidInput, naming what is missing). For containerd and Docker: the daemon answers, and
 // either the container is the one dumped (restored in place) or the image it needs is here.
-// A container that joined a network namespace joins `netns` (a new pod's), else the recorded
-// one: it must be a network namespace here (kInvalidInput); `netns` for another container, or
-// for Docker's (dockerd makes its namespaces), is kUsage.
+// And the namespaces it joins (check_joined_namespaces, with `netns`).
 void check_restore_target(const ContainerRecord& r, const std::string& id,
                           const std::string& netns = {});
 

@@ -247,11 +247,8 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   } else if (c && !o.network_namespace.empty()) {
     // Its own ID, freed by the release: only where the copy joins.
     container::check_joined_namespaces(c->plan.record, o.network_namespace.string());
-    if (c->plan.record.runtime == container::Runtime::kContainerd)
-      throw Error(Errc::kUsage, "containerd's container " + c->box.id +
-                                    " keeps the network namespace its record names: move it "
-                                    "under a new ID (--new-id) to join " +
-                                    o.network_namespace.string() + ". Nothing was frozen");
+    container::require_new_record_for_netns(c->plan.record, c->box.id,
+                                            o.network_namespace.string());
   }
   if (c) require_copy_gets_plugin(*c);
   require_utf8_path(fs::absolute(o.to_dir), "--to directory");
