@@ -288,8 +288,23 @@ void add_inspect(CLI::App& app, Context& ctx) {
         std::printf("  image      %s (%s), name %s\n",
                     d.value("config", nlohmann::json::object()).value("Image", "").c_str(),
                     d.value("image_id", "").c_str(), d.value("name", "").c_str());
-      if (c.value("rootfs_diff", false))
+      // Recorded by gpuckpt before 2026-12-06 as "rootfs_diff".
+      const std::string layer =
+          c.value("writable_layer", c.value("rootfs_diff", false) ? "carried" : "");
+      if (layer == "carried")
         std::printf("  layer      its writable layer (rootfs-diff.tar)\n");
+      else if (layer == "not_carried")
+        std::printf("  layer      not carried (%s)\n", c.value("writable_layer_why", "").c_str());
+      // What a restore into another pod names with --join-ns (dockerd makes Docker's).
+      const auto& spec = c.value("spec", nlohmann::json::object());
+      if (c.value("runtime", "") != "docker" && spec.contains("linux") &&
+          spec["linux"].contains("namespaces"))
+        for (const auto& ns : spec["linux"]["namespaces"])
+          if (ns.is_object() && !ns.value("path", "").empty())
+            std::printf(
+                "  joins      %s namespace %s%s\n", ns.value("type", "").c_str(),
+                ns.value("path", "").c_str(),
+                pod_namespace_from(ns.value("type", "")) ? "" : " (not moved by --join-ns)");
       for (const auto& m : c.value("mounts", nlohmann::json::array()))
         std::printf("  mount      %s from %s\n", m.value("destination", "").c_str(),
                     m.value("source", "").c_str());

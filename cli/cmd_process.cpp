@@ -252,7 +252,8 @@ constexpr const char* kNoHugePagesHelp =
 
 struct RestoreArgs {
   unsigned copy_streams = 0;
-  std::string checkpoint, gpu_map, spool, container_log, netns;
+  std::string checkpoint, gpu_map, spool, container_log;
+  PodNamespaceFlags pod;
   std::string expected_container;
   std::optional<std::string> container;
   StagingFlags staging;
@@ -276,7 +277,7 @@ void run_restore(const RestoreArgs& o, Context& ctx) {
   r.new_pid_ns = o.new_pidns;
   r.container = o.container;
   r.container_log = o.container_log;
-  r.network_namespace = o.netns;
+  r.pod_namespaces = o.pod.resolve();
   if (!o.expected_container.empty()) {
     r.expected_container = nlohmann::json::parse(o.expected_container, nullptr, false);
     if (!r.expected_container.is_object())
@@ -375,10 +376,7 @@ void add_restore(CLI::App& app, Context& ctx) {
   c->add_option("--container-log", o->container_log,
                 "With --container: file the restored container's stdout and stderr are "
                 "appended to (default /var/log/gpuckpt/containers/ID.log)");
-  c->add_option("--netns", o->netns,
-                "With --container, for a container that joined a network namespace by path (a "
-                "Kubernetes pod's): the namespace it joins instead, as /run/netns/NAME or "
-                "/proc/PID/ns/net (a new pod's)");
+  o->pod.add(c, "namespace it");
   c->add_flag("--no-huge-pages", o->no_huge_pages, kNoHugePagesHelp);
   add_copy_streams(c, o->copy_streams);
   c->add_option("--threads", o->threads, kThreadsHelp)->check(CLI::Range(0u, 1024u));
@@ -390,7 +388,8 @@ void add_restore(CLI::App& app, Context& ctx) {
 
 struct MigrateArgs {
   TargetFlags target;
-  std::string new_id, netns;
+  std::string new_id;
+  PodNamespaceFlags pod;
   std::string to, gpu_map, ssh_config, remote_gpuckpt = "gpuckpt", spool, remote_spool;
   MigrateHandoff handoff = MigrateHandoff::kAuto;
   bool keep = false, no_huge_pages = false;
@@ -406,7 +405,7 @@ void run_migrate(const MigrateArgs& o, Context& ctx) {
   m.pid = o.target.pid;
   m.container = o.target.container;
   m.new_container_id = o.new_id;
-  m.network_namespace = o.netns;
+  m.pod_namespaces = o.pod.resolve();
   m.to_dir = o.to;
   m.ssh_config = o.ssh_config;
   m.remote_gpuckpt = o.remote_gpuckpt;
@@ -467,10 +466,7 @@ void add_migrate(CLI::App& app, Context& ctx) {
                 "host a frozen handoff needs one, for the frozen original keeps its ID until "
                 "the copy answers")
       ->needs(box);
-  c->add_option("--netns", o->netns,
-                "With --container, for a container that joined a network namespace by path (a "
-                "Kubernetes pod's): the namespace its copy joins on the target (a new pod's)")
-      ->needs(box);
+  o->pod.add(c, "namespace its copy on the target");
   c->add_option("--handoff", o->handoff,
                 "auto|frozen|release: frozen keeps the original frozen until the copy (in a new "
                 "pid namespace) answers; release ends the original once the checkpoint is "

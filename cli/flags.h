@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <initializer_list>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -226,6 +227,50 @@ struct ProbeFlags {
                                     " seconds (1 day)");
     p.timeout = std::chrono::milliseconds(static_cast<long>(timeout_s * 1000));
     return p;
+  }
+};
+
+// The namespaces a restored container joins instead of its pod's (restore, migrate):
+// --join-ns TYPE=PATH, repeated, and --netns PATH for the network alone.
+struct PodNamespaceFlags {
+  std::vector<std::string> join;
+  std::string netns;
+
+  void add(CLI::App* c, const std::string& whose) {
+    c->add_option("--join-ns", join,
+                  "With --container, for one that joined namespaces by path (a Kubernetes "
+                  "pod's): TYPE=PATH, the " +
+                      whose +
+                      " joins instead (a new pod's), for each TYPE it joined (network, ipc, "
+                      "uts), as /proc/PID/ns/net, ipc or uts of the new pod's sandbox or a bind "
+                      "mount of one (/run/netns/NAME)")
+        ->type_name("TYPE=PATH")
+        ->allow_extra_args(false);
+    c->add_option("--netns", netns,
+                  "--join-ns network=PATH, for a container that joined no other namespace by "
+                  "path");
+  }
+  PodNamespaces resolve() const {
+    PodNamespaces out;
+    auto put = [&out](PodNamespace t, const std::string& path) {
+      if (path.empty())
+        throw Error(Errc::kUsage,
+                    std::string("--join-ns ") + pod_namespace_name(t) + "= names no path");
+      if (!out.emplace(t, path).second)
+        throw Error(Errc::kUsage, std::string("the ") + pod_namespace_name(t) +
+                                      " namespace to join is named twice");
+    };
+    if (!netns.empty()) put(PodNamespace::kNetwork, netns);
+    for (const auto& j : join) {
+      const auto eq = j.find('=');
+      const auto type =
+          eq == std::string::npos ? std::nullopt : pod_namespace_from(j.substr(0, eq));
+      if (!type)
+        throw Error(Errc::kUsage,
+                    "--join-ns takes TYPE=PATH with TYPE network, ipc or uts, not '" + j + "'");
+      put(*type, j.substr(eq + 1));
+    }
+    return out;
   }
 };
 

@@ -1,6 +1,8 @@
 // The container record as a checkpoint keeps it, and as a migration's target reads it before
 // anything is frozen: what each must hold, and what it must refuse.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
@@ -8,7 +10,10 @@
 #include "container/checkpoint.h"
 #include "container/docker.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
+#include "process/proc_info.h"
 #include "test_support.h"
+#include "util/subprocess.h"
 
 namespace gpuckpt {
 namespace {
@@ -63,9 +68,9 @@ TEST(ContainerRecord, WhatTheTargetChecksFitsOneCommandLineArgumentWhateverTheSp
 }
 
 // A pod's container: the namespace it joined reaches the target's check, which refuses it where
-// it is missing; --netns is refused, before any runtime is asked, for a container that joined
-// none and for Docker's.
-TEST(ContainerRecord, ThePodsNetworkNamespaceIsCheckedOnTheTargetAndNetnsOnlyForAPodsContainer) {
+// it is missing; --join-ns is refused, before any runtime is asked, for a namespace that the
+// container did not join (its own, the host's) and for Docker's.
+TEST(ContainerRecord, ThePodsNamespacesAreCheckedOnTheTargetAndJoinNsOnlyForThoseItJoined) {
   ContainerRecord r = containerd_record();
   r.spec["linux"]["namespaces"] = json::array(
       {{{"type", "pid"}}, {{"type", "network"}, {"path", "/run/netns/gpuckpt-no-such-pod"}}});
@@ -75,30 +80,117 @@ TEST(ContainerRecord, ThePodsNetworkNamespaceIsCheckedOnTheTargetAndNetnsOnlyFor
   Error e = test::error_from([&] { container::check_restore_target(back, "llm-1"); });
   EXPECT_EQ(e.code(), Errc::kInvalidInput) << e.what();
   EXPECT_NE(std::string(e.what()).find("/run/netns/gpuckpt-no-such-pod"), std::string::npos);
-  EXPECT_NE(std::string(e.what()).find("--netns"), std::string::npos) << e.what();
+  EXPECT_NE(std::string(e.what()).find("--join-ns"), std::string::npos) << e.what();
 
-  // A pod's container that shares its ipc namespace too: --netns would split it across pods.
+  // A CRI pod's container shares the pod's ipc and uts too: moved by its network alone it
+  // would be split across two pods.
   r.spec["linux"]["namespaces"] = json::array({{{"type", "network"}, {"path", "/proc/self/ns/net"}},
-                                               {{"type", "ipc"}, {"path", "/proc/self/ns/ipc"}}});
-  e = test::error_from([&] { container::check_restore_target(r, "llm-1", "/proc/self/ns/net"); });
+                                               {{"type", "ipc"}, {"path", "/proc/self/ns/ipc"}},
+                                               {{"type", "uts"}, {"path", "/proc/self/ns/uts"}}});
+  const PodNamespaces net_only{{PodNamespace::kNetwork, "/proc/self/ns/net"}};
+  e = test::error_from([&] { container::check_restore_target(r, "llm-1", net_only); });
   EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
   EXPECT_NE(std::string(e.what()).find("ipc namespace /proc/self/ns/ipc"), std::string::npos)
       << e.what();
+  EXPECT_NE(std::string(e.what()).find("--join-ns ipc=PATH"), std::string::npos) << e.what();
+  PodNamespaces all = net_only;
+  all[PodNamespace::kIpc] = "/proc/self/ns/ipc";
+  all[PodNamespace::kUts] = "/proc/self/ns/uts";
+  // A checkpoint whose images hold the pod's ipc and uts (gpuckpt's before they were left to
+  // the pod) would set them inside the pod it joins.
+  e = test::error_from([&] { container::check_joined_namespaces(r, all); });
+  EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
+  EXPECT_NE(std::string(e.what()).find("dump it again"), std::string::npos) << e.what();
+  r.joined = {{"network", {}}, {"ipc", {}}, {"uts", {}}};
+  EXPECT_NO_THROW(container::check_joined_namespaces(r, all));
+  // Each is checked for its type: a uts namespace is no ipc one.
+  all[PodNamespace::kIpc] = "/proc/self/ns/uts";
+  e = test::error_from([&] { container::check_joined_namespaces(r, all); });
+  EXPECT_EQ(e.code(), Errc::kInvalidInput) << e.what();
+  EXPECT_NE(std::string(e.what()).find("no ipc namespace"), std::string::npos) << e.what();
+  all[PodNamespace::kIpc] = "proc/self/ns/ipc";
+  e = test::error_from([&] { container::check_joined_namespaces(r, all); });
+  EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
+  EXPECT_NE(std::string(e.what()).find("absolute"), std::string::npos) << e.what();
 
   r.spec["linux"]["namespaces"] = json::array({{{"type", "network"}}});
   r.own_network = true;
   EXPECT_EQ(container::joined_network(r), "");
-  e = test::error_from([&] { container::check_restore_target(r, "llm-1", "/proc/self/ns/net"); });
+  e = test::error_from([&] { container::check_restore_target(r, "llm-1", net_only); });
   EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
   EXPECT_NE(std::string(e.what()).find("its own"), std::string::npos) << e.what();
+  e = test::error_from([&] {
+    container::check_restore_target(r, "llm-1", {{PodNamespace::kUts, "/proc/self/ns/uts"}});
+  });
+  EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
+  EXPECT_NE(std::string(e.what()).find("the host's uts namespace"), std::string::npos) << e.what();
 
   ContainerRecord d;
   d.runtime = container::Runtime::kDocker;
   d.id = std::string(64, 'c');
   d.spec = {{"linux", {{"namespaces", json::array({{{"type", "network"}, {"path", "/x"}}})}}}};
-  e = test::error_from([&] { container::check_restore_target(d, "web", "/proc/self/ns/net"); });
+  e = test::error_from([&] { container::check_restore_target(d, "web", net_only); });
   EXPECT_EQ(e.code(), Errc::kUsage) << e.what();
   EXPECT_NE(std::string(e.what()).find("dockerd"), std::string::npos) << e.what();
+}
+
+// containerd names a CRI pod's namespaces by its sandbox's pid (/proc/PAUSE/ns/ipc). Once the
+// pod is made again, or on another host, that pid is another process's: a restore that joined
+// its namespaces would put the container into an unrelated process's. What the dump recorded
+// of the namespace and of the process holding it tells.
+TEST(ContainerRecord, APodsNamespaceNamedByAPidThatNowNamesAnotherIsRefused) {
+  Child holder = spawn({"sleep", "600"});
+  const std::string ipc = "/proc/" + std::to_string(holder.pid()) + "/ns/ipc";
+  auto inode_of = [](const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+  };
+  // By a thread of it, too.
+  const std::string by_task =
+      "/proc/" + std::to_string(holder.pid()) + "/task/" + std::to_string(holder.pid()) + "/ns/ipc";
+  ContainerRecord r = containerd_record();
+  r.spec["linux"]["namespaces"] = json::array(
+      {{{"type", "ipc"}, {"path", ipc}}, {{"type", "uts"}, {"path", "/proc/thread-self/ns/uts"}}});
+  const auto started = process::start_ticks(holder.pid());
+  ASSERT_TRUE(started);
+  r.joined = {{"ipc", {inode_of(ipc), boot_id(), *started}},
+              {"uts", {inode_of("/proc/thread-self/ns/uts"), "", 0}}};
+  ASSERT_NE(r.joined["ipc"].inode, 0u);
+  ASSERT_NE(r.joined["uts"].inode, 0u);
+  const ContainerRecord back =
+      container::container_record_from_json(container::target_check_json(r));
+  EXPECT_EQ(back.joined, r.joined);
+  EXPECT_NO_THROW(container::check_joined_namespaces(back, {}));
+
+  auto refused = [&](const ContainerRecord& rec, const std::string& path) {
+    SCOPED_TRACE(path);
+    const Error e = test::error_from([&] { container::check_joined_namespaces(rec, {}); });
+    EXPECT_EQ(e.code(), Errc::kInvalidInput) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path + " is no longer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--join-ns"), std::string::npos) << e.what();
+  };
+  ContainerRecord other = r;
+  other.joined["ipc"].holder_started += 1;  // another process, in the same namespace
+  refused(other, ipc);
+  other = r;
+  other.joined["ipc"].boot_id = "another-boot";
+  refused(other, ipc);
+  other = r;
+  other.spec["linux"]["namespaces"][0]["path"] = by_task;
+  EXPECT_NO_THROW(container::check_joined_namespaces(other, {}));
+  other.joined["ipc"].holder_started += 1;
+  refused(other, by_task);
+  other = r;
+  other.joined["uts"].inode += 1;  // a path of no process: its namespace alone tells
+  refused(other, "/proc/thread-self/ns/uts");
+  // Named in its new pod, it is that pod's that is checked.
+  EXPECT_NO_THROW(container::check_joined_namespaces(
+      other, {{PodNamespace::kIpc, ipc}, {PodNamespace::kUts, "/proc/thread-self/ns/uts"}}));
+  holder.kill(SIGKILL);
+  holder.wait();
+  const Error gone = test::error_from([&] { container::check_joined_namespaces(r, {}); });
+  EXPECT_EQ(gone.code(), Errc::kInvalidInput) << gone.what();
+  EXPECT_NE(std::string(gone.what()).find(ipc), std::string::npos) << gone.what();
 }
 
 TEST(ContainerRecord, DockersImageAndNameReachTheTargetWithoutItsConfig) {

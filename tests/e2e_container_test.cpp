@@ -478,6 +478,152 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
   EXPECT_FALSE(process::alive(in_third));
 }
 
+// A pod's container: it joins the pod's network namespace by its bind mount (as CNI names it,
+// /run/netns/NAME), and the pod's ipc and uts namespaces by its sandbox's pid
+// (/proc/PAUSE/ns/ipc, as containerd's CRI names them). The restore puts it back into all
+// three; a copy into another pod must name all three of that pod's (--join-ns), and leaves that
+// pod its hostname.
+TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces) {
+  using test::namespace_inode;
+  auto ns_of = [](pid_t p, const char* type) {
+    return namespace_inode("/proc/" + std::to_string(p) + "/ns/" + type);
+  };
+  auto hostname_of = [](pid_t p) {
+    return run_capture({"nsenter", "-t", std::to_string(p), "-u", "hostname"}, 30s).output;
+  };
+  auto digest_in = [](const test::NetNs& ns) {
+    return run_capture(ns.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
+                       30s)
+        .output;
+  };
+  const test::PodSandbox a("gk-pod-a");
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  for (auto& ns : spec["linux"]["namespaces"]) {
+    const std::string type = ns.value("type", "");
+    if (type == "network") ns["path"] = a.netns_path();
+    if (type == "ipc" || type == "uts") ns["path"] = a.ns_path(type);
+  }
+  // runc would name the pod's uts namespace after it (its default spec's hostname), which a
+  // container that joins its pod's does not: the pod's hostname is the pod's.
+  spec.erase("hostname");
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  // What the pod keeps in its ipc namespace (a SysV segment another of its containers made),
+  // which is the pod's: neither made again by a restore into that pod nor carried into another.
+  a.make_sysv_segment();
+  ASSERT_EQ(a.sysv_segments(), 1u);
+  const auto [id, init, digest] = serving("cri");
+  ASSERT_GT(init, 0);
+  for (const char* type : {"ipc", "uts"})
+    ASSERT_EQ(ns_of(init, type), namespace_inode(a.ns_path(type)));
+  ASSERT_EQ(hostname_of(init), "gk-pod-a\n");
+
+  const fs::path ckpt = dir_.path() / "cri.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_TRUE(test::wait_until([&] { return !process::alive(init); }));
+  // What a restore into another pod must name, as inspect shows it.
+  const auto shown = test::run_cli({"inspect", ckpt.string()});
+  EXPECT_NE(shown.out.find("joins      ipc namespace " + a.ns_path("ipc")), std::string::npos)
+      << shown.out;
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = pid_of(id);
+  ASSERT_GT(back, 0);
+  EXPECT_EQ(ns_of(back, "net"), namespace_inode(a.netns_path()));
+  for (const char* type : {"ipc", "uts"})
+    EXPECT_EQ(ns_of(back, type), namespace_inode(a.ns_path(type)))
+        << "restored outside the pod's " << type;
+  EXPECT_EQ(digest_in(a.net()), digest + "\n");
+  EXPECT_EQ(a.sysv_segments(), 1u);
+
+  // Into a second pod: by its network alone it would be split across the two, so that is
+  // refused before anything runs; with each of the second pod's namespaces it joins them all.
+  const test::PodSandbox b("gk-pod-b");
+  const std::string rid = unique_id("cri2");
+  started_.push_back(rid);
+  const auto split = test::run_cli(
+      {"--json", "restore", ckpt.string(), "--container", rid, "--netns", b.netns_path()});
+  EXPECT_EQ(split.exit_code, 2) << split.out;
+  EXPECT_NE(split.out.find("--join-ns ipc=PATH"), std::string::npos) << split.out;
+  EXPECT_EQ(pid_of(rid), 0);
+  const auto r2 = test::run_cli(
+      {"restore", ckpt.string(), "--container", rid, "--join-ns", "network=" + b.netns_path(),
+       "--join-ns", "ipc=" + b.ns_path("ipc"), "--join-ns", "uts=" + b.ns_path("uts")});
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  const pid_t copy = pid_of(rid);
+  ASSERT_GT(copy, 0);
+  EXPECT_EQ(ns_of(copy, "net"), namespace_inode(b.netns_path()));
+  for (const char* type : {"ipc", "uts"})
+    EXPECT_EQ(ns_of(copy, type), namespace_inode(b.ns_path(type)))
+        << "the copy is outside pod b's " << type;
+  EXPECT_EQ(b.hostname(), "gk-pod-b\n") << "the restore renamed pod b";
+  EXPECT_EQ(b.sysv_segments(), 0u) << "pod a's SysV segment was carried into pod b";
+  EXPECT_EQ(digest_in(b.net()), digest + "\n");
+  EXPECT_EQ(ns_of(pid_of(id), "uts"), namespace_inode(a.ns_path("uts")))
+      << "the first pod's container moved";
+  // Moved on from pod b into a third pod (a pod rescheduled), beside its frozen original: the
+  // copy joins each of the third pod's namespaces, and the original ends once the copy answers.
+  const test::PodSandbox c("gk-pod-c");
+  const std::string mid = unique_id("cri3");
+  started_.push_back(mid);
+  const auto m = test::run_cli({"--json", "migrate", "--container", rid, "--new-id", mid,
+                                "--join-ns", "network=" + c.netns_path(), "--join-ns",
+                                "ipc=" + c.ns_path("ipc"), "--join-ns", "uts=" + c.ns_path("uts"),
+                                "--to", (dir_.path() / "pod-c").string(), "--probe",
+                                "tcp:127.0.0.1:" + std::to_string(kRedisPort)});
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_EQ(json::parse(m.out, nullptr, false).value("handoff", ""), "frozen") << m.out;
+  const pid_t moved = pid_of(mid);
+  ASSERT_GT(moved, 0);
+  for (const char* type : {"net", "ipc", "uts"})
+    EXPECT_EQ(ns_of(moved, type), namespace_inode(c.ns_path(type))) << "outside pod c's " << type;
+  EXPECT_EQ(c.hostname(), "gk-pod-c\n");
+  EXPECT_EQ(digest_in(c.net()), digest + "\n");
+  EXPECT_FALSE(process::alive(copy));
+}
+
+// A pod's container with a SysV segment of the pod's attached (one that another container of
+// the pod made): CRIU would fail on it once everything is frozen, for the namespace it belongs
+// to is the pod's, and not dumped with the container. Refused before the freeze.
+TEST_F(E2eContainer, AContainerWithItsPodsSysvSegmentAttachedIsRefusedBeforeTheFreeze) {
+  const test::PodSandbox pod("gk-pod-shm");
+  const int segment = pod.make_sysv_segment();
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  for (auto& ns : spec["linux"]["namespaces"]) {
+    const std::string type = ns.value("type", "");
+    if (type == "network") ns["path"] = pod.netns_path();
+    if (type == "ipc" || type == "uts") ns["path"] = pod.ns_path(type);
+  }
+  spec.erase("hostname");
+  // Beside redis, a process of the container that attaches the segment and holds it.
+  std::string redis_args;
+  for (const auto& a : spec["process"]["args"]) redis_args += " '" + a.get<std::string>() + "'";
+  spec["process"]["args"] = {"/bin/sh", "-c",
+                             "/usr/bin/python3 -c 'import ctypes, time; c = ctypes.CDLL(None); "
+                             "c.shmat.restype = ctypes.c_void_p; c.shmat(" +
+                                 std::to_string(segment) + ", None, 0); time.sleep(86400)' & exec" +
+                                 redis_args};
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const std::string id = unique_id("shm");
+  const pid_t init = run_container(id);
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(test::wait_until([&] {
+    for (const pid_t q : process::process_tree(init))
+      if (process::maps_sysv_shm(q)) return true;
+    return false;
+  })) << "the container's process did not attach the pod's segment";
+
+  const fs::path ckpt = dir_.path() / "shm.ckpt";
+  const auto d = test::run_cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
+  EXPECT_EQ(d.exit_code, 2) << d.out;
+  EXPECT_NE(d.out.find("SysV shared memory segment attached"), std::string::npos) << d.out;
+  EXPECT_NE(d.out.find("Nothing was frozen"), std::string::npos) << d.out;
+  EXPECT_EQ(pid_of(id), init);
+  EXPECT_EQ(redis(init, {"PING"}), "PONG");
+  EXPECT_FALSE(fs::exists(ckpt));
+  EXPECT_EQ(pod.sysv_segments(), 1u);
+}
+
 // gpuckpt killed by any signal at each phase before the checkpoint is durable: the container
 // runs again with its data, and runc still lists it as running.
 TEST_F(E2eContainer, ASignalAtAnyPhaseOfAContainerDumpLeavesItRunningAndKnownToRunc) {
@@ -582,6 +728,20 @@ TEST_F(E2eContainer, WhatCannotBeDoneIsRefusedBeforeAnythingIsFrozen) {
   expect_refused({"dump", "--container", shown, "-o", ckpt.string()}, 10,
                  "a host file opened outside the container's mounts");
   EXPECT_EQ(pid_of(shown), sh);
+  EXPECT_FALSE(fs::exists(ckpt));
+
+  // A cgroup namespace joined by path, which runc's restore cannot join (its criu_linux.go).
+  spec = json::parse(plain_spec);
+  spec["linux"]["namespaces"].push_back(
+      {{"type", "cgroup"}, {"path", "/proc/" + std::to_string(::getpid()) + "/ns/cgroup"}});
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const std::string cgroupns = unique_id("cgroupns");
+  const pid_t cg = run_container(cgroupns);
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << plain_spec;
+  ASSERT_GT(cg, 0);
+  expect_refused({"dump", "--container", cgroupns, "-o", ckpt.string()}, 2,
+                 "joined the cgroup namespace");
+  EXPECT_EQ(pid_of(cgroupns), cg);
   EXPECT_FALSE(fs::exists(ckpt));
 
   // A checkpoint of it; a restore under an ID runc has, and one without --container.

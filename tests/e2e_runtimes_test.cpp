@@ -189,7 +189,9 @@ class E2eRuntimes : public ::testing::Test {
     pid_t init = 0;
     std::string digest;
   };
-  Serving ctr_serving(const std::string& tag, const std::string& snapshotter = "overlayfs") {
+  // `with`: more options of `ctr run` (--with-ns TYPE:PATH, the namespaces of a pod).
+  Serving ctr_serving(const std::string& tag, const std::string& snapshotter = "overlayfs",
+                      const std::vector<std::string>& with = {}) {
     if (!imported_) {
       EXPECT_TRUE(
           ctr({"image", "import", "--base-name", "localhost/gk-redis", oci_archive().string()})
@@ -199,8 +201,12 @@ class E2eRuntimes : public ::testing::Test {
     }
     Serving s{tag + "-" + std::to_string(::getpid())};
     ctr_ids_.push_back(s.id);
-    const RunResult r = ctr({"run", "-d", "--snapshotter", snapshotter, "--mount",
-                             "type=bind,src=/usr,dst=/usr,options=rbind:ro", kImage, s.id});
+    std::vector<std::string> run{"run",           "-d",
+                                 "--snapshotter", snapshotter,
+                                 "--mount",       "type=bind,src=/usr,dst=/usr,options=rbind:ro"};
+    run.insert(run.end(), with.begin(), with.end());
+    run.insert(run.end(), {kImage, s.id});
+    const RunResult r = ctr(run);
     EXPECT_TRUE(r.status.ok()) << r.output << read_file(dir_.path() / "ctr.err");
     EXPECT_TRUE(test::wait_until([&] {
       s.init = task_pid(s.id);
@@ -802,6 +808,65 @@ TEST_F(E2eRuntimes, AContainerdContainerMigratesOnThisHostToANewId) {
   EXPECT_FALSE(process::alive(init));
   EXPECT_TRUE(test::wait_until([&] { return task_pid(id) == 0; }));
   EXPECT_TRUE(has_container(id));
+}
+
+// A pod's container as containerd's CRI makes one (ctr run --with-ns: the pod's network, ipc
+// and uts namespaces by its sandbox's pid, /proc/PAUSE/ns/net). A replica in another pod
+// joins each of that pod's namespaces through the container record made for it; under the
+// original's own record, whose spec names the first pod's, --join-ns is refused, and the
+// original comes back into its pod.
+TEST_F(E2eRuntimes, AContainerdPodsContainerIsReplicatedIntoAnotherPod) {
+  using test::namespace_inode;
+  auto ns_of = [](pid_t p, const char* type) {
+    return namespace_inode("/proc/" + std::to_string(p) + "/ns/" + type);
+  };
+  const test::PodSandbox a("gk-ctd-a"), b("gk-ctd-b");
+  a.make_sysv_segment();  // the pod's: neither made again in it nor carried into pod b
+  const auto [id, init, digest] =
+      ctr_serving("ctdpod", "overlayfs",
+                  {"--with-ns", "network:" + a.ns_path("net"), "--with-ns",
+                   "ipc:" + a.ns_path("ipc"), "--with-ns", "uts:" + a.ns_path("uts")});
+  ASSERT_GT(init, 0);
+  for (const char* type : {"net", "ipc", "uts"})
+    ASSERT_EQ(ns_of(init, type), ns_of(a.pid(), type)) << type;
+  const fs::path ckpt = dir_.path() / "pod.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_TRUE(test::wait_until([&] { return task_pid(id) == 0; }));
+
+  const std::vector<std::string> into_b{"--join-ns", "network=" + b.ns_path("net"),
+                                        "--join-ns", "ipc=" + b.ns_path("ipc"),
+                                        "--join-ns", "uts=" + b.ns_path("uts")};
+  std::vector<std::string> args{"--json", "restore", ckpt.string(), "--container"};
+  args.insert(args.end(), into_b.begin(), into_b.end());
+  auto r = test::run_cli(args);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  EXPECT_NE(r.out.find("keeps the namespaces its record names"), std::string::npos) << r.out;
+  EXPECT_EQ(task_pid(id), 0);
+
+  const std::string replica = "podrep-" + std::to_string(::getpid());
+  ctr_ids_.push_back(replica);
+  args = {"--json", "restore", ckpt.string(), "--container", replica};
+  args.insert(args.end(), into_b.begin(), into_b.end());
+  r = test::run_cli(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t twin = task_pid(replica);
+  ASSERT_GT(twin, 0);
+  for (const char* type : {"net", "ipc", "uts"})
+    EXPECT_EQ(ns_of(twin, type), ns_of(b.pid(), type)) << "the replica is outside pod b's " << type;
+  EXPECT_EQ(redis(twin, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(b.hostname(), "gk-ctd-b\n") << "the restore renamed pod b";
+  EXPECT_EQ(b.sysv_segments(), 0u) << "pod a's SysV segment was carried into pod b";
+
+  r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = task_pid(id);
+  ASSERT_GT(back, 0);
+  for (const char* type : {"net", "ipc", "uts"})
+    EXPECT_EQ(ns_of(back, type), ns_of(a.pid(), type)) << "restored outside pod a's " << type;
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(a.sysv_segments(), 1u);
+  EXPECT_EQ(a.hostname(), "gk-ctd-a\n");
 }
 
 // A planned move to a spare over ssh (the other host is a network namespace with its own sshd,

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/file.h>
+#include <sys/shm.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -121,6 +122,20 @@ TEST(ProcInfo, StartTicksTellAProcessStartedAfterANoteFromOneStartedBefore) {
   c.wait();
   EXPECT_FALSE(process::start_ticks(c.pid()).has_value());
   EXPECT_FALSE(process::start_ticks(0).has_value());
+}
+
+// CRIU dumps a SysV segment's mapping only with the ipc namespace it belongs to: a pod's
+// container with one of the pod's attached is refused before anything is frozen.
+TEST(ProcInfo, ASysvSegmentAttachedIsSeenUntilItIsDetached) {
+  EXPECT_FALSE(process::maps_sysv_shm(::getpid()));
+  const int id = ::shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0600);
+  ASSERT_GE(id, 0) << std::strerror(errno);
+  void* at = ::shmat(id, nullptr, 0);
+  ::shmctl(id, IPC_RMID, nullptr);  // gone once detached
+  ASSERT_NE(at, reinterpret_cast<void*>(-1)) << std::strerror(errno);
+  EXPECT_TRUE(process::maps_sysv_shm(::getpid()));
+  ASSERT_EQ(::shmdt(at), 0);
+  EXPECT_FALSE(process::maps_sysv_shm(::getpid()));
 }
 
 TEST(ProcInfo, FindsListeningSockets) {

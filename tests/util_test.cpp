@@ -3,6 +3,7 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -285,6 +286,34 @@ TEST(Subprocess, CapturesOutputAndExitCode) {
   EXPECT_EQ(r.output, "hello\n");
   EXPECT_TRUE(r.status.exited);
   EXPECT_EQ(r.status.code, 3);
+}
+
+// CRIU dumps a pod's container from inside the pod's ipc and uts namespaces: the child joins
+// them before it runs anything, and a namespace it cannot join runs nothing.
+TEST(Subprocess, AChildJoinsTheNamespacesItIsGivenBeforeItRuns) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to make a uts namespace";
+  SpawnOptions held;
+  held.capture_stdout = true;
+  Child holder =
+      spawn({"unshare", "--uts", "--", "sh", "-c", "hostname gk-held && echo up && exec sleep 600"},
+            held);
+  char up[8] = {};
+  ASSERT_EQ(::read(holder.stdout_fd(), up, sizeof up - 1), 3);  // its hostname is set
+  const UniqueFd uts(
+      ::open(("/proc/" + std::to_string(holder.pid()) + "/ns/uts").c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(uts);
+  SpawnOptions so;
+  so.namespace_fds = {uts.get()};
+  EXPECT_EQ(run_capture({"hostname"}, std::chrono::seconds(10), so).output, "gk-held\n");
+  EXPECT_NE(run_capture({"hostname"}, std::chrono::seconds(10)).output, "gk-held\n");
+
+  const UniqueFd file(::open("/proc/self/stat", O_RDONLY | O_CLOEXEC));
+  so.namespace_fds = {file.get()};
+  const Error e =
+      test::error_from([&] { run_capture({"hostname"}, std::chrono::seconds(10), so); });
+  EXPECT_EQ(e.code(), Errc::kInvalidInput) << e.what();
+  EXPECT_NE(std::string(e.what()).find("cannot join the namespace /proc/"), std::string::npos)
+      << e.what();
 }
 
 TEST(Subprocess, AChildsEnvironmentTakesEachOverrideInPlaceOfItsKeyAndKeepsTheRest) {

@@ -551,6 +551,53 @@ NetNs::~NetNs() {
   run_capture({"ip", "netns", "del", name_}, std::chrono::seconds(60));
 }
 
+PodSandbox::PodSandbox(const std::string& tag) : net_(tag) {
+  SpawnOptions o;
+  o.capture_stdout = true;
+  sandbox_ = spawn(net_.wrap({"unshare", "--ipc", "--uts", "--", "sh", "-c",
+                              "hostname " + tag + " && echo up && exec sleep 86400"}),
+                   o);
+  // It says so once its hostname is set: a blocking read, not a wait.
+  char buf[8] = {};
+  if (::read(sandbox_.stdout_fd(), buf, sizeof buf - 1) != 3)
+    throw Error(Errc::kInternal, "the sandbox of pod " + tag + " did not start");
+}
+
+std::string PodSandbox::ns_path(const std::string& type) const {
+  return "/proc/" + std::to_string(sandbox_.pid()) + "/ns/" + type;
+}
+
+std::string PodSandbox::hostname() const {
+  return run_capture({"nsenter", "-t", std::to_string(pid()), "-u", "hostname"},
+                     std::chrono::seconds(30))
+      .output;
+}
+
+int PodSandbox::make_sysv_segment() const {
+  const RunResult r =
+      run_capture({"nsenter", "-t", std::to_string(pid()), "-i", "ipcmk", "-M", "4096"},
+                  std::chrono::seconds(30));
+  // "Shared memory id: N"
+  const auto colon = r.output.rfind(':');
+  if (!r.status.ok() || colon == std::string::npos)
+    throw Error(Errc::kInternal, "ipcmk in the pod failed: " + r.output);
+  return std::atoi(r.output.c_str() + colon + 1);
+}
+
+std::size_t PodSandbox::sysv_segments() const {
+  const std::string out = run_capture({"nsenter", "-t", std::to_string(pid()), "-i", "ipcs", "-m"},
+                                      std::chrono::seconds(30))
+                              .output;
+  std::size_t n = 0;  // one line per segment, from its key
+  for (std::size_t at = 0; (at = out.find("\n0x", at)) != std::string::npos; ++at) ++n;
+  return n;
+}
+
+std::uint64_t namespace_inode(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<std::uint64_t>(st.st_ino) : 0;
+}
+
 std::vector<std::string> NetNs::wrap(const std::vector<std::string>& argv) const {
   // nsenter, not `ip netns exec`: only the network namespace changes, so processes started
   // this way share the mount namespace with CRIU and with each other, as on a real host.

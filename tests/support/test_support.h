@@ -288,6 +288,31 @@ class NetNs {
   std::string name_;
 };
 
+// A Kubernetes pod's namespaces: a network namespace (/run/netns/NAME, as CNI makes it) and, in
+// it, a sandbox process (the pause container) holding the pod's ipc and uts namespaces, whose
+// hostname is `tag`. containerd's CRI joins a pod's containers to all three by the sandbox's
+// pid (/proc/PAUSE/ns/net); a container may also join the network by the bind mount.
+class PodSandbox {
+ public:
+  explicit PodSandbox(const std::string& tag);
+  const NetNs& net() const { return net_; }
+  pid_t pid() const { return sandbox_.pid(); }
+  std::string netns_path() const { return "/run/netns/" + net_.name(); }
+  std::string ns_path(const std::string& type) const;  // /proc/PID/ns/TYPE of the sandbox
+  std::string hostname() const;                        // its uts namespace's, with "\n"
+  // What another container of the pod keeps in its ipc namespace: a SysV segment made (its
+  // id), and how many there are.
+  int make_sysv_segment() const;
+  std::size_t sysv_segments() const;
+
+ private:
+  NetNs net_;
+  Child sandbox_;
+};
+
+// The inode of the namespace at `path` (/proc/PID/ns/TYPE, a bind mount of one); 0 if none.
+std::uint64_t namespace_inode(const std::string& path);
+
 // sshd (Debian's OpenSSH) for the host `ns`, started per connection by ssh's ProxyCommand as
 // `sshd -i` inside the namespace, so it listens nowhere at all. Keys, sshd_config and an
 // ssh_config naming the host `alias` live in `dir`. `proxy_prefix`, if given, is a shell

@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpuckpt/device.h"
@@ -70,6 +71,16 @@ enum class StagingMode {
   kAuto,
 };
 const char* staging_mode_name(StagingMode m);  // "stream", "staged", "auto"
+
+// A namespace that a container can join by path and a restore can move it into another of: a
+// Kubernetes pod's, which the pod's sandbox holds (containerd's CRI names each by the sandbox's
+// pid, /proc/PAUSE/ns/net; CRI-O pins each under /var/run/*ns/).
+enum class PodNamespace { kNetwork, kIpc, kUts };
+const char* pod_namespace_name(PodNamespace n);  // OCI's type: "network", "ipc", "uts"
+// OCI's type, or CRIU's and /proc's name ("net"); nullopt for another.
+std::optional<PodNamespace> pod_namespace_from(std::string_view name);
+// The namespaces a restored container joins instead of those it joined at the dump.
+using PodNamespaces = std::map<PodNamespace, std::filesystem::path>;
 
 struct DumpOptions {
   pid_t pid = 0;
@@ -146,9 +157,11 @@ struct RestoreOptions {
   // The restored container's stdout and stderr (appended); "" =
   // /var/log/gpuckpt/containers/ID.log.
   std::filesystem::path container_log;
-  // With `container`, for one that joined a network namespace by path (a Kubernetes pod's): the
-  // namespace it joins instead (a new pod's, here or on a spare host); "" = the one it joined.
-  std::filesystem::path network_namespace;
+  // With `container`, for one that joined namespaces by path (a Kubernetes pod's): those it
+  // joins instead (a new pod's, here or on a spare host), each an absolute path. Empty: those
+  // it joined. Naming any, name every one it joined: a container moved into another pod by its
+  // network alone would keep the first pod's ipc and uts.
+  PodNamespaces pod_namespaces;
   // Restore into a fresh pid namespace, so that the checkpointed pid may still be in use on
   // this host (the original runs, or is kept frozen by migrate). The restored process then has
   // its old pid inside the namespace and RestoreResult::pid on the host.
@@ -227,9 +240,9 @@ struct MigrateOptions {
   // as a container its runtime lists, under `new_container_id` ("" = its own ID). On this host
   // a frozen handoff needs a new ID: the frozen original holds its own until the copy answers.
   std::string container, new_container_id;
-  // For a container that joined a network namespace by path (a pod's): the one its copy joins
-  // on the target (RestoreOptions::network_namespace); "" = the same path.
-  std::filesystem::path network_namespace;
+  // For a container that joined namespaces by path (a pod's): those its copy joins on the
+  // target (RestoreOptions::pod_namespaces); empty: the same paths.
+  PodNamespaces pod_namespaces;
   // Where the checkpoint is written and restored from: a directory on this host, or
   // ssh://[USER@]HOST[:PORT], another host running gpuckpt (docs/PROCESS.md, "migrate to
   // another host").

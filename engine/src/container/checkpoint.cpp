@@ -222,6 +222,12 @@ json to_json(const ContainerRecord& r) {
             {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}},
             {"writable_layer", layer_name(r.layer)}};
   if (!r.layer_why.empty()) j["writable_layer_why"] = r.layer_why;
+  for (const auto& [type, n] : r.joined) {
+    j["joined_namespaces"][type] = {{"inode", n.inode}};
+    if (!n.boot_id.empty())
+      j["joined_namespaces"][type].update(
+          {{"boot_id", n.boot_id}, {"holder_started", n.holder_started}});
+  }
   if (const auto& c = r.containerd)
     j["containerd"] = {
         {"namespace", c->ns},
@@ -245,6 +251,14 @@ json to_json(const ContainerRecord& r) {
 
 namespace {
 
+// Whether `spec` gives the container a namespace of `type` of its own (one without a path).
+bool has_own_namespace(const json& spec, const std::string& type) {
+  if (!spec.contains("linux") || !spec["linux"].contains("namespaces")) return false;
+  for (const auto& ns : spec["linux"]["namespaces"])
+    if (ns.is_object() && ns.value("type", "") == type && ns.value("path", "").empty()) return true;
+  return false;
+}
+
 // The namespaces that `spec` joins by path (OCI type, path), in its order.
 std::vector<std::pair<std::string, std::string>> joined_namespaces(const json& spec) {
   std::vector<std::pair<std::string, std::string>> out;
@@ -253,6 +267,36 @@ std::vector<std::pair<std::string, std::string>> joined_namespaces(const json& s
     if (ns.is_object() && !ns.value("path", "").empty())
       out.emplace_back(ns.value("type", ""), ns.value("path", ""));
   return out;
+}
+
+// An OCI namespace type's name under /proc/PID/ns.
+std::string proc_ns_name(const std::string& type) {
+  return type == "network" ? "net" : type == "mount" ? "mnt" : type;
+}
+
+// The process or thread whose namespace a /proc/PID/ns/ or /proc/PID/task/TID/ns/ path names;
+// 0 for another path (a bind mount, /proc/self).
+pid_t ns_holder(const std::string& path) {
+  std::size_t at = 0;
+  // The number that `path` has at `at`, followed by '/'; 0 if none.
+  auto number = [&path, &at]() -> pid_t {
+    pid_t n = 0;
+    const std::size_t from = at;
+    for (; at < path.size() && std::isdigit(static_cast<unsigned char>(path[at])); ++at) {
+      if (n > 4194304) return 0;  // above any pid_max
+      n = n * 10 + (path[at] - '0');
+    }
+    return at > from && at < path.size() && path[at++] == '/' ? n : 0;
+  };
+  auto skip = [&path, &at](std::string_view word) {
+    if (path.compare(at, word.size(), word) != 0) return false;
+    at += word.size();
+    return true;
+  };
+  if (!skip("/proc/")) return 0;
+  pid_t holder = number();
+  if (holder > 0 && skip("task/")) holder = number();
+  return holder > 0 && skip("ns/") ? holder : 0;
 }
 
 }  // namespace
@@ -293,6 +337,10 @@ ContainerRecord container_record_from_json(const json& j) {
       r.own_network = j["network"].value("own", false);
       r.loopback_up = j["network"].value("loopback_up", false);
     }
+    const json joined = j.value("joined_namespaces", json::object());
+    for (const auto& [type, n] : joined.items())
+      r.joined[type] = {n.at("inode").get<std::uint64_t>(), n.value("boot_id", ""),
+                        n.value("holder_started", std::uint64_t{0})};
     if (j.contains("writable_layer")) {
       r.layer = layer_from(j["writable_layer"].get<std::string>());
       r.layer_why = j.value("writable_layer_why", "");
@@ -644,6 +692,36 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
   }
   std::string netns, pidns;
   r.own_network = has_namespace(config, "NEWNET", &netns) && netns.empty();
+  // runc cannot restore it (its criu_linux.go: "Do not know how to handle namespace").
+  if (std::string cgroupns; has_namespace(config, "NEWCGROUP", &cgroupns) && !cgroupns.empty())
+    throw Error(Errc::kUsage, "the " + c.describe() + " joined the cgroup namespace " + cgroupns +
+                                  " by path, which runc cannot restore. Nothing was frozen");
+  for (const auto& [type, path] : joined_namespaces(r.spec)) {
+    const std::string own = "/proc/" + std::to_string(init) + "/ns/" + proc_ns_name(type);
+    // CRIU takes a namespace its tree does not share with it into the images, and its restore
+    // would set the pod's hostname and make the pod's SysV objects again inside the namespace
+    // that the restore joins (the same pod's, where they still are, or another pod's).
+    if (type == "ipc" || type == "uts") p.criu_namespaces.push_back(own);
+    // And inside the pod's, CRIU cannot take a segment attached there (cr-dump.c
+    // check_sysvipc_map_dump): it would fail once everything is frozen.
+    if (type == "ipc")
+      for (const pid_t q : tree)
+        if (process::maps_sysv_shm(q))
+          throw Error(Errc::kUsage,
+                      "process " + std::to_string(q) + " of the " + c.describe() +
+                          " has a SysV shared memory segment attached, of the ipc namespace " +
+                          path +
+                          " that the container joined (its pod's): CRIU cannot dump the segment "
+                          "without the namespace, which is the pod's. Nothing was frozen");
+    struct stat st {};
+    if (::stat(own.c_str(), &st) != 0) continue;
+    JoinedNamespace& n = r.joined[type];
+    n.inode = st.st_ino;
+    if (const pid_t holder = ns_holder(path); holder > 0) {
+      n.boot_id = boot_id();
+      n.holder_started = process::start_ticks(holder).value_or(0);
+    }
+  }
   if (has_namespace(config, "NEWPID", &pidns) && !pidns.empty())
     throw Error(Errc::kUsage, "the " + c.describe() + " joined the pid namespace " + pidns +
                                   " of another container: dump that one. Nothing was frozen");
@@ -1059,21 +1137,10 @@ void require_layer_carried(const ContainerRecord& r, const std::string& id) {
 
 }  // namespace
 
-void require_new_record_for_netns(const ContainerRecord& r, const std::string& id,
-                                  const std::string& netns) {
-  // containerd makes the task from its record's spec, which names the namespace it joined.
-  if (r.runtime == Runtime::kContainerd && !netns.empty())
-    throw Error(Errc::kUsage, "containerd's container " + id +
-                                  " keeps the network namespace its record names: give the copy "
-                                  "a new ID (restore --container NEW_ID, migrate --new-id) to "
-                                  "join " +
-                                  netns + ". Nothing was frozen or restored");
-}
-
 namespace {
 
 void check_containerd_target(const ContainerRecord& r, const std::string& id,
-                             const std::string& netns) {
+                             const PodNamespaces& joins) {
   const ContainerdRecord& d = *r.containerd;
   containerd::Client api(containerd::address(), d.ns);
   std::optional<containerd::ContainerInfo> have;
@@ -1094,7 +1161,7 @@ void check_containerd_target(const ContainerRecord& r, const std::string& id,
       throw Error(Errc::kExists, "containerd (namespace " + d.ns + ") already has a container " +
                                      id + " that is not the one dumped (" + r.id +
                                      "): remove it (ctr container rm) or choose another ID");
-    require_new_record_for_netns(r, id, netns);
+    require_new_record_for_joins(r, id, joins);
     return;  // the container dumped, its task ended: restored in place
   }
   // A new container record, over the image's own top layer.
@@ -1214,6 +1281,30 @@ void require_namespace(const std::string& type, const std::string& path, const s
                                          "). Nothing was restored");
 }
 
+// A /proc/PID/ns/ path names the namespace of whatever process has the pid now: the pod's
+// sandbox, or once the pod was recreated (or on another host), any other process. A bind mount
+// (/run/netns/NAME) is named by whoever made it, and may be made again under its name.
+void require_dumped_namespace(const ContainerRecord& r, const std::string& type,
+                              const std::string& path) {
+  const auto it = r.joined.find(type);
+  if (it == r.joined.end() || path.rfind("/proc/", 0) != 0) return;
+  const JoinedNamespace& n = it->second;
+  struct stat st {};
+  const pid_t holder = ns_holder(path);
+  // The same boot and the same process's start name one process; the inode, one namespace.
+  const bool same =
+      ::stat(path.c_str(), &st) == 0 && st.st_ino == n.inode &&
+      (n.boot_id.empty() || (n.boot_id == boot_id() && holder > 0 &&
+                             process::start_ticks(holder).value_or(0) == n.holder_started));
+  if (same) return;
+  throw Error(Errc::kInvalidInput,
+              path + " is no longer the " + type + " namespace that container " + r.id +
+                  " joined at the dump: its pod was made again (another process has that pid "
+                  "now), or this is another host. Restore it into the pod's namespaces as they "
+                  "are now, naming each (--join-ns network=PATH, ipc=PATH, uts=PATH; containerd: "
+                  "under a new ID, --container NEW_ID). Nothing was restored");
+}
+
 }  // namespace
 
 std::string joined_network(const ContainerRecord& r) {
@@ -1222,43 +1313,97 @@ std::string joined_network(const ContainerRecord& r) {
   return {};
 }
 
-void check_joined_namespaces(const ContainerRecord& r, const std::string& netns) {
-  const auto joined = r.runtime == Runtime::kDocker ? decltype(joined_namespaces(r.spec)){}
-                                                    : joined_namespaces(r.spec);
-  const auto net = std::find_if(joined.begin(), joined.end(),
-                                [](const auto& j) { return j.first == "network"; });
-  if (!netns.empty()) {
-    if (r.runtime == Runtime::kDocker)
+void check_joined_namespaces(const ContainerRecord& r, const PodNamespaces& joins) {
+  if (r.runtime == Runtime::kDocker) {
+    if (!joins.empty())
       throw Error(Errc::kUsage,
-                  "dockerd makes a Docker container's network namespace itself: "
-                  "--netns is for runc and containerd containers");
-    if (net == joined.end())
-      throw Error(Errc::kUsage, "container " + r.id + " had a network namespace of " +
-                                    (r.own_network ? "its own" : "the host's") +
-                                    ", and --netns is for one that joined a namespace by path (a "
-                                    "pod's)");
+                  "dockerd makes a Docker container's namespaces itself: --join-ns and --netns "
+                  "are for runc and containerd containers");
+    return;
+  }
+  const auto joined = joined_namespaces(r.spec);
+  auto joined_path = [&joined](const std::string& type) {
+    const auto it = std::find_if(joined.begin(), joined.end(),
+                                 [&type](const auto& j) { return j.first == type; });
+    return it == joined.end() ? std::string() : it->second;
+  };
+  for (const auto& [ns, path] : joins) {
+    const std::string type = pod_namespace_name(ns);
+    if (joined_path(type).empty())
+      throw Error(Errc::kUsage,
+                  "container " + r.id + " had " +
+                      (has_own_namespace(r.spec, type) ? "its own " + type + " namespace"
+                                                       : "the host's " + type + " namespace") +
+                      ", and --join-ns " + type +
+                      "=PATH is for one that it joined by path (a pod's). Nothing "
+                      "was restored");
     // The runtime's shim opens it from a directory of its own, and a migration's on the target.
-    if (netns.front() != '/')
-      throw Error(Errc::kUsage, "--netns takes an absolute path, not " + netns);
-    // Moved into another pod by its network alone, it would keep the first pod's others.
-    for (const auto& [type, path] : joined)
-      if (type != "network")
+    if (!path.is_absolute())
+      throw Error(Errc::kUsage, "--join-ns " + type + "= takes an absolute path, not " +
+                                    path.string() + ". Nothing was restored");
+  }
+  // Dumped by a gpuckpt that let CRIU take the pod's ipc and uts namespaces into the images,
+  // whose restore would set them inside the pod it joins (its hostname, SysV objects).
+  for (const auto& [ns, path] : joins)
+    if (ns != PodNamespace::kNetwork && !r.joined.count(pod_namespace_name(ns)))
+      throw Error(Errc::kUsage,
+                  "the checkpoint of container " + r.id +
+                      " was made by a gpuckpt before "
+                      "2026-12-07, which dumped its pod's " +
+                      pod_namespace_name(ns) +
+                      " namespace with it: restored into another pod it would set that pod's "
+                      "state to the first pod's. Restore it where it was, and dump it again "
+                      "with this gpuckpt. Nothing was restored");
+  // Moved into another pod by its network alone, it would keep the first pod's ipc and uts.
+  if (!joins.empty())
+    for (const auto& [type, path] : joined) {
+      const auto ns = pod_namespace_from(type);
+      if (!ns)
+        throw Error(Errc::kUsage, "container " + r.id + " joined the " + type + " namespace " +
+                                      path +
+                                      " by path, which gpuckpt cannot move it out of: restore "
+                                      "it where that namespace is, without --join-ns. Nothing "
+                                      "was restored");
+      if (!joins.count(*ns))
         throw Error(Errc::kUsage, "container " + r.id + " also joined the " + type + " namespace " +
                                       path +
-                                      " by path (its pod's), and --netns moves only the network "
-                                      "namespace: restore it where that namespace is. Nothing "
-                                      "was restored");
-    require_namespace("network", netns, "is to join");
+                                      " by path (its pod's): name the new pod's too, with "
+                                      "--join-ns " +
+                                      type +
+                                      "=PATH, or restore it where that pod is. Nothing was "
+                                      "restored");
+    }
+  for (const auto& [ns, path] : joins)
+    require_namespace(pod_namespace_name(ns), path.string(), "is to join");
+  if (joins.empty())
+    for (const auto& [type, path] : joined) {
+      require_namespace(type, path, "joined at the dump (its pod's; --join-ns names another)");
+      require_dumped_namespace(r, type, path);
+    }
+}
+
+void require_new_record_for_joins(const ContainerRecord& r, const std::string& id,
+                                  const PodNamespaces& joins) {
+  // containerd makes the task from its record's spec, which names the namespaces it joined.
+  if (r.runtime == Runtime::kContainerd && !joins.empty())
+    throw Error(Errc::kUsage, "containerd's container " + id +
+                                  " keeps the namespaces its record names: give the copy a new "
+                                  "ID (restore --container NEW_ID, migrate --new-id) to join "
+                                  "another pod's. Nothing was frozen or restored");
+}
+
+std::vector<std::string> join_ns_args(const PodNamespaces& joins) {
+  std::vector<std::string> out;
+  for (const auto& [ns, path] : joins) {
+    out.push_back("--join-ns");
+    out.push_back(std::string(pod_namespace_name(ns)) + "=" + path.string());
   }
-  for (const auto& [type, path] : joined)
-    if (netns.empty() || type != "network")
-      require_namespace(type, path,
-                        "joined at the dump (its pod's; --netns names another for its network)");
+  return out;
 }
 
 void check_restore_target(const ContainerRecord& r, const std::string& id,
-                          const std::string& netns) {
-  check_joined_namespaces(r, netns);
+                          const PodNamespaces& joins) {
+  check_joined_namespaces(r, joins);
   if (r.runtime == Runtime::kDocker) {
     check_docker_target(r, id);
   } else {
@@ -1267,7 +1412,7 @@ void check_restore_target(const ContainerRecord& r, const std::string& id,
                                     "' is no container ID runc accepts (letters, digits, _ + - "
                                     "and .): nothing was restored");
     if (r.runtime == Runtime::kContainerd) {
-      check_containerd_target(r, id, netns);
+      check_containerd_target(r, id, joins);
     } else {
       check_runc_target(r, id);
     }
@@ -1308,11 +1453,14 @@ Container running_as(const std::string& root, const std::string& id) {
               how + ":\n" + more + criu::log_excerpt(kept) + "CRIU's log: " + kept.string());
 }
 
-// The network namespace that `spec` joins by path becomes `netns` ("" leaves it).
-void join_network(json& spec, const std::string& netns) {
-  if (netns.empty() || !spec.contains("linux") || !spec["linux"].contains("namespaces")) return;
+// Each namespace that `spec` joins by path becomes the one `joins` names for its type (runc
+// then has CRIU join it: an external network namespace, --join-ns for ipc and uts).
+void join_namespaces(json& spec, const PodNamespaces& joins) {
+  if (joins.empty() || !spec.contains("linux") || !spec["linux"].contains("namespaces")) return;
   for (auto& ns : spec["linux"]["namespaces"])
-    if (ns.is_object() && ns.value("type", "") == "network") ns["path"] = netns;
+    if (ns.is_object() && !ns.value("path", "").empty())
+      if (const auto t = pod_namespace_from(ns.value("type", "")))
+        if (const auto it = joins.find(*t); it != joins.end()) ns["path"] = it->second.string();
 }
 
 Container runc_restore(const RestoreRequest& q) {
@@ -1320,7 +1468,7 @@ Container runc_restore(const RestoreRequest& q) {
   const fs::path bundle = make_restore_dir(r.root, q.id);
   write_file_atomic(bundle / "criu.conf", criu_config_text(q));
   json spec = r.spec;
-  join_network(spec, q.netns);
+  join_namespaces(spec, q.joins);
   spec["root"]["path"] = r.rootfs;  // absolute: this bundle is not where the rootfs is
   // runc takes a relative bind source from the bundle, which was another directory.
   if (spec.contains("mounts"))
@@ -1435,7 +1583,7 @@ Container containerd_restore(const RestoreRequest& q) {
     n.runtime_options_type = d.options_type;
     n.runtime_options = d.options;
     json spec = r.spec;
-    join_network(spec, q.netns);
+    join_namespaces(spec, q.joins);
     // Its cgroup is named after it ("/NS/ID" as ctr makes it): a replica's is its own.
     if (spec.contains("linux") && spec["linux"].contains("cgroupsPath")) {
       std::string cg = spec["linux"]["cgroupsPath"].get<std::string>();
@@ -1644,3 +1792,26 @@ void restore_loopback(const ContainerRecord& r, pid_t init) {
 }
 
 }  // namespace gpuckpt::container
+
+namespace gpuckpt {
+
+const char* pod_namespace_name(PodNamespace n) {
+  switch (n) {
+    case PodNamespace::kIpc:
+      return "ipc";
+    case PodNamespace::kUts:
+      return "uts";
+    case PodNamespace::kNetwork:
+      break;
+  }
+  return "network";
+}
+
+std::optional<PodNamespace> pod_namespace_from(std::string_view name) {
+  if (name == "network" || name == "net") return PodNamespace::kNetwork;
+  if (name == "ipc") return PodNamespace::kIpc;
+  if (name == "uts") return PodNamespace::kUts;
+  return std::nullopt;
+}
+
+}  // namespace gpuckpt

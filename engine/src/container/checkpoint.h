@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "container/runtime.h"
+#include "gpuckpt/process.h"
 #include "gpuckpt/timing.h"
 
 namespace gpuckpt::container {
@@ -67,6 +68,15 @@ struct DockerRecord {
 };
 
 // What a container checkpoint records, beside the process record (ProcessRecord::container).
+// A namespace that a container joined by path, as the dump found it.
+struct JoinedNamespace {
+  std::uint64_t inode = 0;  // nsfs inodes are reused once a namespace is gone: not enough alone
+  // For a /proc/PID/ns/ path: the boot, and when the process PID (the pod's sandbox) started.
+  std::string boot_id;
+  std::uint64_t holder_started = 0;
+  bool operator==(const JoinedNamespace&) const = default;
+};
+
 struct ContainerRecord {
   Runtime runtime = Runtime::kRunc;
   std::string root;    // runc's root the container was under
@@ -80,6 +90,9 @@ struct ContainerRecord {
   std::vector<ExternalMount> mounts;  // bind mounts and device nodes from the host
   bool own_network = false;           // a network namespace of its own (no path in the spec)
   bool loopback_up = false;           // its loopback was up at the dump
+  // OCI type -> each namespace it joined by path, as its init was in it at the dump: a
+  // /proc/PID/ns/ path in the spec names another once the pid is another process's.
+  std::map<std::string, JoinedNamespace> joined;
   // The files it wrote into its image's rootfs: a restore starts it with them, whether into a
   // container made for it (a replica, one on a spare) or into the one dumped, whose layer may
   // have changed since (a container moved away and back, a rollback to an older checkpoint).
@@ -109,6 +122,9 @@ Container find(const std::string& id);
 struct DumpPlan {
   ContainerRecord record;
   std::vector<std::string> criu_args;  // beyond gpuckpt's own (criu/criu.h dump_argv)
+  // The namespaces CRIU dumps from inside (criu::DumpArgs::namespace_fds): the ipc and uts ones
+  // the container joined by path (a pod's), which are the pod's, not the container's to carry.
+  std::vector<std::string> criu_namespaces;
   // The overlay upper directory of an image-based rootfs (containerd's snapshot, Docker's
   // overlay2 layer); empty for a runc bundle's directory, or a snapshotter without one.
   std::filesystem::path upper_dir;
@@ -162,8 +178,8 @@ struct RestoreRequest {
   std::vector<std::string> env;          // for runc, and so for criu and its plugins
   // The container's stdout and stderr, appended; "" = /var/log/gpuckpt/containers/ID.log.
   std::filesystem::path stdio_log;
-  // The network namespace it joins in place of the one it joined at the dump ("": that one).
-  std::string netns;
+  // The namespaces it joins in place of those it joined at the dump (none named: those).
+  PodNamespaces joins;
   std::chrono::seconds timeout{1800};
   // Where the runtime's own steps are timed, if anywhere: rootfs_apply (the writable layer into
   // a new container's snapshot), checkpoint_dir (the images into Docker's directory).
@@ -191,25 +207,30 @@ struct RestoreRequest {
 // sandbox holds), as its OCI spec names it; "" for one of its own or the host's.
 std::string joined_network(const ContainerRecord& r);
 
-// Every namespace a restore of `r` joins by path: `netns` for its network, else the recorded
-// ones, each refused (Error(kInvalidInput)) where it is not one of its type here; `netns` for a
-// container that joined no network namespace by path, or also joined others (a CRI pod's ipc
-// and uts), or for Docker's (dockerd makes its namespaces), is Error(kUsage).
-void check_joined_namespaces(const ContainerRecord& r, const std::string& netns);
+// Every namespace a restore of `r` joins by path, each refused (Error(kInvalidInput)) where it
+// is not one of its type here: `joins`, else those recorded. A recorded /proc/PID/ns/ path must
+// still name the namespace it named at the dump, held by the same process (a pod made again
+// since gave the pid to another). Error(kUsage): `joins` for Docker's (dockerd makes its
+// namespaces), or naming one the container did not join by path, or a relative path, or
+// leaving out one it joined, or one it joined of a type gpuckpt cannot move (PodNamespace).
+void check_joined_namespaces(const ContainerRecord& r, const PodNamespaces& joins);
 
 // A copy restored under its runtime's record of the container dumped (containerd's, kept) is
-// made from that record's spec, with the namespaces it names: `netns` is then Error(kUsage).
-void require_new_record_for_netns(const ContainerRecord& r, const std::string& id,
-                                  const std::string& netns);
+// made from that record's spec, with the namespaces it names: `joins` is then Error(kUsage).
+void require_new_record_for_joins(const ContainerRecord& r, const std::string& id,
+                                  const PodNamespaces& joins);
+
+// `--join-ns TYPE=PATH`, as restore and migrate take it (and as migrate passes it to a target).
+std::vector<std::string> join_ns_args(const PodNamespaces& joins);
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
 // ended before runc forgot it, is deleted), the rootfs and every external mount's source exist
 // (kInvalidInput, naming what is missing). For containerd and Docker: the daemon answers, and
 // either the container is the one dumped (restored in place) or the image it needs is here.
-// And the namespaces it joins (check_joined_namespaces, with `netns`).
+// And the namespaces it joins (check_joined_namespaces, with `joins`).
 void check_restore_target(const ContainerRecord& r, const std::string& id,
-                          const std::string& netns = {});
+                          const PodNamespaces& joins = {});
 
 // The directory the CRIU that runc runs loads plugins from: `libdir` in /etc/criu/runc.conf,
 // else CRIU's default, /usr/lib/criu.

@@ -46,9 +46,11 @@ fs::path find_plugin_dir() {
 ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_file,
                       const std::vector<std::string>& env, std::chrono::seconds timeout,
                       const std::string& what, const std::function<void(pid_t)>& on_start = nullptr,
-                      const std::function<void(pid_t)>& before_start = nullptr) {
+                      const std::function<void(pid_t)>& before_start = nullptr,
+                      const std::vector<int>& namespace_fds = {}) {
   SpawnOptions so;
   so.env = env;
+  so.namespace_fds = namespace_fds;
   so.before_exec = before_start;
   so.stdout_file = out_file;
   so.stderr_file = out_file;
@@ -265,13 +267,14 @@ Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs
            const std::vector<std::string>& env, std::chrono::seconds timeout,
            const std::function<void(pid_t)>& on_start,
            const std::function<void(pid_t)>& before_start,
-           const std::function<void(const ExitStatus&, const fs::path&)>& on_end = nullptr) {
+           const std::function<void(const ExitStatus&, const fs::path&)>& on_end = nullptr,
+           const std::vector<int>& namespace_fds = {}) {
   Run r{argv, log, {}, {}};
   const fs::path out = log.parent_path() / ("criu-" + op + ".out");
   r.start = std::chrono::steady_clock::now();
   ExitStatus st;
   try {
-    st = run_logged(argv, out, env, timeout, "criu " + op, on_start, before_start);
+    st = run_logged(argv, out, env, timeout, "criu " + op, on_start, before_start, namespace_fds);
   } catch (const Error& e) {
     if (e.code() != Errc::kTimeout) throw;
     const fs::path kept = preserve_log(log, "criu-" + op);
@@ -296,7 +299,8 @@ Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs
 
 Run dump(const Installation& inst, const DumpArgs& a) {
   const fs::path log = a.images_dir / "dump.log";
-  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout, a.on_start, a.before_start);
+  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout, a.on_start, a.before_start,
+                nullptr, a.namespace_fds);
 }
 
 Run restore(const Installation& inst, const RestoreArgs& a) {

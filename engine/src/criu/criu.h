@@ -69,6 +69,9 @@ struct DumpArgs {
   // criu --stream: the images go to gpuckpt's DumpStreamer (criu/streamer.h) listening in
   // images_dir, not into files there.
   bool stream = false;
+  // Namespaces (nsfs fds, the caller's) CRIU runs in: one that the tree shares with CRIU is
+  // not taken into the images, and a restore leaves it as it is (its caller joins it again).
+  std::vector<int> namespace_fds;
   // Called with criu's pid before it runs (criu runs only once this returns, never if it
   // throws): the guard must know criu before criu can freeze anything.
   std::function<void(pid_t)> before_start;

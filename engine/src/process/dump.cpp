@@ -217,6 +217,7 @@ struct DumpState {
   bool stream = false;
   TempDir staging;
   fs::path images;
+  std::vector<UniqueFd> criu_namespaces;  // args.namespace_fds, open while CRIU starts
   criu::DumpArgs args;
   fs::path report_path;
   std::optional<image::StreamPacker> packer;
@@ -314,9 +315,16 @@ void build_criu_args(DumpState& d) {
   a.shell_job = d.out.record.shell_job;
   a.stream = d.stream;
   a.extra_args = criu::tcp_args(o.tcp_established);
-  if (d.container)
+  if (d.container) {
     a.extra_args.insert(a.extra_args.end(), d.container->criu_args.begin(),
                         d.container->criu_args.end());
+    for (const auto& ns : d.container->criu_namespaces) {
+      UniqueFd fd(::open(ns.c_str(), O_RDONLY | O_CLOEXEC));
+      if (!fd) throw_errno(Errc::kProcess, "the container's namespace ", ns, " (its init ended?)");
+      a.namespace_fds.push_back(fd.get());
+      d.criu_namespaces.push_back(std::move(fd));
+    }
+  }
   // A /dev/shm segment unlinked once mapped (vLLM's and SGLang's shared rings) is a ghost file
   // to CRIU, refused above 1 MiB: raise the limit to what this tree holds.
   if (d.target.largest_ghost > (1u << 20))

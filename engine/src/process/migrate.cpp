@@ -55,13 +55,14 @@ MigrateHandoff choose_handoff(const MigrateOptions& o, const process::ProcInfo& 
   bool release_needed = false;
   std::string why;
   // A container's copy gets a network namespace of its own if the original has one, or joins
-  // another pod's (--netns naming another namespace than the original's): its ports and
-  // abstract names cannot clash there. But it shares the original's root filesystem, and its
-  // runtime lists the frozen original under its ID until the copy answers.
+  // another pod's (--join-ns naming another network namespace than the original's): its ports
+  // and abstract names cannot clash there. But it shares the original's root filesystem, and
+  // its runtime lists the frozen original under its ID until the copy answers.
   std::error_code ec;
+  const auto net = o.pod_namespaces.find(PodNamespace::kNetwork);
   const bool other_pod =
-      !o.network_namespace.empty() &&
-      !fs::equivalent(o.network_namespace, "/proc/" + std::to_string(o.pid) + "/ns/net", ec);
+      net != o.pod_namespaces.end() &&
+      !fs::equivalent(net->second, "/proc/" + std::to_string(o.pid) + "/ns/net", ec);
   const bool own_network = c && (c->plan.record.own_network || other_pod);
   if (c && c->copy_id == c->box.id) {
     release_needed = true;
@@ -183,9 +184,9 @@ MigrateResult migrate(const MigrateOptions& opts) {
     if (opts.pid <= 0) throw Error(Errc::kUsage, "no pid given");
     if (!opts.new_container_id.empty())
       throw Error(Errc::kUsage, "a new container ID is for a container (--container)");
-    if (!opts.network_namespace.empty())
+    if (!opts.pod_namespaces.empty())
       throw Error(Errc::kUsage,
-                  "--netns names the network namespace a container joins: it is "
+                  "--join-ns and --netns name the namespaces a container joins: they are "
                   "for --container only");
     return migrate_tree(opts, nullptr);
   }
@@ -243,12 +244,11 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   // A new ID for the copy must be free before the freeze (the original's own is freed by the
   // release; its rootfs and mounts are here, as the original runs).
   if (c && c->copy_id != c->box.id) {
-    container::check_restore_target(c->plan.record, c->copy_id, o.network_namespace.string());
-  } else if (c && !o.network_namespace.empty()) {
+    container::check_restore_target(c->plan.record, c->copy_id, o.pod_namespaces);
+  } else if (c && !o.pod_namespaces.empty()) {
     // Its own ID, freed by the release: only where the copy joins.
-    container::check_joined_namespaces(c->plan.record, o.network_namespace.string());
-    container::require_new_record_for_netns(c->plan.record, c->box.id,
-                                            o.network_namespace.string());
+    container::check_joined_namespaces(c->plan.record, o.pod_namespaces);
+    container::require_new_record_for_joins(c->plan.record, c->box.id, o.pod_namespaces);
   }
   if (c) require_copy_gets_plugin(*c);
   require_utf8_path(fs::absolute(o.to_dir), "--to directory");
@@ -281,7 +281,7 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   r.probe = o.probe;
   if (c) {
     r.container = c->copy_id;  // namespaces of its own, made by runc
-    r.network_namespace = o.network_namespace;
+    r.pod_namespaces = o.pod_namespaces;
   } else {
     r.new_pid_ns = !release;
     r.take_endpoints = true;  // the copy is meant to take the original's socket paths

@@ -175,7 +175,12 @@ std::string remote_restore_command(const MigrateOptions& o, bool release,
     json expect = container::target_check_json(box->plan.record);
     if (box->cuda) expect["cuda"] = true;
     c += " --expect-container " + shell_quote(expect.dump());
-    if (!o.network_namespace.empty()) c += " --netns " + shell_quote(o.network_namespace.string());
+    // --netns alone for the network, which a target's gpuckpt from before --join-ns takes.
+    const auto& joins = o.pod_namespaces;
+    if (joins.size() == 1 && joins.begin()->first == PodNamespace::kNetwork)
+      c += " --netns " + shell_quote(joins.begin()->second.string());
+    else
+      for (const auto& a : container::join_ns_args(joins)) c += " " + shell_quote(a);
   } else if (!release)
     c += " --new-pidns --take-endpoints";
   if (!o.remote_spool_root.empty()) c += " --spool " + shell_quote(o.remote_spool_root.string());

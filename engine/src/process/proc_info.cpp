@@ -391,6 +391,14 @@ std::uint64_t largest_deleted_file_bytes(pid_t pid) {
   return largest;
 }
 
+bool maps_sysv_shm(pid_t pid) {
+  // A segment's mapping is named "/SYSV<key as 8 hex digits> (deleted)" after its shm inode.
+  std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/maps"));
+  for (std::string line; std::getline(in, line);)
+    if (line.find(" /SYSV") != std::string::npos) return true;
+  return false;
+}
+
 bool in_child_pid_namespace(pid_t pid) {
   std::istringstream in(slurp("/proc/" + std::to_string(pid) + "/status"));
   for (std::string line; std::getline(in, line);) {

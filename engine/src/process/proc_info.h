@@ -91,6 +91,10 @@ std::string frozen_cgroup(pid_t pid);
 // the images and refuses ones above its --ghost-limit (1 MiB by default).
 std::uint64_t largest_deleted_file_bytes(pid_t pid);
 
+// True if the process has a SysV shared memory segment attached (a "/SYSV" mapping), which CRIU
+// dumps only with the ipc namespace it belongs to.
+bool maps_sysv_shm(pid_t pid);
+
 // True if the process lives in a pid namespace below ours (e.g. one that `restore --new-pidns`
 // or a same-host migration created): CRIU can dump such a process only with its namespace's
 // init, which gpuckpt does not dump.

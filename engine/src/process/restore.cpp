@@ -588,7 +588,7 @@ void restore_container(RestoreState& r) {
     write_file_atomic(r.images / criu::kEnvFileName, env.dump(2) + "\n");
   }
   q.stdio_log = o.container_log;
-  q.netns = o.network_namespace.string();
+  q.joins = o.pod_namespaces;
   q.timeout = o.criu.timeout;
   q.timeline = &r.out.timeline;
   if (o.unpack.progress) o.unpack.progress(Progress{"criu_restore", 0, 0, 0});
@@ -667,7 +667,7 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
                   "--new-pidns or --take-endpoints");
     container::check_restore_target(*r.rec.container,
                                     o.container->empty() ? r.rec.container->id : *o.container,
-                                    o.network_namespace.string());
+                                    o.pod_namespaces);
     check_gpu_targets(r);
     prepare_criu(r);
     if (r.rec.cuda)
@@ -719,16 +719,16 @@ std::vector<pid_t> stop_restored(const RestoreResult& r, std::chrono::millisecon
 
 RestoreResult restore(const RestoreOptions& opts) {
   require_socket_probe(opts.probe);
-  if (!opts.network_namespace.empty() && !opts.container)
+  if (!opts.pod_namespaces.empty() && !opts.container)
     throw Error(Errc::kUsage,
-                "--netns names the network namespace a container joins: it is for "
+                "--join-ns and --netns name the namespaces a container joins: they are for "
                 "--container only");
   if (!opts.expected_container.is_null()) {
     if (!opts.container)
       throw Error(Errc::kUsage, "an expected container is checked for --container only");
     const auto rec = container::container_record_from_json(opts.expected_container);
     container::check_restore_target(rec, opts.container->empty() ? rec.id : *opts.container,
-                                    opts.network_namespace.string());
+                                    opts.pod_namespaces);
     // The checkpoint to come carries CUDA state: a runtime that restores it with a CRIU of its
     // own must load gpuckpt's plugin, as restore_into checks once the record is read.
     if (opts.expected_container.value("cuda", false))

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -195,6 +196,13 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
     if (opts.new_session) ::setsid();
     if (opts.new_process_group && !opts.new_session) ::setpgid(0, 0);
+    for (const int fd : opts.namespace_fds)
+      if (::setns(fd, 0) != 0) {
+        // The parent names the namespace, not the program: errno alone would blame the latter.
+        int why[2] = {errno, fd};
+        (void)!::write(errpipe[1], why, sizeof why);
+        ::_exit(127);
+      }
     if (!opts.cwd.empty() && ::chdir(opts.cwd.c_str()) != 0) goto fail;
     if (opts.stdin_fd >= 0) {
       if (!onto(opts.stdin_fd, 0)) goto fail;
@@ -218,8 +226,8 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
     }
     ::execvpe(cargv[0], cargv.data(), cenv.data());
   fail:
-    int err = errno;
-    (void)!::write(errpipe[1], &err, sizeof err);
+    int why[2] = {errno, -1};
+    (void)!::write(errpipe[1], why, sizeof why);
     ::_exit(127);
   }
   ::close(std::exchange(errpipe[1], -1));
@@ -245,15 +253,22 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
     }
     ::close(std::exchange(gate[1], -1));
   }
-  int child_err = 0;
+  int why[2] = {0, -1};  // errno, and the namespace fd it came from (-1: none)
   ssize_t n;
   do {
-    n = ::read(errpipe[0], &child_err, sizeof child_err);
+    n = ::read(errpipe[0], why, sizeof why);
   } while (n < 0 && errno == EINTR);
   ::close(std::exchange(errpipe[0], -1));
-  if (n == sizeof child_err) {
+  if (n == sizeof why) {
     give_up();
-    throw_syserr(Errc::kInvalidInput, child_err, "cannot run ", argv[0]);
+    if (why[1] >= 0) {
+      std::error_code ec;
+      const std::string ns =
+          fs::read_symlink("/proc/self/fd/" + std::to_string(why[1]), ec).string();
+      throw_syserr(Errc::kInvalidInput, why[0], "cannot join the namespace ",
+                   ns.empty() ? "fd " + std::to_string(why[1]) : ns, " to run ", argv[0]);
+    }
+    throw_syserr(Errc::kInvalidInput, why[0], "cannot run ", argv[0]);
   }
   Child c;
   c.pid_ = pid;

@@ -37,6 +37,8 @@ struct SpawnOptions {
   int stdout_fd = -1;  // >= 0: this fd becomes the child's stdout (wins over the others)
   int stderr_fd = -1;  // >= 0: this fd becomes the child's stderr (wins over stderr_file)
   std::filesystem::path cwd;
+  // Namespaces (nsfs fds, open until spawn returns) the child joins before it runs anything.
+  std::vector<int> namespace_fds;
   // Called in the parent with the child's pid before the child runs anything: the child execs
   // only once this returns, and exits unexecuted (127) if it throws or this process dies
   // first. For a child that must be known (to the guard) before it can act.
