@@ -168,6 +168,20 @@ class E2eContainer : public ::testing::Test {
     return redis(pid, {"DEBUG", "DIGEST"});
   }
 
+  // The bundle's spec, joining `pod`'s network namespace by its bind mount, and its ipc and uts
+  // ones by its sandbox's pid. runc would name the pod's uts namespace after the container (its
+  // default spec's hostname), which a container that joins its pod's does not.
+  json in_pod(const test::PodSandbox& pod) {
+    json spec = json::parse(read_file(bundle_ / "config.json"));
+    for (auto& ns : spec["linux"]["namespaces"]) {
+      const std::string type = ns.value("type", "");
+      if (type == "network") ns["path"] = pod.netns_path();
+      if (type == "ipc" || type == "uts") ns["path"] = pod.ns_path(type);
+    }
+    spec.erase("hostname");
+    return spec;
+  }
+
   std::string unique_id(const std::string& tag) {
     return "gk-" + tag + "-" + std::to_string(::getpid());
   }
@@ -394,13 +408,11 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
     if (ns.value("type", "") == "network") ns["path"] = path.string();
   std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
   auto netns_of = [](pid_t p) {
-    struct stat st {};
-    return ::stat(("/proc/" + std::to_string(p) + "/ns/net").c_str(), &st) == 0 ? st.st_ino : 0;
+    return test::namespace_inode("/proc/" + std::to_string(p) + "/ns/net");
   };
   // A pod's namespace's inode, and what redis answers DEBUG DIGEST with from inside it.
   auto inode_of = [](const test::NetNs& ns) {
-    struct stat st {};
-    return ::stat(("/run/netns/" + ns.name()).c_str(), &st) == 0 ? st.st_ino : 0;
+    return test::namespace_inode("/run/netns/" + ns.name());
   };
   auto digest_in = [](const test::NetNs& ns) {
     return run_capture(ns.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
@@ -484,10 +496,6 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
 // three; a copy into another pod must name all three of that pod's (--join-ns), and leaves that
 // pod its hostname.
 TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces) {
-  using test::namespace_inode;
-  auto ns_of = [](pid_t p, const char* type) {
-    return namespace_inode("/proc/" + std::to_string(p) + "/ns/" + type);
-  };
   auto hostname_of = [](pid_t p) {
     return run_capture({"nsenter", "-t", std::to_string(p), "-u", "hostname"}, 30s).output;
   };
@@ -497,15 +505,7 @@ TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces
         .output;
   };
   const test::PodSandbox a("gk-pod-a");
-  json spec = json::parse(read_file(bundle_ / "config.json"));
-  for (auto& ns : spec["linux"]["namespaces"]) {
-    const std::string type = ns.value("type", "");
-    if (type == "network") ns["path"] = a.netns_path();
-    if (type == "ipc" || type == "uts") ns["path"] = a.ns_path(type);
-  }
-  // runc would name the pod's uts namespace after it (its default spec's hostname), which a
-  // container that joins its pod's does not: the pod's hostname is the pod's.
-  spec.erase("hostname");
+  const json spec = in_pod(a);  // read before the file is opened for writing, which empties it
   std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
   // What the pod keeps in its ipc namespace (a SysV segment another of its containers made),
   // which is the pod's: neither made again by a restore into that pod nor carried into another.
@@ -513,8 +513,7 @@ TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces
   ASSERT_EQ(a.sysv_segments(), 1u);
   const auto [id, init, digest] = serving("cri");
   ASSERT_GT(init, 0);
-  for (const char* type : {"ipc", "uts"})
-    ASSERT_EQ(ns_of(init, type), namespace_inode(a.ns_path(type)));
+  ASSERT_EQ(a.outside(init), "");
   ASSERT_EQ(hostname_of(init), "gk-pod-a\n");
 
   const fs::path ckpt = dir_.path() / "cri.ckpt";
@@ -529,10 +528,7 @@ TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const pid_t back = pid_of(id);
   ASSERT_GT(back, 0);
-  EXPECT_EQ(ns_of(back, "net"), namespace_inode(a.netns_path()));
-  for (const char* type : {"ipc", "uts"})
-    EXPECT_EQ(ns_of(back, type), namespace_inode(a.ns_path(type)))
-        << "restored outside the pod's " << type;
+  EXPECT_EQ(a.outside(back), "") << "restored outside the pod's namespaces";
   EXPECT_EQ(digest_in(a.net()), digest + "\n");
   EXPECT_EQ(a.sysv_segments(), 1u);
 
@@ -552,15 +548,11 @@ TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces
   ASSERT_EQ(r2.exit_code, 0) << r2.err;
   const pid_t copy = pid_of(rid);
   ASSERT_GT(copy, 0);
-  EXPECT_EQ(ns_of(copy, "net"), namespace_inode(b.netns_path()));
-  for (const char* type : {"ipc", "uts"})
-    EXPECT_EQ(ns_of(copy, type), namespace_inode(b.ns_path(type)))
-        << "the copy is outside pod b's " << type;
+  EXPECT_EQ(b.outside(copy), "") << "the copy is outside pod b's namespaces";
   EXPECT_EQ(b.hostname(), "gk-pod-b\n") << "the restore renamed pod b";
   EXPECT_EQ(b.sysv_segments(), 0u) << "pod a's SysV segment was carried into pod b";
   EXPECT_EQ(digest_in(b.net()), digest + "\n");
-  EXPECT_EQ(ns_of(pid_of(id), "uts"), namespace_inode(a.ns_path("uts")))
-      << "the first pod's container moved";
+  EXPECT_EQ(a.outside(pid_of(id)), "") << "the first pod's container moved";
   // Moved on from pod b into a third pod (a pod rescheduled), beside its frozen original: the
   // copy joins each of the third pod's namespaces, and the original ends once the copy answers.
   const test::PodSandbox c("gk-pod-c");
@@ -575,8 +567,7 @@ TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces
   EXPECT_EQ(json::parse(m.out, nullptr, false).value("handoff", ""), "frozen") << m.out;
   const pid_t moved = pid_of(mid);
   ASSERT_GT(moved, 0);
-  for (const char* type : {"net", "ipc", "uts"})
-    EXPECT_EQ(ns_of(moved, type), namespace_inode(c.ns_path(type))) << "outside pod c's " << type;
+  EXPECT_EQ(c.outside(moved), "");
   EXPECT_EQ(c.hostname(), "gk-pod-c\n");
   EXPECT_EQ(digest_in(c.net()), digest + "\n");
   EXPECT_FALSE(process::alive(copy));
@@ -588,13 +579,7 @@ TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces
 TEST_F(E2eContainer, AContainerWithItsPodsSysvSegmentAttachedIsRefusedBeforeTheFreeze) {
   const test::PodSandbox pod("gk-pod-shm");
   const int segment = pod.make_sysv_segment();
-  json spec = json::parse(read_file(bundle_ / "config.json"));
-  for (auto& ns : spec["linux"]["namespaces"]) {
-    const std::string type = ns.value("type", "");
-    if (type == "network") ns["path"] = pod.netns_path();
-    if (type == "ipc" || type == "uts") ns["path"] = pod.ns_path(type);
-  }
-  spec.erase("hostname");
+  json spec = in_pod(pod);
   // Beside redis, a process of the container that attaches the segment and holds it.
   std::string redis_args;
   for (const auto& a : spec["process"]["args"]) redis_args += " '" + a.get<std::string>() + "'";

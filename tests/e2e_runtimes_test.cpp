@@ -816,10 +816,6 @@ TEST_F(E2eRuntimes, AContainerdContainerMigratesOnThisHostToANewId) {
 // original's own record, whose spec names the first pod's, --join-ns is refused, and the
 // original comes back into its pod.
 TEST_F(E2eRuntimes, AContainerdPodsContainerIsReplicatedIntoAnotherPod) {
-  using test::namespace_inode;
-  auto ns_of = [](pid_t p, const char* type) {
-    return namespace_inode("/proc/" + std::to_string(p) + "/ns/" + type);
-  };
   const test::PodSandbox a("gk-ctd-a"), b("gk-ctd-b");
   a.make_sysv_segment();  // the pod's: neither made again in it nor carried into pod b
   const auto [id, init, digest] =
@@ -827,8 +823,7 @@ TEST_F(E2eRuntimes, AContainerdPodsContainerIsReplicatedIntoAnotherPod) {
                   {"--with-ns", "network:" + a.ns_path("net"), "--with-ns",
                    "ipc:" + a.ns_path("ipc"), "--with-ns", "uts:" + a.ns_path("uts")});
   ASSERT_GT(init, 0);
-  for (const char* type : {"net", "ipc", "uts"})
-    ASSERT_EQ(ns_of(init, type), ns_of(a.pid(), type)) << type;
+  ASSERT_EQ(a.outside(init), "");
   const fs::path ckpt = dir_.path() / "pod.ckpt";
   const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string()});
   ASSERT_EQ(d.exit_code, 0) << d.err;
@@ -852,8 +847,7 @@ TEST_F(E2eRuntimes, AContainerdPodsContainerIsReplicatedIntoAnotherPod) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const pid_t twin = task_pid(replica);
   ASSERT_GT(twin, 0);
-  for (const char* type : {"net", "ipc", "uts"})
-    EXPECT_EQ(ns_of(twin, type), ns_of(b.pid(), type)) << "the replica is outside pod b's " << type;
+  EXPECT_EQ(b.outside(twin), "") << "the replica is outside pod b's namespaces";
   EXPECT_EQ(redis(twin, {"DEBUG", "DIGEST"}), digest);
   EXPECT_EQ(b.hostname(), "gk-ctd-b\n") << "the restore renamed pod b";
   EXPECT_EQ(b.sysv_segments(), 0u) << "pod a's SysV segment was carried into pod b";
@@ -862,8 +856,7 @@ TEST_F(E2eRuntimes, AContainerdPodsContainerIsReplicatedIntoAnotherPod) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const pid_t back = task_pid(id);
   ASSERT_GT(back, 0);
-  for (const char* type : {"net", "ipc", "uts"})
-    EXPECT_EQ(ns_of(back, type), ns_of(a.pid(), type)) << "restored outside pod a's " << type;
+  EXPECT_EQ(a.outside(back), "") << "restored outside pod a's namespaces";
   EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
   EXPECT_EQ(a.sysv_segments(), 1u);
   EXPECT_EQ(a.hostname(), "gk-ctd-a\n");

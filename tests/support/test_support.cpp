@@ -567,6 +567,15 @@ std::string PodSandbox::ns_path(const std::string& type) const {
   return "/proc/" + std::to_string(sandbox_.pid()) + "/ns/" + type;
 }
 
+std::string PodSandbox::outside(pid_t p) const {
+  std::string out;
+  for (const char* type : {"net", "ipc", "uts"})
+    if (namespace_inode("/proc/" + std::to_string(p) + "/ns/" + type) !=
+        namespace_inode(ns_path(type)))
+      out += std::string(out.empty() ? "" : " ") + type;
+  return out;
+}
+
 std::string PodSandbox::hostname() const {
   return run_capture({"nsenter", "-t", std::to_string(pid()), "-u", "hostname"},
                      std::chrono::seconds(30))

@@ -300,6 +300,8 @@ class PodSandbox {
   std::string netns_path() const { return "/run/netns/" + net_.name(); }
   std::string ns_path(const std::string& type) const;  // /proc/PID/ns/TYPE of the sandbox
   std::string hostname() const;                        // its uts namespace's, with "\n"
+  // Which of the pod's namespaces (net, ipc, uts) process `p` is not in: "" when in all three.
+  std::string outside(pid_t p) const;
   // What another container of the pod keeps in its ipc namespace: a SysV segment made (its
   // id), and how many there are.
   int make_sysv_segment() const;
