@@ -266,8 +266,9 @@ struct PodNamespaceFlags {
       const auto type =
           eq == std::string::npos ? std::nullopt : pod_namespace_from(j.substr(0, eq));
       if (!type)
-        throw Error(Errc::kUsage,
-                    "--join-ns takes TYPE=PATH with TYPE network, ipc or uts, not '" + j + "'");
+        throw Error(
+            Errc::kUsage,
+            "--join-ns takes TYPE=PATH with TYPE network (or net), ipc or uts, not '" + j + "'");
       put(*type, j.substr(eq + 1));
     }
     return out;

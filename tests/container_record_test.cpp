@@ -18,6 +18,7 @@
 namespace gpuckpt {
 namespace {
 
+namespace fs = std::filesystem;
 using container::ContainerRecord;
 using container::WritableLayer;
 using nlohmann::json;
@@ -93,9 +94,11 @@ TEST(ContainerRecord, ThePodsNamespacesAreCheckedOnTheTargetAndJoinNsOnlyForThos
   EXPECT_NE(std::string(e.what()).find("ipc namespace /proc/self/ns/ipc"), std::string::npos)
       << e.what();
   EXPECT_NE(std::string(e.what()).find("--join-ns ipc=PATH"), std::string::npos) << e.what();
-  PodNamespaces all = net_only;
-  all[PodNamespace::kIpc] = "/proc/self/ns/ipc";
-  all[PodNamespace::kUts] = "/proc/self/ns/uts";
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root, to make a pod's namespaces";
+  const test::PodSandbox pod("gk-rec");
+  PodNamespaces all{{PodNamespace::kNetwork, pod.netns_path()},
+                    {PodNamespace::kIpc, pod.ns_path("ipc")},
+                    {PodNamespace::kUts, pod.ns_path("uts")}};
   // A checkpoint whose images hold the pod's ipc and uts (gpuckpt's before they were left to
   // the pod) would set them inside the pod it joins.
   e = test::error_from([&] { container::check_joined_namespaces(r, all); });
@@ -103,6 +106,12 @@ TEST(ContainerRecord, ThePodsNamespacesAreCheckedOnTheTargetAndJoinNsOnlyForThos
   EXPECT_NE(std::string(e.what()).find("dump it again"), std::string::npos) << e.what();
   r.joined = {{"network", {}}, {"ipc", {}}, {"uts", {}}};
   EXPECT_NO_THROW(container::check_joined_namespaces(r, all));
+  // /proc/self names whoever opens it: runc would put the container into the host's.
+  PodNamespaces host = all;
+  host[PodNamespace::kIpc] = "/proc/self/ns/ipc";
+  e = test::error_from([&] { container::check_joined_namespaces(r, host); });
+  EXPECT_EQ(e.code(), Errc::kInvalidInput) << e.what();
+  EXPECT_NE(std::string(e.what()).find("gpuckpt itself runs in"), std::string::npos) << e.what();
   // Each is checked for its type: a uts namespace is no ipc one.
   all[PodNamespace::kIpc] = "/proc/self/ns/uts";
   e = test::error_from([&] { container::check_joined_namespaces(r, all); });
@@ -183,9 +192,24 @@ TEST(ContainerRecord, APodsNamespaceNamedByAPidThatNowNamesAnotherIsRefused) {
   other = r;
   other.joined["uts"].inode += 1;  // a path of no process: its namespace alone tells
   refused(other, "/proc/thread-self/ns/uts");
+  // Through links an operator made, it is the process at their end that is checked.
+  const TempDir links = test::scratch_dir();
+  fs::create_symlink(ipc, links.path() / "ipc");
+  fs::create_directory_symlink("/proc/" + std::to_string(holder.pid()), links.path() / "pod");
+  for (const fs::path& link : {links.path() / "ipc", links.path() / "pod" / "ns" / "ipc"}) {
+    other = r;
+    other.spec["linux"]["namespaces"][0]["path"] = link.string();
+    EXPECT_NO_THROW(container::check_joined_namespaces(other, {})) << link;
+    other.joined["ipc"].holder_started += 1;
+    refused(other, link.string());
+  }
   // Named in its new pod, it is that pod's that is checked.
-  EXPECT_NO_THROW(container::check_joined_namespaces(
-      other, {{PodNamespace::kIpc, ipc}, {PodNamespace::kUts, "/proc/thread-self/ns/uts"}}));
+  if (::geteuid() == 0) {
+    const test::PodSandbox pod("gk-rec2");
+    EXPECT_NO_THROW(container::check_joined_namespaces(
+        other,
+        {{PodNamespace::kIpc, pod.ns_path("ipc")}, {PodNamespace::kUts, pod.ns_path("uts")}}));
+  }
   holder.kill(SIGKILL);
   holder.wait();
   const Error gone = test::error_from([&] { container::check_joined_namespaces(r, {}); });

@@ -299,6 +299,23 @@ pid_t ns_holder(const std::string& path) {
   return holder > 0 && skip("ns/") ? holder : 0;
 }
 
+// The path that `path` names through the links an operator made (a directory linked to /proc/PID,
+// a link to /proc/PID/ns/ipc), up to the namespace file itself, whose own link is the kernel's.
+std::string ns_file(const std::string& path) {
+  fs::path p = path;
+  std::error_code ec;
+  for (int hops = 0; hops < 40; ++hops) {
+    const fs::path dir = fs::canonical(p.parent_path(), ec);
+    if (ec) return path;
+    p = dir / p.filename();
+    if (ns_holder(p.string()) > 0 || !fs::is_symlink(p, ec)) return p.string();
+    const fs::path target = fs::read_symlink(p, ec);
+    if (ec) return p.string();
+    p = target.is_absolute() ? target : dir / target;
+  }
+  return p.string();
+}
+
 }  // namespace
 
 json target_check_json(const ContainerRecord& r) {
@@ -717,7 +734,7 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
     if (::stat(own.c_str(), &st) != 0) continue;
     JoinedNamespace& n = r.joined[type];
     n.inode = st.st_ino;
-    if (const pid_t holder = ns_holder(path); holder > 0) {
+    if (const pid_t holder = ns_holder(ns_file(path)); holder > 0) {
       n.boot_id = boot_id();
       n.holder_started = process::start_ticks(holder).value_or(0);
     }
@@ -1287,10 +1304,10 @@ void require_namespace(const std::string& type, const std::string& path, const s
 void require_dumped_namespace(const ContainerRecord& r, const std::string& type,
                               const std::string& path) {
   const auto it = r.joined.find(type);
-  if (it == r.joined.end() || path.rfind("/proc/", 0) != 0) return;
+  if (it == r.joined.end() || ns_file(path).rfind("/proc/", 0) != 0) return;
   const JoinedNamespace& n = it->second;
   struct stat st {};
-  const pid_t holder = ns_holder(path);
+  const pid_t holder = ns_holder(ns_file(path));
   // The same boot and the same process's start name one process; the inode, one namespace.
   const bool same =
       ::stat(path.c_str(), &st) == 0 && st.st_ino == n.inode &&
@@ -1373,8 +1390,21 @@ void check_joined_namespaces(const ContainerRecord& r, const PodNamespaces& join
                                       "=PATH, or restore it where that pod is. Nothing was "
                                       "restored");
     }
-  for (const auto& [ns, path] : joins)
-    require_namespace(pod_namespace_name(ns), path.string(), "is to join");
+  for (const auto& [ns, path] : joins) {
+    const std::string type = pod_namespace_name(ns);
+    require_namespace(type, path.string(), "is to join");
+    // /proc/self names whoever opens it (gpuckpt, runc, the shim): the host's, never a pod's.
+    struct stat want {
+    }, own{};
+    if (::stat(path.c_str(), &want) == 0 &&
+        ::stat(("/proc/self/ns/" + proc_ns_name(type)).c_str(), &own) == 0 &&
+        want.st_ino == own.st_ino && want.st_dev == own.st_dev)
+      throw Error(Errc::kInvalidInput,
+                  path.string() + " is the " + type +
+                      " namespace that gpuckpt itself runs in (the host's), not a pod's: name "
+                      "the new pod's sandbox's, /proc/PAUSE_PID/ns/" +
+                      proc_ns_name(type) + ". Nothing was restored");
+  }
   if (joins.empty())
     for (const auto& [type, path] : joined) {
       require_namespace(type, path, "joined at the dump (its pod's; --join-ns names another)");
