@@ -160,6 +160,13 @@ class E2eContainer : public ::testing::Test {
     }
   }
 
+  // What redis answers DEBUG DIGEST with from inside network namespace `ns` (a pod's).
+  static std::string digest_in(const test::NetNs& ns) {
+    return run_capture(ns.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
+                       30s)
+        .output;
+  }
+
   // Some data in the container's redis, and its digest.
   static std::string fill(pid_t pid) {
     for (int i = 0; i < 200; ++i)
@@ -410,14 +417,9 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
   auto netns_of = [](pid_t p) {
     return test::namespace_inode("/proc/" + std::to_string(p) + "/ns/net");
   };
-  // A pod's namespace's inode, and what redis answers DEBUG DIGEST with from inside it.
+  // A pod's namespace's inode.
   auto inode_of = [](const test::NetNs& ns) {
     return test::namespace_inode("/run/netns/" + ns.name());
-  };
-  auto digest_in = [](const test::NetNs& ns) {
-    return run_capture(ns.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
-                       30s)
-        .output;
   };
   const auto want = inode_of(pod);
   ASSERT_NE(want, 0u);
@@ -498,11 +500,6 @@ TEST_F(E2eContainer, AContainerInAPodsNetworkNamespaceComesBackIntoThatNamespace
 TEST_F(E2eContainer, ACriPodsContainerMovesIntoAnotherPodWithEachOfItsNamespaces) {
   auto hostname_of = [](pid_t p) {
     return run_capture({"nsenter", "-t", std::to_string(p), "-u", "hostname"}, 30s).output;
-  };
-  auto digest_in = [](const test::NetNs& ns) {
-    return run_capture(ns.wrap({"redis-cli", "-p", std::to_string(kRedisPort), "DEBUG", "DIGEST"}),
-                       30s)
-        .output;
   };
   const test::PodSandbox a("gk-pod-a");
   const json spec = in_pod(a);  // read before the file is opened for writing, which empties it

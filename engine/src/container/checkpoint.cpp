@@ -251,21 +251,26 @@ json to_json(const ContainerRecord& r) {
 
 namespace {
 
+// The namespaces that `spec` names (OCI type, path: "" for one of its own), in its order.
+std::vector<std::pair<std::string, std::string>> spec_namespaces(const json& spec) {
+  std::vector<std::pair<std::string, std::string>> out;
+  if (!spec.contains("linux") || !spec["linux"].contains("namespaces")) return out;
+  for (const auto& ns : spec["linux"]["namespaces"])
+    if (ns.is_object()) out.emplace_back(ns.value("type", ""), ns.value("path", ""));
+  return out;
+}
+
 // Whether `spec` gives the container a namespace of `type` of its own (one without a path).
 bool has_own_namespace(const json& spec, const std::string& type) {
-  if (!spec.contains("linux") || !spec["linux"].contains("namespaces")) return false;
-  for (const auto& ns : spec["linux"]["namespaces"])
-    if (ns.is_object() && ns.value("type", "") == type && ns.value("path", "").empty()) return true;
-  return false;
+  const auto all = spec_namespaces(spec);
+  return std::any_of(all.begin(), all.end(),
+                     [&type](const auto& ns) { return ns.first == type && ns.second.empty(); });
 }
 
 // The namespaces that `spec` joins by path (OCI type, path), in its order.
 std::vector<std::pair<std::string, std::string>> joined_namespaces(const json& spec) {
-  std::vector<std::pair<std::string, std::string>> out;
-  if (!spec.contains("linux") || !spec["linux"].contains("namespaces")) return out;
-  for (const auto& ns : spec["linux"]["namespaces"])
-    if (ns.is_object() && !ns.value("path", "").empty())
-      out.emplace_back(ns.value("type", ""), ns.value("path", ""));
+  auto out = spec_namespaces(spec);
+  std::erase_if(out, [](const auto& ns) { return ns.second.empty(); });
   return out;
 }
 
@@ -1152,10 +1157,6 @@ void require_layer_carried(const ContainerRecord& r, const std::string& id) {
                     "it was dumped on, not as a new container " + id + ". Nothing was restored");
 }
 
-}  // namespace
-
-namespace {
-
 void check_containerd_target(const ContainerRecord& r, const std::string& id,
                              const PodNamespaces& joins) {
   const ContainerdRecord& d = *r.containerd;
@@ -1304,10 +1305,11 @@ void require_namespace(const std::string& type, const std::string& path, const s
 void require_dumped_namespace(const ContainerRecord& r, const std::string& type,
                               const std::string& path) {
   const auto it = r.joined.find(type);
-  if (it == r.joined.end() || ns_file(path).rfind("/proc/", 0) != 0) return;
+  const std::string file = ns_file(path);
+  if (it == r.joined.end() || file.rfind("/proc/", 0) != 0) return;
   const JoinedNamespace& n = it->second;
   struct stat st {};
-  const pid_t holder = ns_holder(ns_file(path));
+  const pid_t holder = ns_holder(file);
   // The same boot and the same process's start name one process; the inode, one namespace.
   const bool same =
       ::stat(path.c_str(), &st) == 0 && st.st_ino == n.inode &&

@@ -67,7 +67,6 @@ struct DockerRecord {
   std::string image_id;  // the image it runs, by ID ("sha256:..."), whatever its tag names now
 };
 
-// What a container checkpoint records, beside the process record (ProcessRecord::container).
 // A namespace that a container joined by path, as the dump found it.
 struct JoinedNamespace {
   std::uint64_t inode = 0;  // nsfs inodes are reused once a namespace is gone: not enough alone
@@ -77,6 +76,7 @@ struct JoinedNamespace {
   bool operator==(const JoinedNamespace&) const = default;
 };
 
+// What a container checkpoint records, beside the process record (ProcessRecord::container).
 struct ContainerRecord {
   Runtime runtime = Runtime::kRunc;
   std::string root;    // runc's root the container was under
