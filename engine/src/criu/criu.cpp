@@ -42,24 +42,21 @@ fs::path find_plugin_dir() {
   return {};
 }
 
-// Runs argv with stdout and stderr appended to `out_file`, killing it past `timeout`.
+// Runs argv with stdout and stderr appended to `out_file`, killing it past `l.timeout`.
 ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_file,
-                      const std::vector<std::string>& env, std::chrono::seconds timeout,
-                      const std::string& what, const std::function<void(pid_t)>& on_start = nullptr,
-                      const std::function<void(pid_t)>& before_start = nullptr,
-                      const std::vector<int>& namespace_fds = {}) {
+                      const std::string& what, const Launch& l) {
   SpawnOptions so;
-  so.env = env;
-  so.namespace_fds = namespace_fds;
-  so.before_exec = before_start;
+  so.env = l.env;
+  so.namespace_fds = l.namespace_fds;
+  so.before_exec = l.before_start;
   so.stdout_file = out_file;
   so.stderr_file = out_file;
   // A Ctrl-C to gpuckpt's process group must not interrupt criu behind the guard's back: the
   // guard lets criu finish and then puts the tasks back (process/guard.h).
   so.new_process_group = true;
   Child c = spawn(argv, so);
-  if (on_start) on_start(c.pid());
-  if (auto st = c.wait_for(timeout)) return *st;
+  if (l.on_start) l.on_start(c.pid());
+  if (auto st = c.wait_for(l.timeout)) return *st;
   // CRIU has no clean cancel: SIGTERM first so that it can detach from the tasks if it is
   // between stages, then SIGKILL. A task killed mid-dump is resumed by the kernel when its
   // tracer dies; see docs/PROCESS.md ("timeouts").
@@ -68,7 +65,7 @@ ExitStatus run_logged(const std::vector<std::string>& argv, const fs::path& out_
     c.kill(SIGKILL);
     c.wait();
   }
-  throw Error(Errc::kTimeout, what + " did not finish within " + std::to_string(timeout.count()) +
+  throw Error(Errc::kTimeout, what + " did not finish within " + std::to_string(l.timeout.count()) +
                                   " s and was killed");
 }
 
@@ -264,29 +261,25 @@ void check_exit(const std::string& what, const ExitStatus& st, const fs::path& l
 namespace {
 
 Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs::path& log,
-           const std::vector<std::string>& env, std::chrono::seconds timeout,
-           const std::function<void(pid_t)>& on_start,
-           const std::function<void(pid_t)>& before_start,
-           const std::function<void(const ExitStatus&, const fs::path&)>& on_end = nullptr,
-           const std::vector<int>& namespace_fds = {}) {
+           const Launch& l) {
   Run r{argv, log, {}, {}};
   const fs::path out = log.parent_path() / ("criu-" + op + ".out");
   r.start = std::chrono::steady_clock::now();
   ExitStatus st;
   try {
-    st = run_logged(argv, out, env, timeout, "criu " + op, on_start, before_start, namespace_fds);
+    st = run_logged(argv, out, "criu " + op, l);
   } catch (const Error& e) {
     if (e.code() != Errc::kTimeout) throw;
     const fs::path kept = preserve_log(log, "criu-" + op);
-    if (on_end) on_end(ExitStatus{false, SIGKILL}, kept);
+    if (l.on_end) l.on_end(ExitStatus{false, SIGKILL}, kept);
     throw Error(Errc::kTimeout,
                 std::string(e.what()) + ":\n" + log_excerpt(kept) + "full log: " + kept.string());
   }
   r.end = std::chrono::steady_clock::now();
-  if (st.ok() && on_end) on_end(st, log);
+  if (st.ok() && l.on_end) l.on_end(st, log);
   if (!st.ok()) {
     const fs::path kept = preserve_log(log, "criu-" + op);
-    if (on_end) on_end(st, kept);
+    if (l.on_end) l.on_end(st, kept);
     std::string msg = "criu " + op + " failed (" + st.describe() + "):\n" + log_excerpt(kept);
     std::error_code ec;
     if (fs::file_size(out, ec) > 0 && !ec) msg += "criu output:\n" + log_tail(out, 5);
@@ -299,15 +292,13 @@ Run run_op(const std::string& op, const std::vector<std::string>& argv, const fs
 
 Run dump(const Installation& inst, const DumpArgs& a) {
   const fs::path log = a.images_dir / "dump.log";
-  return run_op("dump", dump_argv(inst, a, log), log, a.env, a.timeout, a.on_start, a.before_start,
-                nullptr, a.namespace_fds);
+  return run_op("dump", dump_argv(inst, a, log), log, a);
 }
 
 Run restore(const Installation& inst, const RestoreArgs& a) {
   // The log goes beside the pidfile, outside the images (which CRIU only reads).
   const fs::path log = a.pidfile.parent_path() / kRestoreLogName;
-  return run_op("restore", restore_argv(inst, a, log), log, a.env, a.timeout, a.on_start,
-                a.before_start, a.on_end);
+  return run_op("restore", restore_argv(inst, a, log), log, a);
 }
 
 namespace {

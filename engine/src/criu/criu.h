@@ -57,41 +57,42 @@ void check(const Installation& inst, std::chrono::seconds timeout = std::chrono:
 // What happens to the dumped tree after `criu dump`.
 enum class FinalState { kKilled, kRunning, kStopped };
 
-struct DumpArgs {
-  pid_t pid = 0;
-  std::filesystem::path images_dir;  // must exist; CRIU writes its images here
-  FinalState final_state = FinalState::kStopped;
-  bool shell_job = false;               // the task's session/tty are outside the dumped tree
-  std::vector<std::string> extra_args;  // passed through verbatim (e.g. --tcp-established)
-  std::vector<std::string> env;         // "KEY=VALUE" for criu and the plugin inside it
+// How criu runs, whichever operation: what a dump and a restore share.
+struct Launch {
+  std::vector<std::string> env;  // "KEY=VALUE" for criu and the plugin inside it
   std::chrono::seconds timeout{1800};
-  std::chrono::seconds freeze_timeout{10};  // criu --timeout: bounds the freezing stage
-  // criu --stream: the images go to gpuckpt's DumpStreamer (criu/streamer.h) listening in
-  // images_dir, not into files there.
-  bool stream = false;
   // Namespaces (nsfs fds, the caller's) CRIU runs in: one that the tree shares with CRIU is
-  // not taken into the images, and a restore leaves it as it is (its caller joins it again).
+  // not taken into a dump's images, and a restore leaves it as it is (its caller joins it
+  // again).
   std::vector<int> namespace_fds;
   // Called with criu's pid before it runs (criu runs only once this returns, never if it
   // throws): the guard must know criu before criu can freeze anything.
   std::function<void(pid_t)> before_start;
   std::function<void(pid_t)> on_start;  // called with criu's pid once it runs
+  // Called once criu has ended (before dump() or restore() returns or throws): how it ended
+  // (killed past the timeout: a signal), and where its log is (once it failed, a copy outside
+  // the directory that the caller may remove).
+  std::function<void(const ExitStatus&, const std::filesystem::path& log)> on_end;
 };
 
-struct RestoreArgs {
+struct DumpArgs : Launch {
+  pid_t pid = 0;
+  std::filesystem::path images_dir;  // must exist; CRIU writes its images here
+  FinalState final_state = FinalState::kStopped;
+  bool shell_job = false;                   // the task's session/tty are outside the dumped tree
+  std::vector<std::string> extra_args;      // passed through verbatim (e.g. --tcp-established)
+  std::chrono::seconds freeze_timeout{10};  // criu --timeout: bounds the freezing stage
+  // criu --stream: the images go to gpuckpt's DumpStreamer (criu/streamer.h) listening in
+  // images_dir, not into files there.
+  bool stream = false;
+};
+
+struct RestoreArgs : Launch {
   std::filesystem::path images_dir;
   std::filesystem::path pidfile;  // criu writes the restored root task's pid here
   bool shell_job = false;
   bool stream = false;  // criu --stream: images come from a RestoreStreamer in images_dir
   std::vector<std::string> extra_args;
-  std::vector<std::string> env;
-  std::chrono::seconds timeout{1800};
-  std::function<void(pid_t)> before_start;  // as in DumpArgs
-  std::function<void(pid_t)> on_start;
-  // Called once criu has ended (before restore() returns or throws): how it ended (killed past
-  // the timeout: a signal), and where its log is (a copy outside pidfile's directory, which the
-  // caller may remove, once it failed).
-  std::function<void(const ExitStatus&, const std::filesystem::path& log)> on_end;
 };
 
 // Argument vectors, exposed so that a restore can be launched from inside another pid
