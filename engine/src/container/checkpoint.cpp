@@ -1,25 +1,18 @@
 #include "container/checkpoint.h"
 
 #include <fcntl.h>
-#include <linux/magic.h>
-#include <linux/nsfs.h>
 #include <net/if.h>
-#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/statfs.h>
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
-#include <xxhash.h>
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -27,16 +20,12 @@
 
 #include "container/containerd.h"
 #include "container/docker.h"
+#include "container/internal.h"
 #include "criu/criu.h"
-#include "criu/plugin_report.h"
 #include "gpuckpt/error.h"
-#include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
-#include "trust/keys.h"
 #include "util/fs.h"
-#include "util/no_sigpipe.h"
-#include "util/pipe.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -46,95 +35,6 @@ using nlohmann::json;
 namespace gpuckpt::container {
 
 namespace {
-
-// Where a restore keeps the bundle it made of the recorded spec: runc reads it once, but names
-// it as the container's bundle for as long as the container lives.
-constexpr const char* kBundlesDir = "/run/gpuckpt/containers";
-// Where a restored container's stdout and stderr go by default: beside the host's logs, not in
-// a tmpfs, and kept after the container ends.
-constexpr const char* kLogsDir = "/var/log/gpuckpt/containers";
-
-// runc's own rule for IDs; anything else could name a path outside the bundles' directory.
-bool valid_id(const std::string& id) {
-  if (id.empty() || id == "." || id == ".." || id.size() > 1024) return false;
-  return std::all_of(id.begin(), id.end(), [](unsigned char ch) {
-    return std::isalnum(ch) || ch == '_' || ch == '+' || ch == '-' || ch == '.';
-  });
-}
-
-WritableLayer layer_from(const std::string& s) {
-  for (const auto l : {WritableLayer::kNone, WritableLayer::kEmpty, WritableLayer::kCarried,
-                       WritableLayer::kNotCarried})
-    if (s == layer_name(l)) return l;
-  throw Error(Errc::kCorrupt, "unknown writable layer '" + s + "' in the container record");
-}
-
-Runtime runtime_from(const std::string& s) {
-  if (s == "runc") return Runtime::kRunc;
-  if (s == "docker") return Runtime::kDocker;
-  if (s == "containerd") return Runtime::kContainerd;
-  throw Error(Errc::kCorrupt, "unknown container runtime '" + s + "' in the container record");
-}
-
-// Runs `fn` on a thread of its own that has entered the network namespace of `pid`: setns
-// changes only the calling thread's namespace, so gpuckpt's other threads stay where they are.
-template <typename Fn>
-auto in_network_of(pid_t pid, Fn fn) -> decltype(fn()) {
-  const std::string ns = "/proc/" + std::to_string(pid) + "/ns/net";
-  UniqueFd fd(::open(ns.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) throw_errno(Errc::kProcess, "open ", ns);
-  decltype(fn()) result{};
-  std::exception_ptr failure;
-  std::thread t([&] {
-    try {
-      if (::setns(fd.get(), CLONE_NEWNET) != 0)
-        throw_errno(Errc::kProcess, "entering the network namespace of pid ", pid);
-      result = fn();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  });
-  t.join();
-  if (failure) std::rethrow_exception(failure);
-  return result;
-}
-
-// The flags of the loopback device in the calling thread's network namespace.
-short loopback_flags(int sock) {
-  ifreq req{};
-  std::snprintf(req.ifr_name, sizeof req.ifr_name, "lo");
-  if (::ioctl(sock, SIOCGIFFLAGS, &req) != 0) throw_errno(Errc::kProcess, "SIOCGIFFLAGS lo");
-  return req.ifr_flags;
-}
-
-UniqueFd control_socket() {
-  UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!s) throw_errno(Errc::kProcess, "socket");
-  return s;
-}
-
-struct MountInfo {
-  int id = 0;  // the mount's ID, which /proc/PID/fdinfo names as mnt_id
-  std::string mount_point, fstype, options;  // options: the file system's own (super options)
-};
-
-// /proc/PID/mountinfo as its process sees it (mount points relative to its root).
-std::vector<MountInfo> mounts_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
-  std::vector<MountInfo> out;
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream f(line);
-    std::string id, parent, dev, root, point;
-    f >> id >> parent >> dev >> root >> point;
-    const auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream tail(line.substr(dash + 3));
-    std::string fstype, source, options;
-    tail >> fstype >> source >> options;
-    out.push_back({std::atoi(id.c_str()), point, fstype, options});
-  }
-  return out;
-}
 
 std::string bundle_of(const json& config) {
   for (const auto& l : config.value("labels", json::array()))
@@ -175,234 +75,40 @@ std::string outside_file(pid_t pid, int fd, const std::vector<MountInfo>& mounts
   return target;
 }
 
+}  // namespace
+
+short loopback_flags(int sock) {
+  ifreq req{};
+  std::snprintf(req.ifr_name, sizeof req.ifr_name, "lo");
+  if (::ioctl(sock, SIOCGIFFLAGS, &req) != 0) throw_errno(Errc::kProcess, "SIOCGIFFLAGS lo");
+  return req.ifr_flags;
+}
+
+UniqueFd control_socket() {
+  UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s) throw_errno(Errc::kProcess, "socket");
+  return s;
+}
+
+std::vector<MountInfo> mounts_of(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
+  std::vector<MountInfo> out;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream f(line);
+    std::string id, parent, dev, root, point;
+    f >> id >> parent >> dev >> root >> point;
+    const auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream tail(line.substr(dash + 3));
+    std::string fstype, source, options;
+    tail >> fstype >> source >> options;
+    out.push_back({std::atoi(id.c_str()), point, fstype, options});
+  }
+  return out;
+}
+
 std::vector<std::string> runc_argv(const std::string& root) {
   return {runc_binary().string(), "--root", root};
-}
-
-}  // namespace
-
-const char* layer_name(WritableLayer l) {
-  switch (l) {
-    case WritableLayer::kEmpty:
-      return "empty";
-    case WritableLayer::kCarried:
-      return "carried";
-    case WritableLayer::kNotCarried:
-      return "not_carried";
-    case WritableLayer::kNone:
-      break;
-  }
-  return "none";
-}
-
-const char* runtime_name(Runtime r) {
-  switch (r) {
-    case Runtime::kDocker:
-      return "docker";
-    case Runtime::kContainerd:
-      return "containerd";
-    case Runtime::kRunc:
-      break;
-  }
-  return "runc";
-}
-
-json to_json(const ContainerRecord& r) {
-  json mounts = json::array();
-  for (const auto& m : r.mounts)
-    mounts.push_back({{"destination", m.destination}, {"source", m.source}});
-  json j = {{"runtime", runtime_name(r.runtime)},
-            {"root", r.root},
-            {"id", r.id},
-            {"bundle", r.bundle},
-            {"rootfs", r.rootfs},
-            {"spec", r.spec},
-            {"stdio", r.stdio},
-            {"mounts", mounts},
-            {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}},
-            {"writable_layer", layer_name(r.layer)}};
-  if (!r.layer_why.empty()) j["writable_layer_why"] = r.layer_why;
-  for (const auto& [type, n] : r.joined) {
-    j["joined_namespaces"][type] = {{"inode", n.inode}};
-    if (!n.boot_id.empty())
-      j["joined_namespaces"][type].update(
-          {{"boot_id", n.boot_id}, {"holder_started", n.holder_started}});
-  }
-  if (const auto& c = r.containerd)
-    j["containerd"] = {
-        {"namespace", c->ns},
-        {"image", c->image},
-        {"image_digest", c->image_digest},
-        {"labels", c->labels},
-        {"runtime", c->runtime},
-        {"options_type", c->options_type},
-        {"options", trust::to_base64(reinterpret_cast<const unsigned char*>(c->options.data()),
-                                     c->options.size())},
-        {"snapshotter", c->snapshotter},
-        {"snapshot_parent", c->snapshot_parent},
-        {"sandbox", c->sandbox}};
-  if (const auto& d = r.docker)
-    j["docker"] = {{"name", d->name},
-                   {"config", d->config},
-                   {"host_config", d->host_config},
-                   {"image_id", d->image_id}};
-  return j;
-}
-
-namespace {
-
-// The namespaces that `spec` names (OCI type, path: "" for one of its own), in its order.
-std::vector<std::pair<std::string, std::string>> spec_namespaces(const json& spec) {
-  std::vector<std::pair<std::string, std::string>> out;
-  if (!spec.contains("linux") || !spec["linux"].contains("namespaces")) return out;
-  for (const auto& ns : spec["linux"]["namespaces"])
-    if (ns.is_object()) out.emplace_back(ns.value("type", ""), ns.value("path", ""));
-  return out;
-}
-
-// Whether `spec` gives the container a namespace of `type` of its own (one without a path).
-bool has_own_namespace(const json& spec, const std::string& type) {
-  const auto all = spec_namespaces(spec);
-  return std::any_of(all.begin(), all.end(),
-                     [&type](const auto& ns) { return ns.first == type && ns.second.empty(); });
-}
-
-// The namespaces that `spec` joins by path (OCI type, path), in its order.
-std::vector<std::pair<std::string, std::string>> joined_namespaces(const json& spec) {
-  auto out = spec_namespaces(spec);
-  std::erase_if(out, [](const auto& ns) { return ns.second.empty(); });
-  return out;
-}
-
-// An OCI namespace type's name under /proc/PID/ns.
-std::string proc_ns_name(const std::string& type) {
-  return type == "network" ? "net" : type == "mount" ? "mnt" : type;
-}
-
-// The process or thread whose namespace a /proc/PID/ns/ or /proc/PID/task/TID/ns/ path names;
-// 0 for another path (a bind mount, /proc/self).
-pid_t ns_holder(const std::string& path) {
-  std::size_t at = 0;
-  // The number that `path` has at `at`, followed by '/'; 0 if none.
-  auto number = [&path, &at]() -> pid_t {
-    pid_t n = 0;
-    const std::size_t from = at;
-    for (; at < path.size() && std::isdigit(static_cast<unsigned char>(path[at])); ++at) {
-      if (n > 4194304) return 0;  // above any pid_max
-      n = n * 10 + (path[at] - '0');
-    }
-    return at > from && at < path.size() && path[at++] == '/' ? n : 0;
-  };
-  auto skip = [&path, &at](std::string_view word) {
-    if (path.compare(at, word.size(), word) != 0) return false;
-    at += word.size();
-    return true;
-  };
-  if (!skip("/proc/")) return 0;
-  pid_t holder = number();
-  if (holder > 0 && skip("task/")) holder = number();
-  return holder > 0 && skip("ns/") ? holder : 0;
-}
-
-// The path that `path` names through the links an operator made (a directory linked to /proc/PID,
-// a link to /proc/PID/ns/ipc), up to the namespace file itself, whose own link is the kernel's.
-std::string ns_file(const std::string& path) {
-  fs::path p = path;
-  std::error_code ec;
-  for (int hops = 0; hops < 40; ++hops) {
-    const fs::path dir = fs::canonical(p.parent_path(), ec);
-    if (ec) return path;
-    p = dir / p.filename();
-    if (ns_holder(p.string()) > 0 || !fs::is_symlink(p, ec)) return p.string();
-    const fs::path target = fs::read_symlink(p, ec);
-    if (ec) return p.string();
-    p = target.is_absolute() ? target : dir / target;
-  }
-  return p.string();
-}
-
-}  // namespace
-
-json target_check_json(const ContainerRecord& r) {
-  json j = to_json(r);
-  // Of the spec, only the namespaces the container joined by path, which must be there too.
-  j["spec"] = json::object();
-  for (const auto& [type, path] : joined_namespaces(r.spec))
-    j["spec"]["linux"]["namespaces"].push_back({{"type", type}, {"path", path}});
-  if (j.contains("containerd")) {
-    j["containerd"]["labels"] = json::object();
-    j["containerd"]["options"] = "";
-  }
-  if (j.contains("docker")) {
-    j["docker"]["config"] = {{"Image", docker::string_at(r.docker->config, {"Image"})}};
-    j["docker"]["host_config"] = json::object();
-  }
-  return j;
-}
-
-ContainerRecord container_record_from_json(const json& j) {
-  try {
-    ContainerRecord r;
-    r.runtime = runtime_from(j.at("runtime").get<std::string>());
-    r.root = j.at("root").get<std::string>();
-    r.id = j.at("id").get<std::string>();
-    if (!valid_id(r.id)) throw Error(Errc::kCorrupt, "the container record's ID is no runc ID");
-    r.bundle = j.value("bundle", "");
-    r.rootfs = j.at("rootfs").get<std::string>();
-    r.spec = j.at("spec");
-    if (!r.spec.is_object()) throw Error(Errc::kCorrupt, "the container record has no OCI spec");
-    r.stdio = j.value("stdio", std::vector<std::string>{});
-    for (const auto& m : j.value("mounts", json::array()))
-      r.mounts.push_back(
-          {m.at("destination").get<std::string>(), m.at("source").get<std::string>()});
-    if (j.contains("network")) {
-      r.own_network = j["network"].value("own", false);
-      r.loopback_up = j["network"].value("loopback_up", false);
-    }
-    const json joined = j.value("joined_namespaces", json::object());
-    for (const auto& [type, n] : joined.items())
-      r.joined[type] = {n.at("inode").get<std::uint64_t>(), n.value("boot_id", ""),
-                        n.value("holder_started", std::uint64_t{0})};
-    if (j.contains("writable_layer")) {
-      r.layer = layer_from(j["writable_layer"].get<std::string>());
-      r.layer_why = j.value("writable_layer_why", "");
-    } else if (j.value("rootfs_diff", false)) {  // recorded by gpuckpt before 2026-12-06
-      r.layer = WritableLayer::kCarried;
-    } else if (r.runtime != Runtime::kRunc) {
-      r.layer = WritableLayer::kEmpty;
-    }
-    if (j.contains("containerd")) {
-      const json& c = j["containerd"];
-      ContainerdRecord d;
-      d.ns = c.at("namespace").get<std::string>();
-      d.image = c.value("image", "");
-      d.image_digest = c.value("image_digest", "");
-      d.labels = c.value("labels", std::map<std::string, std::string>{});
-      d.runtime = c.at("runtime").get<std::string>();
-      d.options_type = c.value("options_type", "");
-      const std::string b64 = c.value("options", "");
-      const std::size_t pad = std::count(b64.begin(), b64.end(), '=');
-      if (b64.size() % 4 != 0 || pad > 2)
-        throw Error(Errc::kCorrupt, "the containerd runtime options are not base64");
-      const auto raw = trust::from_base64(b64, b64.size() / 4 * 3 - pad);
-      if (!raw) throw Error(Errc::kCorrupt, "the containerd runtime options are not base64");
-      d.options.assign(raw->begin(), raw->end());
-      d.snapshotter = c.at("snapshotter").get<std::string>();
-      d.snapshot_parent = c.value("snapshot_parent", "");
-      d.sandbox = c.value("sandbox", "");
-      r.containerd = std::move(d);
-    }
-    if (j.contains("docker"))
-      r.docker = DockerRecord{j["docker"].at("name").get<std::string>(), j["docker"].at("config"),
-                              j["docker"].at("host_config"), j["docker"].value("image_id", "")};
-    if ((r.runtime == Runtime::kContainerd && !r.containerd) ||
-        (r.runtime == Runtime::kDocker && !r.docker))
-      throw Error(Errc::kCorrupt, std::string("the container record lacks its ") +
-                                      runtime_name(r.runtime) + " part");
-    return r;
-  } catch (const json::exception& e) {
-    throw Error(Errc::kCorrupt, std::string("malformed container record: ") + e.what());
-  }
 }
 
 namespace {
@@ -465,15 +171,14 @@ Container find(const std::string& name) {
                   "; a runc started with --root DIR is found through $GPUCKPT_RUNC_ROOTS");
 }
 
-namespace {
-
-// The overlay upper directory among a snapshot's mount options.
 fs::path upper_of(const std::vector<containerd::Mount>& mounts) {
   for (const auto& m : mounts)
     for (const auto& o : m.options)
       if (o.rfind("upperdir=", 0) == 0) return o.substr(9);
   return {};
 }
+
+namespace {
 
 // containerd's record of the container: to make it again where containerd has none.
 ContainerdRecord containerd_part(const Container& c, fs::path& upper) {
@@ -576,10 +281,6 @@ void require_runc_criu_loads_plugin(const fs::path& plugin_dir, const std::strin
                   ". Nothing was restored");
 }
 
-namespace {
-
-// What a dockerd must be to restore a checkpoint: what its runc gives CRIU closes TCP as the
-// dump did, and it runs in experimental mode. Throws Error(kUsage) naming the fix.
 void require_docker_restores(docker::Client& api) {
   require_runc_conf_closes_tcp();
   if (!docker::flag_at(api.version(), {"Experimental"}))
@@ -587,6 +288,8 @@ void require_docker_restores(docker::Client& api) {
                 "dockerd restores checkpoints only in experimental mode: set "
                 "\"experimental\": true in /etc/docker/daemon.json and restart it");
 }
+
+namespace {
 
 // dockerd's record of it: to create it again, and to start it from the images.
 DockerRecord docker_part(const Container& c, fs::path& upper) {
@@ -813,95 +516,6 @@ std::uint64_t write_rootfs_diff(const DumpPlan& p, const fs::path& images_dir,
   return fs::file_size(tar);
 }
 
-namespace {
-
-// Whether an overlay with upper directory `upper` is mounted here: its container runs, or its
-// runtime has not let go of its rootfs yet.
-bool upper_mounted(const fs::path& upper) {
-  const std::string opt = "upperdir=" + upper.string();
-  for (const auto& m : mounts_of(::getpid()))
-    if (m.fstype == "overlay" && ("," + m.options + ",").find("," + opt + ",") != std::string::npos)
-      return true;
-  return false;
-}
-
-// tar (`argv`, reading its archive from stdin) fed by `write`, which is given a pipe. A tar that
-// stops reading early makes `write` see EPIPE, and tar's own exit says why.
-ExitStatus extract_streamed(const std::vector<std::string>& argv,
-                            const std::function<void(int fd)>& write) {
-  auto [out, in] = make_pipe("pipe2");
-  SpawnOptions so;
-  so.stdin_fd = out.get();
-  so.new_process_group = true;
-  Child tar = spawn(argv, so);
-  out.reset();
-  try {
-    NoSigpipe nosig;  // a tar gone: EPIPE, not gpuckpt's death
-    write(in.get());
-  } catch (...) {
-    in.reset();
-    tar.kill(SIGKILL);
-    tar.wait();
-    throw;
-  }
-  in.reset();
-  return tar.wait();
-}
-
-// The container's writable layer as the checkpoint holds it, into `upper`: the upper directory
-// of the container that the restore starts. One made for it (`fresh`) has an empty one; the one
-// dumped has whatever it holds now, which is the checkpoint's only if nothing ran in it since,
-// so it is emptied first. A layer the checkpoint does not carry leaves the one dumped as it is
-// (check_restore_target refuses to make a new one without it).
-void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fresh) {
-  const ContainerRecord& r = *q.record;
-  if (r.layer == WritableLayer::kNone || r.layer == WritableLayer::kNotCarried) return;
-  if (fresh && r.layer == WritableLayer::kEmpty) return;
-  const fs::path diff = q.images / kRootfsDiffFile;
-  std::error_code ec;
-  if (r.layer == WritableLayer::kCarried && !q.write_layer && !fs::exists(diff, ec))
-    throw Error(Errc::kCorrupt,
-                "the checkpoint's record says it carries the container's "
-                "writable layer, but its images have no " +
-                    std::string(kRootfsDiffFile));
-  std::optional<Timeline::Scope> scope;
-  if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
-  if (scope && r.layer == WritableLayer::kCarried)
-    scope->set_bytes(q.write_layer ? q.layer_bytes : fs::file_size(diff, ec));
-  if (upper.empty())
-    throw Error(
-        Errc::kInvalidInput,
-        "the checkpoint holds the container's writable layer, but the snapshot of container " +
-            q.id + " has no overlay upper directory to put it in");
-  if (!fresh) {
-    if (upper_mounted(upper))
-      throw Error(Errc::kExists, "the rootfs of container " + q.id + " is still mounted (" +
-                                     upper.string() +
-                                     "): its runtime has not let go of it. Nothing was restored");
-    for (const auto& e : fs::directory_iterator(upper)) fs::remove_all(e.path());
-  }
-  if (r.layer != WritableLayer::kCarried) return;
-  // From a streamed checkpoint, the archive comes on tar's stdin.
-  const std::string archive = q.write_layer ? "-" : diff.string();
-  const std::vector<std::string> argv{"tar",
-                                      "--extract",
-                                      "--file",
-                                      archive,
-                                      "--numeric-owner",
-                                      "--xattrs",
-                                      "--xattrs-include=*",
-                                      "--same-permissions",
-                                      "-C",
-                                      upper.string()};
-  const ExitStatus st = q.write_layer ? extract_streamed(argv, q.write_layer)
-                                      : run_capture(argv, std::chrono::minutes(30)).status;
-  if (!st.ok())
-    throw Error(Errc::kIo, "extracting the container's writable layer into " + upper.string() +
-                               " failed (" + st.describe() + ")");
-}
-
-}  // namespace
-
 void write_descriptors(const ContainerRecord& r, const fs::path& images_dir) {
   write_file_atomic(images_dir / kDescriptorsFile, json(r.stdio).dump());
 }
@@ -926,8 +540,8 @@ bool within(std::chrono::milliseconds bound, const std::function<bool()>& done) 
   }
 }
 
-// containerd's shim reaps an init that has ended, then its task shows stopped; a task can be
-// deleted only then.
+}  // namespace
+
 bool task_stopped_within(containerd::Client& api, const std::string& id,
                          std::chrono::milliseconds bound) {
   return within(bound, [&] {
@@ -935,6 +549,8 @@ bool task_stopped_within(containerd::Client& api, const std::string& id,
     return !t || t->status == containerd::TaskStatus::kStopped;
   });
 }
+
+namespace {
 
 std::string forget_run(const Container& c) {
   switch (c.root.runtime) {
@@ -1037,34 +653,6 @@ std::string remove_record(const Container& c) {
   return {};
 }
 
-namespace {
-
-fs::path restore_dir(const fs::path& root, const std::string& id) {
-  if (!valid_id(id)) throw Error(Errc::kUsage, "'" + id + "' is no container ID runc accepts");
-  // One directory per runc root: the same ID under two (two containerd namespaces, runc's and
-  // Docker's) names two containers.
-  const std::string& r = root.native();
-  char key[17];
-  std::snprintf(key, sizeof key, "%016llx",
-                static_cast<unsigned long long>(XXH3_64bits(r.data(), r.size())));
-  return fs::path(kBundlesDir) / key / id;
-}
-
-fs::path make_restore_dir(const fs::path& root, const std::string& id) {
-  const fs::path dir = restore_dir(root, id);
-  fs::create_directories(dir);
-  ::chmod(kBundlesDir, 0700);
-  return dir;
-}
-
-}  // namespace
-
-void remove_restore_bundle(const fs::path& root, const std::string& id) {
-  if (!valid_id(id)) return;
-  std::error_code ec;
-  fs::remove_all(restore_dir(root, id), ec);
-}
-
 void destroy(const Container& c) {
   if (!state_json(c.root, c.id)) return;  // runc removed it itself
   try {
@@ -1090,760 +678,4 @@ void destroy(const Container& c) {
   if (const std::string why = remove_ended(c); !why.empty()) spdlog::warn("{}", why);
 }
 
-namespace {
-
-void check_runc_target(const ContainerRecord& r, const std::string& id) {
-  (void)runc_binary();
-  const StateRoot root{Runtime::kRunc, r.root, ""};
-  const auto roots = state_roots();
-  if (std::none_of(roots.begin(), roots.end(),
-                   [&](const StateRoot& k) { return k.path == root.path; }))
-    throw Error(Errc::kInvalidInput, "the checkpoint's runc root " + r.root +
-                                         " is none that gpuckpt knows here: name it in "
-                                         "$GPUCKPT_RUNC_ROOTS. Nothing was restored");
-  if (state_json(root, id)) {
-    const auto all = running();
-    if (std::any_of(all.begin(), all.end(),
-                    [&](const Container& c) { return c.id == id && c.root.path == root.path; }))
-      throw Error(Errc::kExists, "runc (root " + r.root + ") already has a container " + id +
-                                     " running: restore under another ID (--container NEW_ID)");
-    // Stopped: a dump that ended it but was itself ended before runc forgot it. Nothing of it
-    // runs, so nothing is lost by forgetting it now.
-    spdlog::info("runc (root {}) still lists the ended container {}: deleting it", r.root, id);
-    if (const std::string why = remove_ended({root, id}); !why.empty())
-      throw Error(Errc::kExists, "runc (root " + r.root + ") has a stopped container " + id +
-                                     " that could not be deleted: " + why);
-  }
-}
-
-}  // namespace
-
-namespace {
-
-// The criu that containerd's shims run for Docker, which passes them no CRIU binary: the first
-// on the PATH that the shim gets, which containerd's "opt" directory starts
-// (docs/research/docker-containerd.md, "How the runc shim picks the CRIU binary").
-std::optional<fs::path> shim_criu() {
-  std::vector<std::string> dirs{"/var/lib/containerd/opt/bin"};
-  for (const pid_t d : process::live_pids_where(
-           [](const process::ProcInfo& i) { return i.comm == "containerd"; })) {
-    std::ifstream in("/proc/" + std::to_string(d) + "/environ");
-    for (std::string e; std::getline(in, e, '\0');)
-      if (e.rfind("PATH=", 0) == 0) {
-        std::istringstream p(e.substr(5));
-        for (std::string dir; std::getline(p, dir, ':');) dirs.push_back(dir);
-      }
-  }
-  for (const auto& d : dirs) {
-    const fs::path c = fs::path(d) / "criu";
-    if (::access(c.c_str(), X_OK) == 0) return c;
-  }
-  return std::nullopt;
-}
-
-// The name a container made for a restore of `r` as `id` gets: the dumped one's, for a restore
-// under its own ID (on a spare that has no such container).
-std::string docker_create_name(const ContainerRecord& r, const std::string& id) {
-  return id == r.id ? r.docker->name : id;
-}
-
-// A container made for the restore starts from its image: without the dumped one's writable
-// layer, the files it wrote would be gone from under its processes.
-void require_layer_carried(const ContainerRecord& r, const std::string& id) {
-  if (r.layer == WritableLayer::kNotCarried)
-    throw Error(Errc::kInvalidInput,
-                "the checkpoint does not carry the writable layer of container " + r.id + " (" +
-                    r.layer_why + "): it can be restored only into that container, on the host " +
-                    "it was dumped on, not as a new container " + id + ". Nothing was restored");
-}
-
-void check_containerd_target(const ContainerRecord& r, const std::string& id,
-                             const PodNamespaces& joins) {
-  const ContainerdRecord& d = *r.containerd;
-  containerd::Client api(containerd::address(), d.ns);
-  std::optional<containerd::ContainerInfo> have;
-  try {
-    have = api.container(id);
-  } catch (const Error& e) {
-    throw e.with_context(
-        "the checkpoint's container is containerd's, and containerd does not "
-        "answer here (CONTAINERD_ADDRESS names its socket): ",
-        ". Nothing was restored");
-  }
-  if (have) {
-    const auto t = api.task(id);
-    if (t && t->status != containerd::TaskStatus::kStopped)
-      throw Error(Errc::kExists, "containerd (namespace " + d.ns + ") already runs container " +
-                                     id + ": restore under another ID (--container NEW_ID)");
-    if (id != r.id)
-      throw Error(Errc::kExists, "containerd (namespace " + d.ns + ") already has a container " +
-                                     id + " that is not the one dumped (" + r.id +
-                                     "): remove it (ctr container rm) or choose another ID");
-    require_new_record_for_joins(r, id, joins);
-    return;  // the container dumped, its task ended: restored in place
-  }
-  // A new container record, over the image's own top layer.
-  require_layer_carried(r, id);
-  if (api.snapshot_parent(d.snapshotter, id))
-    throw Error(Errc::kExists, "containerd's snapshotter " + d.snapshotter +
-                                   " already has a snapshot " + id + ", which a new container " +
-                                   id + " would take as its rootfs: remove it (ctr snapshots rm " +
-                                   id + ") or choose another ID. Nothing was restored");
-  if (!d.snapshot_parent.empty() && !api.snapshot_parent(d.snapshotter, d.snapshot_parent))
-    throw Error(Errc::kInvalidInput,
-                "the image " + d.image + " of the checkpoint's container is not unpacked here (" +
-                    d.snapshotter + " has no snapshot " + d.snapshot_parent +
-                    "): import it and unpack it (ctr image import; ctr image unpack). Nothing "
-                    "was restored");
-}
-
-void check_docker_target(const ContainerRecord& r, const std::string& id) {
-  docker::Client api;
-  std::optional<json> have;
-  try {
-    have = api.inspect(id);
-    require_docker_restores(api);
-  } catch (const Error& e) {
-    throw e.with_context("the checkpoint's container is Docker's: ", ". Nothing was restored");
-  }
-  if (have && docker::flag_at(*have, {"State", "Running"}))
-    throw Error(Errc::kExists, "Docker already runs container " + id +
-                                   ": restore under another name (--container NAME)");
-  const std::string full = have ? docker::string_at(*have, {"Id"}) : "";
-  const DockerRecord& d = *r.docker;
-  if (!have) {
-    // What it will be created as: the dumped one's name, under its own ID.
-    const std::string name = docker_create_name(r, id);
-    if (const auto other = name == id ? std::nullopt : api.inspect(name))
-      throw Error(Errc::kExists, "Docker already has a container named " + name + " (" +
-                                     docker::string_at(*other, {"Id"}).substr(0, 12) +
-                                     "), which is not the one dumped: remove it (docker rm " +
-                                     name +
-                                     ") or restore under another name. Nothing was "
-                                     "restored");
-    require_layer_carried(r, id);
-  }
-  if (!have && !d.image_id.empty() && !api.image(d.image_id))
-    throw Error(Errc::kInvalidInput, "the image " + docker::string_at(d.config, {"Image"}) + " (" +
-                                         d.image_id +
-                                         ") of the checkpoint's container is not here: load it "
-                                         "(docker load or import). Nothing was restored");
-  if (have && full != r.id)
-    throw Error(Errc::kExists, "Docker already has a container " + id +
-                                   " that is not the one dumped: remove it (docker rm) or choose "
-                                   "another name");
-  if (!shim_criu())
-    throw Error(Errc::kCriu,
-                "containerd's shim finds no criu to run for Docker's restore: link gpuckpt's CRIU "
-                "into containerd's opt directory (ln -s " +
-                    std::string(GPUCKPT_CRIU_PREFIX) +
-                    "/bin/criu /var/lib/containerd/opt/bin/criu). Nothing was restored");
-}
-
-}  // namespace
-
-namespace {
-
-// The host paths that a restore of `r` needs to find: runc's rootfs (containerd and Docker make
-// theirs), and the sources of the runtime's bind mounts (volumes, model directories, the
-// driver's files) but Docker's own per-container files (resolv.conf, hosts, hostname).
-std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
-  std::vector<std::string> out;
-  if (r.runtime == Runtime::kRunc) out.push_back(r.rootfs);
-  for (const auto& m : r.mounts)
-    if (r.runtime != Runtime::kDocker ||
-        m.source.find("/containers/" + r.id + "/") == std::string::npos)
-      out.push_back(m.source);
-  return out;
-}
-
-}  // namespace
-
-namespace {
-
-// CLONE_NEWTIME, which older headers lack.
-constexpr int kCloneNewTime = 0x00000080;
-
-// The clone flag of an OCI namespace type; 0 for one gpuckpt does not know.
-int clone_flag(const std::string& type) {
-  static const std::pair<const char*, int> kTypes[] = {
-      {"network", CLONE_NEWNET}, {"ipc", CLONE_NEWIPC},       {"uts", CLONE_NEWUTS},
-      {"mount", CLONE_NEWNS},    {"cgroup", CLONE_NEWCGROUP}, {"user", CLONE_NEWUSER},
-      {"pid", CLONE_NEWPID},     {"time", kCloneNewTime}};
-  for (const auto& [name, flag] : kTypes)
-    if (type == name) return flag;
-  return 0;
-}
-
-// Refused (Error(kInvalidInput), naming it) unless `path` is a namespace of OCI type `type` here.
-void require_namespace(const std::string& type, const std::string& path, const std::string& how) {
-  // A FIFO or a device at the path must neither block nor become a terminal.
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC));
-  if (!fd) {
-    const int err = errno;
-    throw Error(Errc::kInvalidInput, "the " + type + " namespace " + path + " that the container " +
-                                         how + " is not here (" + std::strerror(err) +
-                                         "). Nothing was restored");
-  }
-  const int want = clone_flag(type);
-  struct statfs fs {};
-  const int got = ::fstatfs(fd.get(), &fs) == 0 && fs.f_type == NSFS_MAGIC
-                      ? ::ioctl(fd.get(), NS_GET_NSTYPE)
-                      : -1;
-  if (got < 0 || (want != 0 && got != want))
-    throw Error(Errc::kInvalidInput, path + ", the " + type + " namespace that the container " +
-                                         how + ", is no " + type +
-                                         " namespace (a bind mount of one, as /run/netns/NAME, "
-                                         "or /proc/PID/ns/" +
-                                         (type == "network" ? "net" : type) +
-                                         "). Nothing was restored");
-}
-
-// A /proc/PID/ns/ path names the namespace of whatever process has the pid now: the pod's
-// sandbox, or once the pod was recreated (or on another host), any other process. A bind mount
-// (/run/netns/NAME) is named by whoever made it, and may be made again under its name.
-void require_dumped_namespace(const ContainerRecord& r, const std::string& type,
-                              const std::string& path) {
-  const auto it = r.joined.find(type);
-  const std::string file = ns_file(path);
-  if (it == r.joined.end() || file.rfind("/proc/", 0) != 0) return;
-  const JoinedNamespace& n = it->second;
-  struct stat st {};
-  const pid_t holder = ns_holder(file);
-  // The same boot and the same process's start name one process; the inode, one namespace.
-  const bool same =
-      ::stat(path.c_str(), &st) == 0 && st.st_ino == n.inode &&
-      (n.boot_id.empty() || (n.boot_id == boot_id() && holder > 0 &&
-                             process::start_ticks(holder).value_or(0) == n.holder_started));
-  if (same) return;
-  throw Error(Errc::kInvalidInput,
-              path + " is no longer the " + type + " namespace that container " + r.id +
-                  " joined at the dump: its pod was made again (another process has that pid "
-                  "now), or this is another host. Restore it into the pod's namespaces as they "
-                  "are now, naming each (--join-ns network=PATH, ipc=PATH, uts=PATH; containerd: "
-                  "under a new ID, --container NEW_ID). Nothing was restored");
-}
-
-}  // namespace
-
-std::string joined_network(const ContainerRecord& r) {
-  for (const auto& [type, path] : joined_namespaces(r.spec))
-    if (type == "network") return path;
-  return {};
-}
-
-void check_joined_namespaces(const ContainerRecord& r, const PodNamespaces& joins) {
-  if (r.runtime == Runtime::kDocker) {
-    if (!joins.empty())
-      throw Error(Errc::kUsage,
-                  "dockerd makes a Docker container's namespaces itself: --join-ns and --netns "
-                  "are for runc and containerd containers");
-    return;
-  }
-  const auto joined = joined_namespaces(r.spec);
-  auto joined_path = [&joined](const std::string& type) {
-    const auto it = std::find_if(joined.begin(), joined.end(),
-                                 [&type](const auto& j) { return j.first == type; });
-    return it == joined.end() ? std::string() : it->second;
-  };
-  for (const auto& [ns, path] : joins) {
-    const std::string type = pod_namespace_name(ns);
-    if (joined_path(type).empty())
-      throw Error(Errc::kUsage,
-                  "container " + r.id + " had " +
-                      (has_own_namespace(r.spec, type) ? "its own " + type + " namespace"
-                                                       : "the host's " + type + " namespace") +
-                      ", and --join-ns " + type +
-                      "=PATH is for one that it joined by path (a pod's). Nothing "
-                      "was restored");
-    // The runtime's shim opens it from a directory of its own, and a migration's on the target.
-    if (!path.is_absolute())
-      throw Error(Errc::kUsage, "--join-ns " + type + "= takes an absolute path, not " +
-                                    path.string() + ". Nothing was restored");
-  }
-  // Dumped by a gpuckpt that let CRIU take the pod's ipc and uts namespaces into the images,
-  // whose restore would set them inside the pod it joins (its hostname, SysV objects).
-  for (const auto& [ns, path] : joins)
-    if (ns != PodNamespace::kNetwork && !r.joined.count(pod_namespace_name(ns)))
-      throw Error(Errc::kUsage,
-                  "the checkpoint of container " + r.id +
-                      " was made by a gpuckpt before "
-                      "2026-12-07, which dumped its pod's " +
-                      pod_namespace_name(ns) +
-                      " namespace with it: restored into another pod it would set that pod's "
-                      "state to the first pod's. Restore it where it was, and dump it again "
-                      "with this gpuckpt. Nothing was restored");
-  // Moved into another pod by its network alone, it would keep the first pod's ipc and uts.
-  if (!joins.empty())
-    for (const auto& [type, path] : joined) {
-      const auto ns = pod_namespace_from(type);
-      if (!ns)
-        throw Error(Errc::kUsage, "container " + r.id + " joined the " + type + " namespace " +
-                                      path +
-                                      " by path, which gpuckpt cannot move it out of: restore "
-                                      "it where that namespace is, without --join-ns. Nothing "
-                                      "was restored");
-      if (!joins.count(*ns))
-        throw Error(Errc::kUsage, "container " + r.id + " also joined the " + type + " namespace " +
-                                      path +
-                                      " by path (its pod's): name the new pod's too, with "
-                                      "--join-ns " +
-                                      type +
-                                      "=PATH, or restore it where that pod is. Nothing was "
-                                      "restored");
-    }
-  for (const auto& [ns, path] : joins) {
-    const std::string type = pod_namespace_name(ns);
-    require_namespace(type, path.string(), "is to join");
-    // /proc/self names whoever opens it (gpuckpt, runc, the shim): the host's, never a pod's.
-    struct stat want {
-    }, own{};
-    if (::stat(path.c_str(), &want) == 0 &&
-        ::stat(("/proc/self/ns/" + proc_ns_name(type)).c_str(), &own) == 0 &&
-        want.st_ino == own.st_ino && want.st_dev == own.st_dev)
-      throw Error(Errc::kInvalidInput,
-                  path.string() + " is the " + type +
-                      " namespace that gpuckpt itself runs in (the host's), not a pod's: name "
-                      "the new pod's sandbox's, /proc/PAUSE_PID/ns/" +
-                      proc_ns_name(type) + ". Nothing was restored");
-  }
-  if (joins.empty())
-    for (const auto& [type, path] : joined) {
-      require_namespace(type, path, "joined at the dump (its pod's; --join-ns names another)");
-      require_dumped_namespace(r, type, path);
-    }
-}
-
-void require_new_record_for_joins(const ContainerRecord& r, const std::string& id,
-                                  const PodNamespaces& joins) {
-  // containerd makes the task from its record's spec, which names the namespaces it joined.
-  if (r.runtime == Runtime::kContainerd && !joins.empty())
-    throw Error(Errc::kUsage, "containerd's container " + id +
-                                  " keeps the namespaces its record names: give the copy a new "
-                                  "ID (restore --container NEW_ID, migrate --new-id) to join "
-                                  "another pod's. Nothing was frozen or restored");
-}
-
-std::vector<std::string> join_ns_args(const PodNamespaces& joins) {
-  std::vector<std::string> out;
-  for (const auto& [ns, path] : joins) {
-    out.push_back("--join-ns");
-    out.push_back(std::string(pod_namespace_name(ns)) + "=" + path.string());
-  }
-  return out;
-}
-
-void check_restore_target(const ContainerRecord& r, const std::string& id,
-                          const PodNamespaces& joins) {
-  check_joined_namespaces(r, joins);
-  if (r.runtime == Runtime::kDocker) {
-    check_docker_target(r, id);
-  } else {
-    if (!valid_id(id))
-      throw Error(Errc::kUsage, "'" + id +
-                                    "' is no container ID runc accepts (letters, digits, _ + - "
-                                    "and .): nothing was restored");
-    if (r.runtime == Runtime::kContainerd) {
-      check_containerd_target(r, id, joins);
-    } else {
-      check_runc_target(r, id);
-    }
-  }
-  std::error_code ec;
-  for (const auto& p : host_paths_needed(r))
-    if (!fs::exists(fs::symlink_status(p, ec)))
-      throw Error(Errc::kInvalidInput, p + ", the container's root filesystem or the source of "
-                                           "one of its mounts, is not here: nothing was restored");
-}
-
-namespace {
-
-std::string criu_config_text(const RestoreRequest& q) {
-  std::string conf;
-  for (const auto& l : q.criu_config) conf += l + "\n";
-  return conf;
-}
-
-fs::path stdio_log(const RestoreRequest& q) {
-  if (!q.stdio_log.empty()) return q.stdio_log;
-  fs::create_directories(kLogsDir);
-  return fs::path(kLogsDir) / (q.id + ".log");
-}
-
-Container running_as(const std::string& root, const std::string& id) {
-  for (auto& found : running())
-    if (found.id == id && found.root.path == root) return std::move(found);
-  throw Error(Errc::kProcess, "container " + id + " was restored, but runc (root " + root +
-                                  ") does not list it running");
-}
-
-// CRIU's failure, with the lines of its log that say why.
-[[noreturn]] void restore_failed(const RestoreRequest& q, const std::string& how,
-                                 const std::string& more = {}) {
-  const fs::path kept = criu::preserve_log(q.work / criu::kRestoreLogName, "runc-criu-restore");
-  throw Error(Errc::kCriu,
-              how + ":\n" + more + criu::log_excerpt(kept) + "CRIU's log: " + kept.string());
-}
-
-// Each namespace that `spec` joins by path becomes the one `joins` names for its type (runc
-// then has CRIU join it: an external network namespace, --join-ns for ipc and uts).
-void join_namespaces(json& spec, const PodNamespaces& joins) {
-  if (joins.empty() || !spec.contains("linux") || !spec["linux"].contains("namespaces")) return;
-  for (auto& ns : spec["linux"]["namespaces"])
-    if (ns.is_object() && !ns.value("path", "").empty())
-      if (const auto t = pod_namespace_from(ns.value("type", "")))
-        if (const auto it = joins.find(*t); it != joins.end()) ns["path"] = it->second.string();
-}
-
-Container runc_restore(const RestoreRequest& q) {
-  const ContainerRecord& r = *q.record;
-  const fs::path bundle = make_restore_dir(r.root, q.id);
-  write_file_atomic(bundle / "criu.conf", criu_config_text(q));
-  json spec = r.spec;
-  join_namespaces(spec, q.joins);
-  spec["root"]["path"] = r.rootfs;  // absolute: this bundle is not where the rootfs is
-  // runc takes a relative bind source from the bundle, which was another directory.
-  if (spec.contains("mounts"))
-    for (auto& m : spec["mounts"]) {
-      const std::string src = m.value("source", "");
-      if (!src.empty() && src[0] != '/' && m.value("type", "") == "bind")
-        m["source"] = (fs::path(r.bundle) / src).lexically_normal().string();
-    }
-  // A replica beside the original gets a cgroup of its own (runc's default, named by its ID).
-  if (q.id != r.id && spec.contains("linux")) spec["linux"].erase("cgroupsPath");
-  spec["annotations"]["org.criu.config"] = (bundle / "criu.conf").string();
-  write_file_atomic(bundle / "config.json", spec.dump(1));
-
-  const fs::path runc_log = q.work / "runc.log";
-  auto argv = runc_argv(r.root);
-  argv.insert(argv.end(), {"--log", runc_log.string(), "--criu", q.criu.string(), "restore",
-                           "--detach", "--image-path", q.images.string(), "--work-path",
-                           q.work.string(), "--bundle", bundle.string(), q.id});
-  // runc hands its stdio to the container (CRIU's inherit-fd for the recorded stdio pipes).
-  // A pipe, drained into the log by a process of its own that outlives gpuckpt, as a
-  // runtime's shim does: a file there would make the container impossible to dump again.
-  const fs::path stdio = stdio_log(q);
-  auto [drain, feed] = make_pipe("pipe2");
-  {
-    SpawnOptions lo;
-    lo.stdin_fd = drain.get();
-    lo.stdout_file = stdio;
-    lo.stderr_file = stdio;
-    lo.new_session = true;
-    // Started by a shell that exits at once: the drain is nobody's child here to reap. (An
-    // asynchronous command's stdin is /dev/null before its own redirections: hence fd 3.)
-    const ExitStatus st = spawn({"/bin/sh", "-c", "exec 3<&0; cat <&3 3<&- &"}, lo).wait();
-    if (!st.ok()) throw Error(Errc::kInternal, "the container's log drain did not start");
-  }
-  drain.reset();
-  SpawnOptions so;
-  so.env = q.env;
-  so.stdout_fd = feed.get();
-  so.stderr_fd = feed.get();
-  so.new_process_group = true;
-  so.cwd = bundle;
-  if (q.on_container_id) q.on_container_id(r.root, q.id, false);
-  Child c = spawn(argv, so);
-  feed.reset();
-  const Container made{StateRoot{Runtime::kRunc, r.root, ""}, q.id};
-  auto undo = [&] {
-    destroy(made);
-    remove_restore_bundle(r.root, q.id);
-  };
-  if (q.on_runc_started) {
-    try {
-      q.on_runc_started(c.pid());
-    } catch (...) {
-      ::kill(-c.pid(), SIGKILL);
-      c.wait();
-      undo();
-      throw;
-    }
-  }
-  auto st = c.wait_for(q.timeout);
-  if (!st) {
-    ::kill(-c.pid(), SIGKILL);  // runc and the criu it runs: its own process group
-    c.wait();
-    undo();
-    throw Error(Errc::kTimeout, "runc restore did not finish within " +
-                                    std::to_string(q.timeout.count()) + " s and was killed");
-  }
-  if (!st->ok()) {
-    undo();
-    restore_failed(q, "runc restore of container " + q.id + " failed (" + st->describe() + ")",
-                   criu::log_tail(runc_log, 4));
-  }
-  try {
-    return running_as(r.root, q.id);
-  } catch (...) {
-    undo();
-    throw;
-  }
-}
-
-// For a runtime's shim, which passes CRIU neither gpuckpt's arguments nor its environment: a
-// CRIU that runs with this restore's settings (its configuration file through CRIU_CONFIG_FILE,
-// which `criu swrk` reads before runc's requests) and the plugin's environment.
-fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir) {
-  write_file_atomic(dir / "criu.conf", criu_config_text(q));
-  std::string sh =
-      "#!/bin/sh\nexport CRIU_CONFIG_FILE=" + shell_quote((dir / "criu.conf").string()) + "\n";
-  for (const auto& e : q.env)
-    if (const auto kv = split_env_entry(e))
-      sh += "export " + kv->first + "=" + shell_quote(kv->second) + "\n";
-  sh += "exec " + shell_quote(q.criu.string()) + " \"$@\"\n";
-  const fs::path wrapper = dir / "criu";
-  write_file_atomic(wrapper, sh);
-  ::chmod(wrapper.c_str(), 0700);
-  return wrapper;
-}
-
-Container containerd_restore(const RestoreRequest& q) {
-  const ContainerRecord& r = *q.record;
-  const ContainerdRecord& d = *r.containerd;
-  containerd::Client api(containerd::address(), d.ns);
-  // The container record: the one dumped, its task gone, or a new one made from the
-  // checkpoint's over a fresh snapshot of the image.
-  auto info = api.container(q.id);
-  const bool made = !info;
-  if (made) {
-    containerd::ContainerInfo n;
-    n.id = q.id;
-    n.labels = d.labels;
-    n.image = d.image;
-    n.runtime = d.runtime;
-    n.runtime_options_type = d.options_type;
-    n.runtime_options = d.options;
-    json spec = r.spec;
-    join_namespaces(spec, q.joins);
-    // Its cgroup is named after it ("/NS/ID" as ctr makes it): a replica's is its own.
-    if (spec.contains("linux") && spec["linux"].contains("cgroupsPath")) {
-      std::string cg = spec["linux"]["cgroupsPath"].get<std::string>();
-      if (cg.size() >= r.id.size() && cg.compare(cg.size() - r.id.size(), r.id.size(), r.id) == 0)
-        spec["linux"]["cgroupsPath"] = cg.substr(0, cg.size() - r.id.size()) + q.id;
-      else
-        spec["linux"].erase("cgroupsPath");
-    }
-    n.spec = spec.dump();
-    n.snapshotter = d.snapshotter;
-    n.snapshot_key = q.id;
-    n.sandbox = d.sandbox;
-    info = n;
-  }
-  std::string root = containerd::options_root(info->runtime_options);
-  if (root.empty()) root = "/run/containerd/runc";
-  root = (fs::path(root) / d.ns).string();
-  const fs::path dir = make_restore_dir(root, q.id);
-  auto undo = [&] {
-    try {
-      api.kill_task(q.id, SIGKILL);
-      (void)task_stopped_within(api, q.id, std::chrono::seconds(30));
-      api.delete_task(q.id);
-      if (made) {
-        api.delete_container(q.id);
-        api.remove_snapshot(d.snapshotter, q.id);
-      }
-    } catch (const Error& e) {
-      spdlog::warn("removing the half-restored container {}: {}", q.id, e.what());
-    }
-    remove_restore_bundle(root, q.id);
-  };
-  containerd::CreateTask t;
-  try {
-    // The guard knows of the record before it exists: gpuckpt killed from here on leaves none.
-    if (q.on_container_id) q.on_container_id(root, q.id, made);
-    if (made) {
-      // The record first, naming its snapshot: containerd's garbage collector keeps a snapshot
-      // that a container names, and may take one that nothing names yet.
-      api.create_container(*info);
-      set_writable_layer(q, upper_of(api.prepare_snapshot(d.snapshotter, q.id, d.snapshot_parent)),
-                         /*fresh=*/true);
-    } else {
-      if (api.task(q.id)) api.delete_task(q.id);  // stopped: check_restore_target saw to it
-      set_writable_layer(q, upper_of(api.snapshot_mounts(info->snapshotter, info->snapshot_key)),
-                         /*fresh=*/false);
-    }
-    t.container_id = q.id;
-    t.stdout_uri = t.stderr_uri = "file://" + stdio_log(q).string();
-    // A stdin that was a pipe (ctr's) gets one again, from the shim. Without it the shim's runc
-    // hands the task its own /dev/null, a file on a mount outside the container, and CRIU could
-    // not dump the restored container again.
-    if (!r.stdio.empty() && r.stdio[0].rfind("pipe:", 0) == 0) {
-      t.stdin_fifo = (dir / "stdin").string();
-      if (::mkfifo(t.stdin_fifo.c_str(), 0600) != 0 && errno != EEXIST)
-        throw_errno(Errc::kIo, "mkfifo ", t.stdin_fifo);
-    }
-    t.options_type = info->runtime_options_type;
-    t.options =
-        containerd::restore_options(info->runtime_options, criu_wrapper(q, dir), q.images, q.work);
-    t.timeout = q.timeout;
-    t.rootfs = api.snapshot_mounts(info->snapshotter, info->snapshot_key);
-  } catch (...) {
-    undo();
-    throw;
-  }
-  try {
-    (void)api.create_task(t);
-    fault_point(fault::kRuntimeCreated);
-    api.start_task(q.id, q.timeout);
-  } catch (const Error& e) {
-    undo();
-    restore_failed(q, "containerd's restore of container " + q.id + " failed: " + e.what());
-  }
-  // Its CRIU has run: nothing names the directory from here on (the shim keeps its own bundle).
-  remove_restore_bundle(root, q.id);
-  try {
-    return running_as(root, q.id);
-  } catch (...) {
-    undo();
-    throw;
-  }
-}
-
-// Hard links where the images are on dockerd's file system, else copies: dockerd reads the
-// directory once, into its content store, during the start.
-void place_images(const fs::path& from, const fs::path& to) {
-  fs::create_directories(to);
-  for (const auto& e : fs::directory_iterator(from)) {
-    if (!e.is_regular_file() || e.path().filename() == kRootfsDiffFile) continue;
-    std::error_code ec;
-    fs::create_hard_link(e.path(), to / e.path().filename(), ec);
-    if (ec) fs::copy_file(e.path(), to / e.path().filename(), fs::copy_options::overwrite_existing);
-  }
-}
-
-Container docker_restore(const RestoreRequest& q) {
-  const ContainerRecord& r = *q.record;
-  const DockerRecord& d = *r.docker;
-  docker::Client api;
-  // The container dumped (stopped since), or a new one made as `docker run` made it.
-  std::string id;
-  const auto have = api.inspect(q.id);
-  const bool made = !have;
-  const std::string name = "gpuckpt-" + std::to_string(::getpid());
-  const std::string token = containerd::new_restore_token();
-  fs::path dir;
-  auto undo = [&] {
-    try {
-      if (!id.empty()) api.kill(id);
-      if (made) api.remove(id.empty() ? docker_create_name(r, q.id) : id);
-    } catch (const Error& e) {
-      spdlog::warn("removing the half-restored container {}: {}", id, e.what());
-    }
-    std::error_code ec;
-    if (!dir.empty()) fs::remove_all(dir, ec);
-  };
-  try {
-    if (made) {
-      // The guard knows it by the name it will have before dockerd makes it, then by its ID.
-      const std::string create_name = docker_create_name(r, q.id);
-      if (q.on_container_id) q.on_container_id(r.root, create_name, true);
-      json config = d.config;
-      // The image it ran, not whatever its tag names here now: CRIU restores files by their
-      // paths in that rootfs.
-      if (!d.image_id.empty()) config["Image"] = d.image_id;
-      id = api.create(create_name, config, d.host_config);
-      if (q.on_container_named) q.on_container_named(id);
-    } else {
-      id = docker::string_at(*have, {"Id"});
-      if (q.on_container_id) q.on_container_id(r.root, id, false);
-    }
-    if (q.on_unpacked_token) q.on_unpacked_token(token);
-    set_writable_layer(
-        q, docker::string_at(api.inspect(id).value_or(json()), {"GraphDriver", "Data", "UpperDir"}),
-        made);
-    std::string data_root = docker::string_at(api.info(), {"DockerRootDir"});
-    if (data_root.empty()) data_root = "/var/lib/docker";
-    dir = fs::path(data_root) / "containers" / id / "checkpoints" / name;
-    if (q.on_path_made) q.on_path_made(dir);
-    std::optional<Timeline::Scope> scope;
-    if (q.timeline) scope.emplace(*q.timeline, stage::kCheckpointDir);
-    place_images(q.images, dir);
-    write_file_atomic(dir / containerd::kRestoreTokenFile, token);
-    fault_point(fault::kRuntimeCreated);  // made, its checkpoint in place, not started
-  } catch (...) {
-    undo();
-    throw;
-  }
-  // The hook runs libcurl verbose (into a callback): only where a test holds gpuckpt there.
-  std::function<void()> starting;
-  if (fault_point_armed(fault::kRuntimeStarting))
-    starting = [] { fault_point(fault::kRuntimeStarting); };
-  try {
-    api.start_from_checkpoint(id, name, q.timeout, starting);
-  } catch (const Error& e) {
-    containerd::remove_unpacked_copies(token);
-    undo();
-    throw Error(Errc::kCriu, "Docker's restore of container " + id + " failed: " + e.what() +
-                                 " (its CRIU log is in containerd's task directory of " + id + ")");
-  }
-  containerd::remove_unpacked_copies(token);
-  std::error_code ec;
-  // The plugin's report, which dockerd's CRIU wrote beside the images (criu/plugin_report.h).
-  fs::copy_file(dir / criu::kRestoreReportName, q.images / criu::kRestoreReportName,
-                fs::copy_options::overwrite_existing, ec);
-  fs::remove_all(dir, ec);
-  try {
-    return running_as(r.root, id);
-  } catch (...) {
-    undo();
-    throw;
-  }
-}
-
-}  // namespace
-
-Container restore_container(const RestoreRequest& q) {
-  switch (q.record->runtime) {
-    case Runtime::kContainerd:
-      return containerd_restore(q);
-    case Runtime::kDocker:
-      return docker_restore(q);
-    case Runtime::kRunc:
-      break;
-  }
-  return runc_restore(q);
-}
-
-std::string in_container_network(const ContainerRecord& r, pid_t init,
-                                 const std::function<std::string()>& fn) {
-  // Its own namespace, or one it joined (a pod's): not the host's, where gpuckpt runs.
-  return r.own_network || !joined_network(r).empty() ? in_network_of(init, fn) : fn();
-}
-
-void restore_loopback(const ContainerRecord& r, pid_t init) {
-  if (!r.own_network || !r.loopback_up) return;
-  in_network_of(init, [] {
-    const UniqueFd s = control_socket();
-    ifreq req{};
-    std::snprintf(req.ifr_name, sizeof req.ifr_name, "lo");
-    req.ifr_flags = static_cast<short>(loopback_flags(s.get()) | IFF_UP);
-    if (::ioctl(s.get(), SIOCSIFFLAGS, &req) != 0) throw_errno(Errc::kProcess, "SIOCSIFFLAGS lo");
-    return true;
-  });
-}
-
 }  // namespace gpuckpt::container
-
-namespace gpuckpt {
-
-const char* pod_namespace_name(PodNamespace n) {
-  switch (n) {
-    case PodNamespace::kIpc:
-      return "ipc";
-    case PodNamespace::kUts:
-      return "uts";
-    case PodNamespace::kNetwork:
-      break;
-  }
-  return "network";
-}
-
-std::optional<PodNamespace> pod_namespace_from(std::string_view name) {
-  if (name == "network" || name == "net") return PodNamespace::kNetwork;
-  if (name == "ipc") return PodNamespace::kIpc;
-  if (name == "uts") return PodNamespace::kUts;
-  return std::nullopt;
-}
-
-}  // namespace gpuckpt

@@ -6,6 +6,9 @@
 // (libcontainer/criu_linux.go), so that the images stream and the guard covers the freeze; and
 // it restores through `runc restore`, which recreates what only the runtime may (its state,
 // cgroups, the rootfs mount points) from the same images. docs/PROCESS.md, "Containers".
+//
+// The record is record.h's, the pod namespaces' checks pod.h's; checkpoint.cpp is the dump,
+// restore.cpp the restore.
 #pragma once
 
 #include <sys/types.h>
@@ -19,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "container/pod.h"
+#include "container/record.h"
 #include "container/runtime.h"
 #include "gpuckpt/process.h"
 #include "gpuckpt/timing.h"
@@ -31,88 +36,6 @@ inline constexpr const char* kDescriptorsFile = "descriptors.json";
 // gpuckpt's file in the images directory: the container's writable layer (the files it wrote
 // into its image's rootfs, overlay whiteouts included), as podman's rootfs-diff.tar carries it.
 inline constexpr const char* kRootfsDiffFile = "rootfs-diff.tar";
-
-struct ExternalMount {
-  std::string destination;  // inside the container (CRIU's key)
-  std::string source;       // on the host
-};
-
-// The container's writable layer, as its checkpoint holds it.
-enum class WritableLayer {
-  kNone,        // a runc bundle: its rootfs is a host directory, which stays where it is
-  kEmpty,       // an image's rootfs that it wrote nothing into
-  kCarried,     // in the images (kRootfsDiffFile)
-  kNotCarried,  // an image's rootfs without an overlay upper directory to read it from
-};
-// "none", "empty", "carried", "not_carried".
-const char* layer_name(WritableLayer l);
-
-// What containerd kept of the container (its record, not its task): what a restore needs to
-// make it again where containerd has no container of that ID (another host, a replica).
-struct ContainerdRecord {
-  std::string ns;
-  std::string image;
-  std::string image_digest;  // what `image` pointed at: its manifest's or index's digest
-  std::map<std::string, std::string> labels;
-  std::string runtime;                       // "io.containerd.runc.v2"
-  std::string options_type, options;         // the runc shim's options (packed protobuf)
-  std::string snapshotter, snapshot_parent;  // the image's top layer, under the rw layer
-  std::string sandbox;
-};
-
-// What dockerd kept of it: enough to create it again, as `docker run` made it.
-struct DockerRecord {
-  std::string name;  // without Docker's leading '/'
-  nlohmann::json config, host_config;
-  std::string image_id;  // the image it runs, by ID ("sha256:..."), whatever its tag names now
-};
-
-// A namespace that a container joined by path, as the dump found it.
-struct JoinedNamespace {
-  std::uint64_t inode = 0;  // nsfs inodes are reused once a namespace is gone: not enough alone
-  // For a /proc/PID/ns/ path: the boot, and when the process PID (the pod's sandbox) started.
-  std::string boot_id;
-  std::uint64_t holder_started = 0;
-  bool operator==(const JoinedNamespace&) const = default;
-};
-
-// What a container checkpoint records, beside the process record (ProcessRecord::container).
-struct ContainerRecord {
-  Runtime runtime = Runtime::kRunc;
-  std::string root;    // runc's root the container was under
-  std::string id;      // its ID then
-  std::string bundle;  // its bundle directory then
-  std::string rootfs;  // its root filesystem (absolute)
-  // The bundle's config.json (the OCI spec) as it was at the dump: the restore's container is
-  // made from it, wherever that bundle is now.
-  nlohmann::json spec;
-  std::vector<std::string> stdio;     // the init's fds 0-2, as runc recorded them
-  std::vector<ExternalMount> mounts;  // bind mounts and device nodes from the host
-  bool own_network = false;           // a network namespace of its own (no path in the spec)
-  bool loopback_up = false;           // its loopback was up at the dump
-  // OCI type -> each namespace it joined by path, as its init was in it at the dump: a
-  // /proc/PID/ns/ path in the spec names another once the pid is another process's.
-  std::map<std::string, JoinedNamespace> joined;
-  // The files it wrote into its image's rootfs: a restore starts it with them, whether into a
-  // container made for it (a replica, one on a spare) or into the one dumped, whose layer may
-  // have changed since (a container moved away and back, a rollback to an older checkpoint).
-  WritableLayer layer = WritableLayer::kNone;
-  std::string layer_why;  // kNotCarried: why not (its snapshotter or storage driver)
-  std::optional<ContainerdRecord> containerd;  // Runtime::kContainerd
-  std::optional<DockerRecord> docker;          // Runtime::kDocker
-};
-
-// "runc", "docker", "containerd".
-const char* runtime_name(Runtime r);
-
-nlohmann::json to_json(const ContainerRecord& r);
-// What check_restore_target reads of `r`, as to_json writes it: the record less what only the
-// restore itself needs (its OCI spec, labels, the runtime's options, Docker's config), which
-// container_record_from_json reads back. Small enough for a command line (one argument may hold
-// 128 KiB) whatever the container's spec.
-nlohmann::json target_check_json(const ContainerRecord& r);
-// Throws Error(kCorrupt) if `j` is not a container record.
-ContainerRecord container_record_from_json(const nlohmann::json& j);
 
 // The container `id` of a known runtime root (runtime.h) whose init runs. Throws
 // Error(kInvalidInput) naming what was found instead: no such container (with the IDs there
@@ -202,26 +125,6 @@ struct RestoreRequest {
   // container): the guard removes it should gpuckpt die before it does.
   std::function<void(const std::filesystem::path&)> on_path_made;
 };
-
-// The network namespace that `r`'s container joined by path (a Kubernetes pod's, which its
-// sandbox holds), as its OCI spec names it; "" for one of its own or the host's.
-std::string joined_network(const ContainerRecord& r);
-
-// Every namespace a restore of `r` joins by path, each refused (Error(kInvalidInput)) where it
-// is not one of its type here: `joins`, else those recorded. A recorded /proc/PID/ns/ path must
-// still name the namespace it named at the dump, held by the same process (a pod made again
-// since gave the pid to another). Error(kUsage): `joins` for Docker's (dockerd makes its
-// namespaces), or naming one the container did not join by path, or a relative path, or
-// leaving out one it joined, or one it joined of a type gpuckpt cannot move (PodNamespace).
-void check_joined_namespaces(const ContainerRecord& r, const PodNamespaces& joins);
-
-// A copy restored under its runtime's record of the container dumped (containerd's, kept) is
-// made from that record's spec, with the namespaces it names: `joins` is then Error(kUsage).
-void require_new_record_for_joins(const ContainerRecord& r, const std::string& id,
-                                  const PodNamespaces& joins);
-
-// `--join-ns TYPE=PATH`, as restore and migrate take it (and as migrate passes it to a target).
-std::vector<std::string> join_ns_args(const PodNamespaces& joins);
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
