@@ -271,43 +271,33 @@ void add_inspect(CLI::App& app, Context& ctx) {
                                                  : "none for the manifest (format 1.0)");
     std::printf("signature    %s\n", signature_text(sig, trusted).c_str());
     // A container's record, whole: what its restore needs here (rootfs, mount sources).
-    if (const auto* box = info.extra.is_object() && info.extra.contains("process")
-                              ? &info.extra["process"]
-                              : nullptr;
-        box && box->contains("container")) {
-      const auto& c = (*box)["container"];
+    std::optional<ContainerSummary> c;
+    try {
+      c = container_summary(info.extra);
+    } catch (const Error& e) {
+      // What else the manifest holds is still worth showing.
+      std::printf("container    its record is unreadable: %s\n", e.what());
+    }
+    if (c) {
       std::printf("container    %s %s (runc root %s), bundle %s, rootfs %s\n",
-                  c.value("runtime", "").c_str(), c.value("id", "").c_str(),
-                  c.value("root", "").c_str(), c.value("bundle", "").c_str(),
-                  c.value("rootfs", "").c_str());
-      if (const auto& d = c.value("containerd", nlohmann::json::object()); !d.empty())
-        std::printf("  image      %s (%s), namespace %s, snapshotter %s\n",
-                    d.value("image", "").c_str(), d.value("image_digest", "").c_str(),
-                    d.value("namespace", "").c_str(), d.value("snapshotter", "").c_str());
-      if (const auto& d = c.value("docker", nlohmann::json::object()); !d.empty())
-        std::printf("  image      %s (%s), name %s\n",
-                    d.value("config", nlohmann::json::object()).value("Image", "").c_str(),
-                    d.value("image_id", "").c_str(), d.value("name", "").c_str());
-      // Recorded by gpuckpt before 2026-12-06 as "rootfs_diff".
-      const std::string layer =
-          c.value("writable_layer", c.value("rootfs_diff", false) ? "carried" : "");
-      if (layer == "carried")
+                  container_runtime_name(c->runtime), c->id.c_str(), c->root.c_str(),
+                  c->bundle.c_str(), c->rootfs.c_str());
+      if (c->runtime == ContainerRuntime::kContainerd)
+        std::printf("  image      %s (%s), namespace %s, snapshotter %s\n", c->image.c_str(),
+                    c->image_digest.c_str(), c->ns.c_str(), c->snapshotter.c_str());
+      if (c->runtime == ContainerRuntime::kDocker)
+        std::printf("  image      %s (%s), name %s\n", c->image.c_str(), c->image_digest.c_str(),
+                    c->name.c_str());
+      if (c->layer == WritableLayer::kCarried)
         std::printf("  layer      its writable layer (rootfs-diff.tar)\n");
-      else if (layer == "not_carried")
-        std::printf("  layer      not carried (%s)\n", c.value("writable_layer_why", "").c_str());
-      // What a restore into another pod names with --join-ns (dockerd makes Docker's).
-      const auto& spec = c.value("spec", nlohmann::json::object());
-      if (c.value("runtime", "") != "docker" && spec.contains("linux") &&
-          spec["linux"].contains("namespaces"))
-        for (const auto& ns : spec["linux"]["namespaces"])
-          if (ns.is_object() && !ns.value("path", "").empty())
-            std::printf(
-                "  joins      %s namespace %s%s\n", ns.value("type", "").c_str(),
-                ns.value("path", "").c_str(),
-                pod_namespace_from(ns.value("type", "")) ? "" : " (not moved by --join-ns)");
-      for (const auto& m : c.value("mounts", nlohmann::json::array()))
-        std::printf("  mount      %s from %s\n", m.value("destination", "").c_str(),
-                    m.value("source", "").c_str());
+      else if (c->layer == WritableLayer::kNotCarried)
+        std::printf("  layer      not carried (%s)\n", c->layer_why.c_str());
+      // What a restore into another pod names with --join-ns.
+      for (const auto& j : c->joins)
+        std::printf("  joins      %s namespace %s%s\n", j.type.c_str(), j.path.c_str(),
+                    j.movable ? "" : " (not moved by --join-ns)");
+      for (const auto& [destination, source] : c->mounts)
+        std::printf("  mount      %s from %s\n", destination.c_str(), source.c_str());
     }
     if (!info.extra.is_null()) {
       std::string extra = json_text(info.extra);

@@ -12,6 +12,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
+#include "process/record.h"
 #include "test_support.h"
 #include "util/subprocess.h"
 
@@ -20,7 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using container::ContainerRecord;
-using container::WritableLayer;
+using gpuckpt::WritableLayer;
 using nlohmann::json;
 
 ContainerRecord containerd_record() {
@@ -267,6 +268,84 @@ TEST(ContainerRecord, ALayerThatDidNotTravelSaysWhy) {
   const ContainerRecord back = container::container_record_from_json(container::to_json(r));
   EXPECT_EQ(back.layer, WritableLayer::kNotCarried);
   EXPECT_EQ(back.layer_why, r.layer_why);
+}
+
+TEST(ContainerRecord, ItsSummaryShowsTheContainerAndWhichOfThePodsNamespacesMove) {
+  ContainerRecord r = containerd_record();
+  r.spec["linux"]["namespaces"] = json::array({{{"type", "pid"}},
+                                               {{"type", "network"}, {"path", "/proc/42/ns/net"}},
+                                               {{"type", "ipc"}, {"path", "/proc/42/ns/ipc"}},
+                                               {{"type", "cgroup"}, {"path", "/run/cg"}}});
+  process::ProcessRecord p;
+  p.pid = 7;
+  p.container = r;
+  const auto s = container_summary(process::to_extra(p));
+  ASSERT_TRUE(s);
+  EXPECT_EQ(s->runtime, ContainerRuntime::kContainerd);
+  EXPECT_EQ(s->id, "llm-0");
+  EXPECT_EQ(s->image, r.containerd->image);
+  EXPECT_EQ(s->image_digest, r.containerd->image_digest);
+  EXPECT_EQ(s->ns, "k8s.io");
+  EXPECT_EQ(s->layer, WritableLayer::kCarried);
+  ASSERT_EQ(s->joins.size(), 3u);
+  EXPECT_EQ(s->joins[0].type, "network");
+  EXPECT_TRUE(s->joins[0].movable);
+  EXPECT_EQ(s->joins[1].path, "/proc/42/ns/ipc");
+  EXPECT_TRUE(s->joins[1].movable);
+  EXPECT_EQ(s->joins[2].type, "cgroup");
+  EXPECT_FALSE(s->joins[2].movable) << "--join-ns cannot move a cgroup namespace";
+  ASSERT_EQ(s->mounts.size(), 2u);
+  EXPECT_EQ(s->mounts[0].first, "/models");
+  EXPECT_EQ(s->mounts[0].second, "/srv/models");
+
+  // dockerd makes a Docker container's namespaces: nothing for --join-ns to name.
+  ContainerRecord d;
+  d.runtime = container::Runtime::kDocker;
+  d.id = std::string(64, 'c');
+  d.spec = r.spec;
+  d.layer = WritableLayer::kNotCarried;
+  d.layer_why = "Docker's storage driver gives it no overlay upper directory";
+  d.docker = container::DockerRecord{
+      "web", {{"Image", "localhost/web:1"}}, json::object(), "sha256:" + std::string(64, 'd')};
+  p.container = d;
+  const auto ds = container_summary(process::to_extra(p));
+  ASSERT_TRUE(ds);
+  EXPECT_EQ(ds->name, "web");
+  EXPECT_EQ(ds->image, "localhost/web:1");
+  EXPECT_EQ(ds->image_digest, d.docker->image_id);
+  EXPECT_EQ(ds->layer_why, d.layer_why);
+  EXPECT_TRUE(ds->joins.empty());
+
+  p.container.reset();
+  EXPECT_FALSE(container_summary(process::to_extra(p))) << "a bare process tree's checkpoint";
+  EXPECT_FALSE(container_summary(json::object()));
+  json bad = process::to_extra(p);
+  bad["process"]["container"] = {{"runtime", "lxc"}};
+  EXPECT_THROW(container_summary(bad), Error);
+  // A namespace of another shape is a corrupt record, not an exception of the JSON library.
+  bad["process"]["container"] = container::to_json(r);
+  bad["process"]["container"]["spec"]["linux"]["namespaces"].push_back({{"type", 3}});
+  try {
+    (void)container_summary(bad);
+    ADD_FAILURE() << "a malformed namespace was read";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), Errc::kCorrupt) << e.what();
+  }
+
+  // Only the container's part is read: the rest of the process record may be of a gpuckpt
+  // that wrote what this one does not know.
+  json other = process::to_extra(p);
+  other["process"]["tcp"]["established"] = "some future mode";
+  EXPECT_FALSE(container_summary(other));
+  other["process"]["container"] = container::to_json(r);
+  const auto shown = container_summary(other);
+  ASSERT_TRUE(shown);
+  EXPECT_EQ(shown->id, "llm-0");
+
+  // Recorded by gpuckpt before 2026-12-06: a layer carried said as "rootfs_diff".
+  other["process"]["container"].erase("writable_layer");
+  other["process"]["container"]["rootfs_diff"] = true;
+  EXPECT_EQ(container_summary(other)->layer, WritableLayer::kCarried);
 }
 
 // dockerd's answers are input: a field of another shape (null where an object was, a number

@@ -82,6 +82,43 @@ std::optional<PodNamespace> pod_namespace_from(std::string_view name);
 // The namespaces a restored container joins instead of those it joined at the dump.
 using PodNamespaces = std::map<PodNamespace, std::filesystem::path>;
 
+// The OCI runtime setup that ran a container: its restore goes through the same.
+enum class ContainerRuntime { kRunc, kDocker, kContainerd };
+const char* container_runtime_name(ContainerRuntime r);  // "runc", "docker", "containerd"
+
+// A container's writable layer (the files it wrote into its image's rootfs), as its
+// checkpoint holds it.
+enum class WritableLayer {
+  kNone,        // a runc bundle: its rootfs is a host directory, which stays where it is
+  kEmpty,       // an image's rootfs that it wrote nothing into
+  kCarried,     // in the images (rootfs-diff.tar, as podman carries it)
+  kNotCarried,  // an image's rootfs without an overlay upper directory to read it from
+};
+const char* writable_layer_name(WritableLayer l);  // "none", "empty", "carried", "not_carried"
+
+// What a container checkpoint records of its container, as an operator reads it (`inspect`):
+// who ran it, where its rootfs and mounts come from, and which namespaces a restore into
+// another pod names.
+struct ContainerSummary {
+  ContainerRuntime runtime = ContainerRuntime::kRunc;
+  std::string id, root, bundle, rootfs;  // root: the runc root it ran under
+  std::string image, image_digest;       // containerd's by digest, Docker's by image ID
+  std::string ns, snapshotter;           // containerd's
+  std::string name;                      // Docker's
+  WritableLayer layer = WritableLayer::kNone;
+  std::string layer_why;  // kNotCarried: why not
+  struct Join {
+    std::string type, path;  // OCI's type ("network"), the path it joined
+    bool movable = false;    // a PodNamespace: --join-ns moves it into another pod's
+  };
+  std::vector<Join> joins;  // none for Docker's, whose namespaces dockerd makes
+  std::vector<std::pair<std::string, std::string>> mounts;  // destination, host source
+};
+// The container of a checkpoint's manifest (ImageInfo::extra); nullopt for one of a bare
+// process tree, or no process checkpoint. Throws Error(kCorrupt) for a malformed container
+// record (the rest of the process record is not read).
+std::optional<ContainerSummary> container_summary(const nlohmann::json& extra);
+
 struct DumpOptions {
   pid_t pid = 0;
   // A whole container, by its runtime's ID (instead of pid): its init's tree with its pid and

@@ -17,7 +17,7 @@ namespace {
 WritableLayer layer_from(const std::string& s) {
   for (const auto l : {WritableLayer::kNone, WritableLayer::kEmpty, WritableLayer::kCarried,
                        WritableLayer::kNotCarried})
-    if (s == layer_name(l)) return l;
+    if (s == writable_layer_name(l)) return l;
   throw Error(Errc::kCorrupt, "unknown writable layer '" + s + "' in the container record");
 }
 
@@ -37,37 +37,11 @@ bool valid_id(const std::string& id) {
   });
 }
 
-const char* layer_name(WritableLayer l) {
-  switch (l) {
-    case WritableLayer::kEmpty:
-      return "empty";
-    case WritableLayer::kCarried:
-      return "carried";
-    case WritableLayer::kNotCarried:
-      return "not_carried";
-    case WritableLayer::kNone:
-      break;
-  }
-  return "none";
-}
-
-const char* runtime_name(Runtime r) {
-  switch (r) {
-    case Runtime::kDocker:
-      return "docker";
-    case Runtime::kContainerd:
-      return "containerd";
-    case Runtime::kRunc:
-      break;
-  }
-  return "runc";
-}
-
 json to_json(const ContainerRecord& r) {
   json mounts = json::array();
   for (const auto& m : r.mounts)
     mounts.push_back({{"destination", m.destination}, {"source", m.source}});
-  json j = {{"runtime", runtime_name(r.runtime)},
+  json j = {{"runtime", container_runtime_name(r.runtime)},
             {"root", r.root},
             {"id", r.id},
             {"bundle", r.bundle},
@@ -76,7 +50,7 @@ json to_json(const ContainerRecord& r) {
             {"stdio", r.stdio},
             {"mounts", mounts},
             {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}},
-            {"writable_layer", layer_name(r.layer)}};
+            {"writable_layer", writable_layer_name(r.layer)}};
   if (!r.layer_why.empty()) j["writable_layer_why"] = r.layer_why;
   for (const auto& [type, n] : r.joined) {
     j["joined_namespaces"][type] = {{"inode", n.inode}};
@@ -133,6 +107,13 @@ ContainerRecord container_record_from_json(const json& j) {
     r.rootfs = j.at("rootfs").get<std::string>();
     r.spec = j.at("spec");
     if (!r.spec.is_object()) throw Error(Errc::kCorrupt, "the container record has no OCI spec");
+    // Its namespaces are read wherever the record is (the restore's checks, inspect).
+    if (r.spec.contains("linux") && r.spec["linux"].contains("namespaces"))
+      for (const auto& ns : r.spec["linux"].at("namespaces"))
+        if (!ns.is_object() || !ns.at("type").is_string() ||
+            (ns.contains("path") && !ns["path"].is_string()))
+          throw Error(Errc::kCorrupt,
+                      "the container record's spec names a namespace malformed: " + ns.dump());
     r.stdio = j.value("stdio", std::vector<std::string>{});
     for (const auto& m : j.value("mounts", json::array()))
       r.mounts.push_back(
@@ -180,7 +161,7 @@ ContainerRecord container_record_from_json(const json& j) {
     if ((r.runtime == Runtime::kContainerd && !r.containerd) ||
         (r.runtime == Runtime::kDocker && !r.docker))
       throw Error(Errc::kCorrupt, std::string("the container record lacks its ") +
-                                      runtime_name(r.runtime) + " part");
+                                      container_runtime_name(r.runtime) + " part");
     return r;
   } catch (const json::exception& e) {
     throw Error(Errc::kCorrupt, std::string("malformed container record: ") + e.what());
@@ -188,3 +169,33 @@ ContainerRecord container_record_from_json(const json& j) {
 }
 
 }  // namespace gpuckpt::container
+
+namespace gpuckpt {
+
+const char* writable_layer_name(WritableLayer l) {
+  switch (l) {
+    case WritableLayer::kEmpty:
+      return "empty";
+    case WritableLayer::kCarried:
+      return "carried";
+    case WritableLayer::kNotCarried:
+      return "not_carried";
+    case WritableLayer::kNone:
+      break;
+  }
+  return "none";
+}
+
+const char* container_runtime_name(ContainerRuntime r) {
+  switch (r) {
+    case ContainerRuntime::kDocker:
+      return "docker";
+    case ContainerRuntime::kContainerd:
+      return "containerd";
+    case ContainerRuntime::kRunc:
+      break;
+  }
+  return "runc";
+}
+
+}  // namespace gpuckpt

@@ -23,16 +23,6 @@ struct ExternalMount {
   std::string source;       // on the host
 };
 
-// The container's writable layer, as its checkpoint holds it.
-enum class WritableLayer {
-  kNone,        // a runc bundle: its rootfs is a host directory, which stays where it is
-  kEmpty,       // an image's rootfs that it wrote nothing into
-  kCarried,     // in the images (kRootfsDiffFile)
-  kNotCarried,  // an image's rootfs without an overlay upper directory to read it from
-};
-// "none", "empty", "carried", "not_carried".
-const char* layer_name(WritableLayer l);
-
 // What containerd kept of the container (its record, not its task): what a restore needs to
 // make it again where containerd has no container of that ID (another host, a replica).
 struct ContainerdRecord {
@@ -87,9 +77,6 @@ struct ContainerRecord {
   std::optional<ContainerdRecord> containerd;  // Runtime::kContainerd
   std::optional<DockerRecord> docker;          // Runtime::kDocker
 };
-
-// "runc", "docker", "containerd".
-const char* runtime_name(Runtime r);
 
 nlohmann::json to_json(const ContainerRecord& r);
 // What check_restore_target reads of `r`, as to_json writes it: the record less what only the

@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "gpuckpt/process.h"
+
 namespace gpuckpt::container {
 
-enum class Runtime { kRunc, kDocker, kContainerd };
+using Runtime = ContainerRuntime;
 
 // runc's own root (runc without --root).
 inline constexpr const char* kRuncRoot = "/run/runc";

@@ -2,7 +2,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "container/docker.h"
+#include "container/pod.h"
 #include "gpuckpt/error.h"
+#include "gpuckpt/process.h"
 
 using nlohmann::json;
 
@@ -118,3 +121,40 @@ std::optional<ProcessRecord> from_extra(const json& j) {
 }
 
 }  // namespace gpuckpt::process
+
+namespace gpuckpt {
+
+std::optional<ContainerSummary> container_summary(const nlohmann::json& extra) {
+  // The container's part alone: what else the process record holds is not shown with it.
+  if (!extra.is_object() || !extra.contains("process") || !extra["process"].is_object() ||
+      !extra["process"].contains("container"))
+    return std::nullopt;
+  const container::ContainerRecord r =
+      container::container_record_from_json(extra["process"]["container"]);
+  ContainerSummary s;
+  s.runtime = r.runtime;
+  s.id = r.id;
+  s.root = r.root;
+  s.bundle = r.bundle;
+  s.rootfs = r.rootfs;
+  if (const auto& c = r.containerd) {
+    s.image = c->image;
+    s.image_digest = c->image_digest;
+    s.ns = c->ns;
+    s.snapshotter = c->snapshotter;
+  }
+  if (const auto& d = r.docker) {
+    s.image = container::docker::string_at(d->config, {"Image"});
+    s.image_digest = d->image_id;
+    s.name = d->name;
+  }
+  s.layer = r.layer;
+  s.layer_why = r.layer_why;
+  if (r.runtime != ContainerRuntime::kDocker)
+    for (const auto& [type, path] : container::joined_namespaces(r.spec))
+      s.joins.push_back({type, path, pod_namespace_from(type).has_value()});
+  for (const auto& m : r.mounts) s.mounts.emplace_back(m.destination, m.source);
+  return s;
+}
+
+}  // namespace gpuckpt
