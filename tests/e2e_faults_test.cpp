@@ -1285,7 +1285,7 @@ TEST_F(E2eFaults, CriuOptionsThatContradictGpuckptAreRefusedBeforeAnythingIsFroz
   EXPECT_EQ(ok.exit_code, 0) << ok.err;
   EXPECT_TRUE(s.wait_for(30s).has_value());
   EXPECT_EQ(ask_unix_line(sock("cb"), "PING"), "PONG");
-  other.kill(SIGKILL);
+  ::kill(-other.pid(), SIGKILL);  // with its sleep
   other.wait();
 }
 
@@ -1516,9 +1516,23 @@ TEST_F(E2eFaults, AKilledCriuRestoreLeavesNoGhostFileBehind) {
   const auto criu = criu_of(g);
   ASSERT_EQ(criu.size(), 1u);
   ASSERT_FALSE(ghosts().empty()) << "criu made no ghost file before it asked for pages";
+  // Another restore's criu that has only just started (it has not opened its log): it has
+  // made no ghost file, and holds none of these.
+  SpawnOptions fo;
+  fo.new_session = true;
+  Child other = spawn({"/bin/bash", "-c",
+                       "exec -a /usr/sbin/criu /bin/bash -c 'sleep 1000 & wait' restore -o " +
+                           (dir_.path() / "not-yet.log").string()},
+                      fo);
+  ASSERT_TRUE(test::wait_until([&] {
+    const auto p = process::read_proc(other.pid());
+    return p && !p->cmdline.empty() && p->cmdline[0] == "/usr/sbin/criu";
+  }));
   ::kill(criu.front(), SIGKILL);
   test::resume_paused(dir_.path(), "restore_pages");
   const ExitStatus st = g.wait();
+  ::kill(-other.pid(), SIGKILL);  // with its sleep
+  other.wait();
   EXPECT_TRUE(st.exited && st.code == 9) << st.describe();
   const std::string err = read_file(dir_.path() / "cli.err");
   EXPECT_NE(err.find("removed the ghost files"), std::string::npos) << err;

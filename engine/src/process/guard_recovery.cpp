@@ -271,7 +271,7 @@ void end_half_restored(const Plan::NamedCopy& n, RecoveryLog& log) {
   if (n.log.empty()) return;
   // criu logs a ghost file's name before it creates it: a file of that name may be another
   // restore's of the same file (beside this one, in a pid namespace of its own), which its criu
-  // removes when it is done. Such a restore's log names it too; one whose log cannot be read
+  // removes when it is done. Such a restore's log names it too; one whose log is not known
   // might.
   std::vector<fs::path> ghosts;
   for (auto& g : ghost_files_in_log(n.log)) {
@@ -286,11 +286,12 @@ void end_half_restored(const Plan::NamedCopy& n, RecoveryLog& log) {
        })) {
     const auto other = read_proc(q);
     const fs::path other_log = other ? criu_log_of(*other) : fs::path();
-    std::error_code ec;
-    if (other_log.empty() || !fs::exists(other_log, ec)) {
+    if (other_log.empty()) {
       owners.push_back(q);
       continue;
     }
+    // One whose log is not there has named no ghost file yet, so made none: it has only just
+    // started (a restore beside this one), or it ends with its staging swept.
     for (const auto& g : ghost_files_in_log(other_log))
       if (std::find(ghosts.begin(), ghosts.end(), g) != ghosts.end()) owners.push_back(q);
   }
