@@ -292,6 +292,8 @@ void add_inspect(CLI::App& app, Context& ctx) {
         std::printf("  layer      its writable layer (rootfs-diff.tar)\n");
       else if (c->layer == WritableLayer::kNotCarried)
         std::printf("  layer      not carried (%s)\n", c->layer_why.c_str());
+      else if (c->layer == WritableLayer::kRootfs)
+        std::printf("  layer      its whole rootfs (rootfs.tar), for a host without it\n");
       // What a restore into another pod names with --join-ns.
       for (const auto& j : c->joins)
         std::printf("  joins      %s namespace %s%s\n", j.type.c_str(), j.path.c_str(),

@@ -110,7 +110,7 @@ constexpr const char* kThreadsHelp =
 // What dump and migrate both take for the dump they make: one group, so that the two stay alike.
 struct DumpFlags {
   StagingFlags staging;
-  bool force = false, tcp_established = false;
+  bool force = false, tcp_established = false, with_rootfs = false;
   int level = 1;
   CompressFlag compress;
   unsigned threads = 0;
@@ -123,6 +123,11 @@ struct DumpFlags {
   };
   void add(CLI::App* c, const Help& h) {
     c->add_flag("--tcp-established", tcp_established, h.tcp);
+    c->add_flag("--with-rootfs", with_rootfs,
+                "With --container, one that runc runs from a bundle: its whole rootfs directory "
+                "goes into the checkpoint (rootfs.tar), and a restore on a host without it "
+                "unpacks it there (containerd's and Docker's containers carry their writable "
+                "layer anyway)");
     c->add_flag("--force", force, h.force);
     staging.add(c, h.staging);
     c->add_option("--level", level, "zstd level")->check(CLI::Range(-7, 22));
@@ -146,6 +151,7 @@ struct DumpFlags {
     o.pack.sign_key = sign.path();
     o.lock_timeout = std::chrono::milliseconds(lock_timeout_ms);
     o.tcp_established = tcp_established;
+    o.carry_rootfs = with_rootfs;
     o.criu = criu.settings();
   }
 };

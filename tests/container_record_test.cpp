@@ -261,6 +261,22 @@ TEST(ContainerRecord, ALayerItDoesNotKnowIsACorruptRecord) {
             Errc::kCorrupt);
 }
 
+TEST(ContainerRecord, AWholeRootfsIsCarriedForARuncBundleOnly) {
+  json j = container::to_json(containerd_record());
+  j["writable_layer"] = "rootfs";
+  const Error e = test::error_from([&] { (void)container::container_record_from_json(j); });
+  EXPECT_EQ(e.code(), Errc::kCorrupt);
+  EXPECT_NE(std::string(e.what()).find("only a runc bundle's container"), std::string::npos)
+      << e.what();
+  j["runtime"] = "runc";
+  j.erase("containerd");
+  const ContainerRecord back = container::container_record_from_json(j);
+  EXPECT_EQ(back.layer, WritableLayer::kRootfs);
+  EXPECT_STREQ(container::layer_file(back.layer), "rootfs.tar");
+  EXPECT_EQ(container::container_record_from_json(container::target_check_json(back)).layer,
+            WritableLayer::kRootfs);
+}
+
 TEST(ContainerRecord, ALayerThatDidNotTravelSaysWhy) {
   ContainerRecord r = containerd_record();
   r.layer = WritableLayer::kNotCarried;

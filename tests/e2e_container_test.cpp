@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "gpuckpt/error.h"
+#include "gpuckpt/support.h"
 #include "process/pidns.h"
 #include "process/proc_info.h"
 #include "test_support.h"
@@ -349,6 +350,110 @@ TEST_F(E2eContainer, AContainerComesBackAsARuncContainerWithItsData) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(json::parse(r.out, nullptr, false).value("staging_mode", ""), "staged") << r.out;
   EXPECT_EQ(redis(pid_of(id2), {"DEBUG", "DIGEST"}), digest);
+}
+
+// A plain runc container's files are its bundle's rootfs, a host directory: a spare host
+// without the bundle cannot restore it, nor one whose copy lacks what the container wrote there.
+// `--with-rootfs` carries the directory in the checkpoint (streamed into it, or staged), and
+// the restore unpacks it where the record says, whole or not at all; one that is there is used.
+TEST_F(E2eContainer, ARuncBundlesRootfsTravelsWithItsCheckpointToAHostWithoutIt) {
+  const auto [id, init, digest] = serving("rootfs");
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(runc({"exec", id, "/usr/bin/sh", "-c", "echo inside > /etc/written"}).status.ok())
+      << read_file(dir_.path() / "runc.err");
+  const fs::path rootfs = bundle_ / "rootfs";
+  const fs::path plain = dir_.path() / "plain.ckpt", snap = dir_.path() / "snap.ckpt",
+                 with = dir_.path() / "with.ckpt";
+  ASSERT_EQ(
+      test::run_cli({"dump", "--container", id, "-o", plain.string(), "--leave-running"}).exit_code,
+      0);
+  auto d = test::run_cli({"dump", "--container", id, "-o", snap.string(), "--leave-running",
+                          "--with-rootfs", "--staging-mode", "staged"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  d = test::run_cli({"--json", "dump", "--container", id, "-o", with.string(), "--with-rootfs"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const json dj = json::parse(d.out, nullptr, false);
+  ASSERT_TRUE(dj.is_object()) << d.out;
+  EXPECT_EQ(dj.value("staging_mode", ""), "stream");
+  const auto& stages = dj["timeline"]["stages"];
+  EXPECT_TRUE(std::any_of(stages.begin(), stages.end(), [](const json& s) {
+    return s.value("name", "") == "rootfs_diff" && s.value("bytes", 0) > 0;
+  })) << d.out;
+  for (const auto& c : {snap, with}) {
+    const auto i = test::run_cli({"--json", "inspect", c.string()});
+    const json ij = json::parse(i.out, nullptr, false);
+    ASSERT_TRUE(ij.is_object()) << i.out;
+    EXPECT_EQ(ij["extra"]["process"]["container"].value("writable_layer", ""), "rootfs");
+    EXPECT_TRUE(std::any_of(ij["files"].begin(), ij["files"].end(), [](const json& f) {
+      return f.value("path", "") == "rootfs.tar";
+    })) << i.out;
+  }
+  EXPECT_NE(test::run_cli({"inspect", with.string()}).out.find("its whole rootfs (rootfs.tar)"),
+            std::string::npos);
+  EXPECT_FALSE(process::alive(init));
+
+  // The other host: no bundle there.
+  struct stat was {};
+  ASSERT_EQ(::stat(rootfs.c_str(), &was), 0);
+  fs::rename(rootfs, bundle_ / "rootfs.away");
+  auto r = test::run_cli({"--json", "restore", plain.string(), "--container"});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find(rootfs.string() + ", the container's root filesystem, is not here"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("--with-rootfs"), std::string::npos) << r.out;
+  EXPECT_FALSE(runc({"state", id}).status.ok());
+
+  // Killed with the rootfs unpacked beside its place: nothing half-made stays, there or in runc.
+  auto leftovers = [&] {
+    std::vector<std::string> found;
+    for (const auto& e : fs::directory_iterator(bundle_))
+      if (e.path().filename().string().rfind(".rootfs.", 0) == 0)
+        found.push_back(e.path().filename());
+    return found;
+  };
+  (void)test::signalled_at({"restore", with.string(), "--container"}, "rootfs_unpacked", SIGKILL,
+                           dir_.path());
+  EXPECT_TRUE(test::wait_until([&] { return leftovers().empty(); }))
+      << "the half-unpacked rootfs stayed: " << leftovers().front();
+  EXPECT_FALSE(fs::exists(rootfs));
+  EXPECT_FALSE(runc({"state", id}).status.ok());
+
+  r = test::run_cli({"--json", "restore", with.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json rj = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(rj.is_object()) << r.out;
+  const auto& rstages = rj["timeline"]["stages"];
+  EXPECT_TRUE(std::any_of(rstages.begin(), rstages.end(), [](const json& s) {
+    return s.value("name", "") == "rootfs_apply" && s.value("bytes", 0) > 0;
+  })) << r.out;
+  const pid_t back = pid_of(id);
+  ASSERT_GT(back, 0) << "runc does not list the restored container as running";
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(runc({"exec", id, "/usr/bin/cat", "/etc/written"}).output, "inside\n");
+  struct stat now {};
+  ASSERT_EQ(::stat(rootfs.c_str(), &now), 0);
+  EXPECT_NE(now.st_ino, was.st_ino);
+  EXPECT_EQ(now.st_mode, was.st_mode);
+  EXPECT_TRUE(fs::is_symlink(rootfs / "bin"));
+  EXPECT_FALSE(fs::exists(rootfs / ".gpuckpt-temp"));
+  EXPECT_TRUE(leftovers().empty());
+
+  // A replica beside it runs on the rootfs that is there, and the staged snapshot comes back
+  // from files unpacked on the disk.
+  const std::string replica = unique_id("rootfs2");
+  started_.push_back(replica);
+  r = test::run_cli({"restore", snap.string(), "--container", replica, "--staging-mode", "staged"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(pid_of(replica), {"DEBUG", "DIGEST"}), digest);
+  ASSERT_EQ(::stat(rootfs.c_str(), &was), 0);
+  EXPECT_EQ(was.st_ino, now.st_ino);
+
+  // For a bare process there is no rootfs to carry.
+  const auto bare = test::run_cli({"dump", "--pid", std::to_string(::getpid()), "-o",
+                                   (dir_.path() / "bare.ckpt").string(), "--with-rootfs"});
+  EXPECT_EQ(bare.exit_code, 2) << bare.err;
+  EXPECT_NE(bare.err.find("for --container only"), std::string::npos) << bare.err;
 }
 
 // runc's CRIU reads the images as gpuckpt's streamer checks them: a chunk found damaged late in
@@ -871,6 +976,70 @@ TEST_F(E2eContainer, AContainerMovesToAnotherHostOverSshAndComesBackFromObjectSt
   EXPECT_EQ(redis(pid_of(replica), {"DEBUG", "DIGEST"}), digest);
 }
 
+// Failover of a plain runc container to a spare that has no copy of its bundle: the spare's
+// gpuckpt runs in a mount namespace of its own where the bundle's directory is an empty tmpfs.
+// With --with-rootfs the target takes the migration (its check knows the rootfs comes with the
+// checkpoint), unpacks the rootfs there, and the copy serves from it with what the container
+// wrote into it; without, it is refused before the freeze.
+TEST_F(E2eContainer, ARuncContainerMigratesWithItsRootfsToASpareWithoutItsBundle) {
+  const auto [id, init, digest] = serving("spare");
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(runc({"exec", id, "/usr/bin/sh", "-c", "echo inside > /etc/written"}).status.ok())
+      << read_file(dir_.path() / "runc.err");
+  test::close_inherited_fds();
+  const test::NetNs host("ctrspare");
+  const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
+                          {"GPUCKPT_RUNC_ROOTS=" + root_.string()});
+  const fs::path spare = dir_.path() / "spare-gpuckpt";
+  std::ofstream(spare) << "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c "
+                          "'mount -t tmpfs spare \"$0\" && exec \"$@\"' "
+                       << shell_quote(bundle_.string()) << " "
+                       << shell_quote(test::gpuckpt_binary().string()) << " \"$@\"\n";
+  fs::permissions(spare, fs::perms::owner_all);
+  const std::string copy = unique_id("spare2");
+  started_.push_back(copy);
+  auto migrate = [&](bool with_rootfs) {
+    std::vector<std::string> args{"--json",
+                                  "migrate",
+                                  "--container",
+                                  id,
+                                  "--new-id",
+                                  copy,
+                                  "--to",
+                                  ssh.url(),
+                                  "--ssh-config",
+                                  ssh.config().string(),
+                                  "--remote-gpuckpt",
+                                  spare.string(),
+                                  "--spool",
+                                  dir_.path().string(),
+                                  "--probe",
+                                  "tcp:127.0.0.1:" + std::to_string(kRedisPort)};
+    if (with_rootfs) args.push_back("--with-rootfs");
+    return test::run_cli(args);
+  };
+  auto m = migrate(false);
+  EXPECT_EQ(m.exit_code, 3) << m.out << m.err;
+  EXPECT_NE(m.out.find("the container's root filesystem, is not here"), std::string::npos) << m.out;
+  EXPECT_NE(m.out.find("nothing was frozen"), std::string::npos) << m.out;
+  EXPECT_EQ(pid_of(id), init);
+
+  m = migrate(true);
+  ASSERT_EQ(m.exit_code, 0) << m.err << m.out;
+  const pid_t there = pid_of(copy);
+  ASSERT_GT(there, 0) << "runc on the spare does not list the copy";
+  EXPECT_EQ(redis(there, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(runc({"exec", copy, "/usr/bin/cat", "/etc/written"}).output, "inside\n");
+  // Its root is the rootfs unpacked on the spare, not the bundle here.
+  struct stat theirs {
+  }, ours{};
+  ASSERT_EQ(::stat(("/proc/" + std::to_string(there) + "/root").c_str(), &theirs), 0);
+  ASSERT_EQ(::stat((bundle_ / "rootfs").c_str(), &ours), 0);
+  EXPECT_NE(theirs.st_dev, ours.st_dev);
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_FALSE(runc({"state", id}).status.ok()) << "runc here still lists the original";
+}
+
 // A target without a mount source of the container (its model directory, say) would fail the
 // restore after the original was frozen, or ended. The target checks the rootfs and every
 // mount source before it says it receives, so the migration is refused before the freeze,
@@ -900,7 +1069,7 @@ TEST_F(E2eContainer, ATargetWithoutAMountSourceIsRefusedBeforeTheFreeze) {
                           ssh.url(), "--ssh-config", ssh.config().string(), "--remote-gpuckpt",
                           test::gpuckpt_binary().string(), "--spool", dir_.path().string()});
   EXPECT_EQ(m.exit_code, 3) << m.out << m.err;
-  EXPECT_NE(m.out.find(models.string() + ", the container's root filesystem or the source"),
+  EXPECT_NE(m.out.find(models.string() + ", the source of one of the container's mounts"),
             std::string::npos)
       << m.out;
   EXPECT_NE(m.out.find("nothing was frozen"), std::string::npos) << m.out;

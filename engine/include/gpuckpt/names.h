@@ -94,13 +94,16 @@ inline constexpr const char kUnpublished[] = "unpublished";
 inline constexpr const char kCriuRestored[] = "criu_restored";
 inline constexpr const char kCommit[] = "commit";
 inline constexpr const char kTransfer[] = "transfer";
+// A restore's carried rootfs (restore --container of a dump --with-rootfs) is unpacked beside
+// where it goes, not yet renamed there.
+inline constexpr const char kRootfsUnpacked[] = "rootfs_unpacked";
 // Every point above: where a test's name for one is checked.
 inline constexpr const char* kAll[] = {
     kParse,       kCriuDump,         kCompressWrite, kPublished,      kDurable,
     kUpload,      kUploadManifest,   kCriuRestore,   kRuntimeCreated, kRestorePages,
     kFirstAnswer, kEndOriginal,      kPackCommit,    kUnpackCommit,   kBenchStop,
     kReplaced,    kRemoveCheckpoint, kUnpublished,   kCriuRestored,   kCommit,
-    kTransfer,    kRuntimeStarting};
+    kTransfer,    kRuntimeStarting,  kRootfsUnpacked};
 }  // namespace fault
 
 }  // namespace gpuckpt

@@ -93,8 +93,12 @@ enum class WritableLayer {
   kEmpty,       // an image's rootfs that it wrote nothing into
   kCarried,     // in the images (rootfs-diff.tar, as podman carries it)
   kNotCarried,  // an image's rootfs without an overlay upper directory to read it from
+  // A runc bundle's whole rootfs, in the images (rootfs.tar, DumpOptions::carry_rootfs): a
+  // restore unpacks it where the recorded rootfs is missing (another host, a spare).
+  kRootfs,
 };
-const char* writable_layer_name(WritableLayer l);  // "none", "empty", "carried", "not_carried"
+// "none", "empty", "carried", "not_carried", "rootfs"
+const char* writable_layer_name(WritableLayer l);
 
 // What a container checkpoint records of its container, as an operator reads it (`inspect`):
 // who ran it, where its rootfs and mounts come from, and which namespaces a restore into
@@ -126,6 +130,10 @@ struct DumpOptions {
   // checkpoint is durable the container ends and its runtime forgets it (runc delete), so that
   // its ID is free for the restore. docs/PROCESS.md, "Containers".
   std::string container;
+  // With `container`, one that runc runs from a bundle (not containerd's or Docker's, whose
+  // image comes by digest and whose writable layer is always carried): its whole rootfs
+  // directory goes into the checkpoint too, so that a host without the bundle can restore it.
+  bool carry_rootfs = false;
   // A checkpoint directory, or s3://BUCKET/PREFIX (object storage, configured as the AWS tools
   // are: docs/OPERATORS.md, "Object storage"). An s3:// dump writes the checkpoint into a
   // private spool directory under `spool_root`, uploads it (parallel multipart, the manifest
@@ -301,6 +309,7 @@ struct MigrateOptions {
   StagingMode staging_mode = StagingMode::kAuto;  // for the dump and the restore (kAuto streams)
   std::chrono::milliseconds lock_timeout{10000};
   bool tcp_established = false;  // as in DumpOptions
+  bool carry_rootfs = false;     // as in DumpOptions
   bool huge_pages = true;        // as in RestoreOptions
   // How the endpoints pass from the original to the copy on this host (docs/PROCESS.md):
   MigrateHandoff handoff = MigrateHandoff::kAuto;

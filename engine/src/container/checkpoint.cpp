@@ -26,6 +26,7 @@
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
 #include "util/fs.h"
+#include "util/pipe.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 
@@ -325,7 +326,7 @@ DockerRecord docker_part(const Container& c, fs::path& upper) {
 
 }  // namespace
 
-DumpPlan plan_dump(const Container& c, bool tcp_established) {
+DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) {
   const auto state = state_json(c.root, c.id);
   if (!state || !state->contains("config"))
     throw Error(Errc::kInvalidInput, "runc's state of the " + c.describe() + " is gone");
@@ -336,6 +337,20 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
   r.root = c.root.path.string();
   r.id = c.id;
   r.rootfs = config.value("rootfs", "");
+  if (carry_rootfs) {
+    if (r.runtime != Runtime::kRunc)
+      throw Error(Errc::kUsage,
+                  "--with-rootfs carries the rootfs of a container that runc runs from a "
+                  "bundle; the " +
+                      c.describe() +
+                      " runs from an image, whose checkpoint carries its writable layer "
+                      "anyway, and a restore finds the image by its digest. Nothing was frozen");
+    std::error_code ec;
+    if (!fs::is_directory(r.rootfs, ec))
+      throw Error(Errc::kInvalidInput, "the rootfs of the " + c.describe() + " (" + r.rootfs +
+                                           ") is no directory here to carry. Nothing was frozen");
+    r.layer = WritableLayer::kRootfs;
+  }
   r.bundle = bundle_of(config);
   r.stdio = state->value("external_descriptors", std::vector<std::string>{});
   try {
@@ -479,41 +494,91 @@ DumpPlan plan_dump(const Container& c, bool tcp_established) {
   return p;
 }
 
-std::uint64_t write_rootfs_diff(const DumpPlan& p, const fs::path& images_dir,
-                                ContainerRecord& out) {
+namespace {
+
+// `tar --create` of `argv` (its archive on stdout) into `sink`.
+std::uint64_t archive_into(const std::vector<std::string>& argv, const std::string& name,
+                           const ArchiveSink& sink, ExitStatus& st) {
+  auto [archive, tar_out] = make_pipe("pipe2");
+  SpawnOptions so;
+  so.stdout_fd = tar_out.get();
+  so.new_process_group = true;
+  Child tar = spawn(argv, so);
+  tar_out.reset();
+  std::uint64_t bytes = 0;
+  try {
+    bytes = sink(name, archive.get());
+  } catch (...) {
+    tar.kill(SIGKILL);
+    tar.wait();
+    throw;
+  }
+  st = tar.wait();
+  return bytes;
+}
+
+}  // namespace
+
+const char* layer_file(WritableLayer layer) {
+  if (layer == WritableLayer::kCarried) return kRootfsDiffFile;
+  if (layer == WritableLayer::kRootfs) return kRootfsFile;
+  return nullptr;
+}
+
+std::uint64_t write_layer_archive(const DumpPlan& p, const fs::path& images_dir,
+                                  ContainerRecord& out, const ArchiveSink& sink) {
   std::error_code ec;
   out.layer_why = p.layer_why;
-  if (p.record.runtime == Runtime::kRunc) {
+  fs::path from = p.upper_dir;
+  std::string what = "the container's writable layer";
+  if (p.record.layer == WritableLayer::kRootfs) {
+    out.layer = WritableLayer::kRootfs;
+    from = p.record.rootfs;
+    what = "the container's rootfs";
+  } else if (p.record.runtime == Runtime::kRunc) {
     out.layer = WritableLayer::kNone;
     return 0;
-  }
-  if (p.upper_dir.empty()) {
+  } else if (p.upper_dir.empty()) {
     out.layer = WritableLayer::kNotCarried;
     return 0;
+  } else {
+    out.layer = WritableLayer::kEmpty;
   }
-  if (!fs::is_directory(p.upper_dir, ec))
-    throw Error(Errc::kIo, "the writable layer of container " + p.record.id + " (" +
-                               p.upper_dir.string() + ") is no directory any more");
-  out.layer = WritableLayer::kEmpty;
-  if (fs::is_empty(p.upper_dir, ec)) return 0;
-  out.layer = WritableLayer::kCarried;
-  const fs::path tar = images_dir / kRootfsDiffFile;
+  if (!fs::is_directory(from, ec))
+    throw Error(Errc::kIo, what + " of container " + p.record.id + " (" + from.string() +
+                               ") is no directory any more");
+  if (out.layer == WritableLayer::kEmpty) {
+    if (fs::is_empty(from, ec)) return 0;
+    out.layer = WritableLayer::kCarried;
+  }
+  const std::string name = layer_file(out.layer);
+  const fs::path file = images_dir / name;
   // GNU tar keeps what overlay needs of an upper directory: whiteouts are character devices
-  // 0:0, and an opaque directory is its trusted.overlay.opaque attribute.
-  const RunResult r =
-      run_capture({"tar", "--create", "--file", tar.string(), "--numeric-owner", "--xattrs",
-                   "--xattrs-include=*", "--sparse", "-C", p.upper_dir.string(), "."},
-                  std::chrono::minutes(30));
+  // 0:0, and an opaque directory is its trusted.overlay.opaque attribute. A rootfs stays on its
+  // own file system: a host mount under it is not the container's.
+  std::vector<std::string> argv{
+      "tar",      "--create",           "--file",  sink ? "-" : file.string(), "--numeric-owner",
+      "--xattrs", "--xattrs-include=*", "--sparse"};
+  if (out.layer == WritableLayer::kRootfs) argv.push_back("--one-file-system");
+  argv.insert(argv.end(), {"-C", from.string(), "."});
+  ExitStatus st;
+  std::uint64_t bytes = 0;
+  if (sink) {
+    bytes = archive_into(argv, name, sink, st);
+  } else {
+    st = run_capture(argv, std::chrono::minutes(30)).status;
+  }
   // GNU tar's 1: a file changed while it was read (a snapshot's container runs again by now);
   // what it wrote is whole, each file as it was when read.
-  if (r.status.exited && r.status.code == 1)
+  if (st.exited && st.code == 1)
     spdlog::warn(
-        "files of the container's writable layer changed while it was saved: a "
-        "snapshot keeps each as it was when read");
-  else if (!r.status.ok())
-    throw Error(Errc::kIo, "tar of the container's writable layer " + p.upper_dir.string() +
-                               " failed (" + r.status.describe() + ")");
-  return fs::file_size(tar);
+        "files of {} changed while it was saved: a snapshot keeps each as it was when "
+        "read",
+        what);
+  else if (!st.ok())
+    throw Error(Errc::kIo,
+                "tar of " + what + " " + from.string() + " failed (" + st.describe() + ")");
+  return sink ? bytes : fs::file_size(file);
 }
 
 void write_descriptors(const ContainerRecord& r, const fs::path& images_dir) {

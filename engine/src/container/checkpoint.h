@@ -36,6 +36,11 @@ inline constexpr const char* kDescriptorsFile = "descriptors.json";
 // gpuckpt's file in the images directory: the container's writable layer (the files it wrote
 // into its image's rootfs, overlay whiteouts included), as podman's rootfs-diff.tar carries it.
 inline constexpr const char* kRootfsDiffFile = "rootfs-diff.tar";
+// gpuckpt's file in the images directory: a runc bundle's whole rootfs (WritableLayer::kRootfs).
+inline constexpr const char* kRootfsFile = "rootfs.tar";
+// The file in the images directory that holds what the record's layer carries (kRootfsDiffFile
+// or kRootfsFile); nullptr for a layer that carries no files.
+const char* layer_file(WritableLayer layer);
 
 // The container `id` of a known runtime root (runtime.h) whose init runs. Throws
 // Error(kInvalidInput) naming what was found instead: no such container (with the IDs there
@@ -54,17 +59,24 @@ struct DumpPlan {
   std::string layer_why;  // an image-based rootfs without upper_dir: why (for the record)
 };
 
-// The writable layer of a planned dump into `images_dir`/kRootfsDiffFile, once its processes are
-// stopped, and what `out` records of it; its size in bytes (0: none carried). Throws Error(kIo).
-std::uint64_t write_rootfs_diff(const DumpPlan& p, const std::filesystem::path& images_dir,
-                                ContainerRecord& out);
+// Takes an archive that a dump writes as it is made, under its file name in the images (a
+// streamed dump's packer): reads `fd` to its end. Returns the bytes it took.
+using ArchiveSink = std::function<std::uint64_t(const std::string& name, int fd)>;
+
+// What a planned dump carries of the container's files, once its processes are stopped: the
+// writable layer (kRootfsDiffFile), or with carry_rootfs a runc bundle's whole rootfs
+// (kRootfsFile), as a tar into `images_dir`, or into `sink` if one is given. What `out` records
+// of it; its size in bytes (0: none carried). Throws Error(kIo), or what `sink` throws.
+std::uint64_t write_layer_archive(const DumpPlan& p, const std::filesystem::path& images_dir,
+                                  ContainerRecord& out, const ArchiveSink& sink = {});
 
 // Everything a dump of `c` needs, read from runc's state, the bundle, and containerd's or
 // dockerd's own record of it, and each refusal that can be known before anything is frozen:
 // its runtime's daemon unreachable, stdio that CRIU cannot dump (a host file outside the
-// container's mounts), established connections kept in a network namespace of its own. Throws
-// Error.
-DumpPlan plan_dump(const Container& c, bool tcp_established);
+// container's mounts), established connections kept in a network namespace of its own, a rootfs
+// to carry (`carry_rootfs`, DumpOptions) of a container that runc does not run from a bundle.
+// Throws Error.
+DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs = false);
 
 // runc's descriptors.json for `r`, into the images directory.
 void write_descriptors(const ContainerRecord& r, const std::filesystem::path& images_dir);
@@ -91,8 +103,8 @@ struct RestoreRequest {
   // (`stream` among criu_config), the directory where a criu::RestoreStreamer serves them, which
   // holds descriptors.json alone.
   std::filesystem::path images;
-  // A streamed restore's writable layer (the checkpoint's kRootfsDiffFile, `layer_bytes` long):
-  // writes it into `fd`. Unset: the layer is a file in `images`.
+  // A streamed restore's writable layer or rootfs (the checkpoint's layer_file(), `layer_bytes`
+  // long): writes it into `fd`. Unset: the layer is a file in `images`.
   std::function<void(int fd)> write_layer;
   std::uint64_t layer_bytes = 0;
   std::filesystem::path work;            // runc's work directory (CRIU's restore log goes here)
@@ -122,16 +134,17 @@ struct RestoreRequest {
   // for Docker's start: containerd::remove_unpacked_copies), before that start is asked for.
   std::function<void(const std::string& token)> on_unpacked_token;
   // A directory made for the restore outside its staging (Docker's checkpoint directory of the
-  // container): the guard removes it should gpuckpt die before it does.
+  // container, a carried rootfs being unpacked): the guard removes it should gpuckpt die before
+  // it does.
   std::function<void(const std::filesystem::path&)> on_path_made;
 };
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
-// ended before runc forgot it, is deleted), the rootfs and every external mount's source exist
-// (kInvalidInput, naming what is missing). For containerd and Docker: the daemon answers, and
-// either the container is the one dumped (restored in place) or the image it needs is here.
-// And the namespaces it joins (check_joined_namespaces, with `joins`).
+// ended before runc forgot it, is deleted), the rootfs (unless the checkpoint carries it) and
+// every external mount's source exist (kInvalidInput, naming what is missing). For containerd and
+// Docker: the daemon answers, and either the container is the one dumped (restored in place) or the
+// image it needs is here. And the namespaces it joins (check_joined_namespaces, with `joins`).
 void check_restore_target(const ContainerRecord& r, const std::string& id,
                           const PodNamespaces& joins = {});
 

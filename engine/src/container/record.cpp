@@ -16,7 +16,7 @@ namespace {
 
 WritableLayer layer_from(const std::string& s) {
   for (const auto l : {WritableLayer::kNone, WritableLayer::kEmpty, WritableLayer::kCarried,
-                       WritableLayer::kNotCarried})
+                       WritableLayer::kNotCarried, WritableLayer::kRootfs})
     if (s == writable_layer_name(l)) return l;
   throw Error(Errc::kCorrupt, "unknown writable layer '" + s + "' in the container record");
 }
@@ -129,6 +129,10 @@ ContainerRecord container_record_from_json(const json& j) {
     if (j.contains("writable_layer")) {
       r.layer = layer_from(j["writable_layer"].get<std::string>());
       r.layer_why = j.value("writable_layer_why", "");
+      if (r.layer == WritableLayer::kRootfs && r.runtime != Runtime::kRunc)
+        throw Error(Errc::kCorrupt,
+                    "the container record carries a whole rootfs, which only a runc bundle's "
+                    "container does");
     } else if (j.value("rootfs_diff", false)) {  // recorded by gpuckpt before 2026-12-06
       r.layer = WritableLayer::kCarried;
     } else if (r.runtime != Runtime::kRunc) {
@@ -180,6 +184,8 @@ const char* writable_layer_name(WritableLayer l) {
       return "carried";
     case WritableLayer::kNotCarried:
       return "not_carried";
+    case WritableLayer::kRootfs:
+      return "rootfs";
     case WritableLayer::kNone:
       break;
   }

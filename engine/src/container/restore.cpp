@@ -82,6 +82,46 @@ ExitStatus extract_streamed(const std::vector<std::string>& argv,
   return tar.wait();
 }
 
+std::string carried_what(const ContainerRecord& r) {
+  return r.layer == WritableLayer::kRootfs ? "rootfs" : "writable layer";
+}
+
+// The archive of what the checkpoint carries of the container's files (layer_file()): "-" for
+// a streamed restore's, which q.write_layer writes. Throws Error(kCorrupt) if it is missing.
+std::string layer_archive(const RestoreRequest& q) {
+  if (q.write_layer) return "-";
+  const std::string name = layer_file(q.record->layer);
+  const fs::path file = q.images / name;
+  std::error_code ec;
+  if (!fs::exists(file, ec))
+    throw Error(Errc::kCorrupt, "the checkpoint's record says it carries the container's " +
+                                    carried_what(*q.record) + ", but its images have no " + name);
+  return file.string();
+}
+
+// `archive` (layer_archive's) extracted into `dir`; its bytes into `scope`.
+void extract_layer(const RestoreRequest& q, const std::string& archive, const fs::path& dir,
+                   std::optional<Timeline::Scope>& scope) {
+  std::error_code ec;
+  if (scope) scope->set_bytes(q.write_layer ? q.layer_bytes : fs::file_size(archive, ec));
+  // From a streamed checkpoint, the archive comes on tar's stdin.
+  const std::vector<std::string> argv{"tar",
+                                      "--extract",
+                                      "--file",
+                                      archive,
+                                      "--numeric-owner",
+                                      "--xattrs",
+                                      "--xattrs-include=*",
+                                      "--same-permissions",
+                                      "-C",
+                                      dir.string()};
+  const ExitStatus st = q.write_layer ? extract_streamed(argv, q.write_layer)
+                                      : run_capture(argv, std::chrono::minutes(30)).status;
+  if (!st.ok())
+    throw Error(Errc::kIo, "extracting the container's " + carried_what(*q.record) + " into " +
+                               dir.string() + " failed (" + st.describe() + ")");
+}
+
 // The container's writable layer as the checkpoint holds it, into `upper`: the upper directory
 // of the container that the restore starts. One made for it (`fresh`) has an empty one; the one
 // dumped has whatever it holds now, which is the checkpoint's only if nothing ran in it since,
@@ -89,19 +129,12 @@ ExitStatus extract_streamed(const std::vector<std::string>& argv,
 // (check_restore_target refuses to make a new one without it).
 void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fresh) {
   const ContainerRecord& r = *q.record;
-  if (r.layer == WritableLayer::kNone || r.layer == WritableLayer::kNotCarried) return;
+  if (r.layer != WritableLayer::kEmpty && r.layer != WritableLayer::kCarried) return;
   if (fresh && r.layer == WritableLayer::kEmpty) return;
-  const fs::path diff = q.images / kRootfsDiffFile;
-  std::error_code ec;
-  if (r.layer == WritableLayer::kCarried && !q.write_layer && !fs::exists(diff, ec))
-    throw Error(Errc::kCorrupt,
-                "the checkpoint's record says it carries the container's "
-                "writable layer, but its images have no " +
-                    std::string(kRootfsDiffFile));
+  // Before the dumped one's layer is emptied.
+  const std::string archive = r.layer == WritableLayer::kCarried ? layer_archive(q) : "";
   std::optional<Timeline::Scope> scope;
   if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
-  if (scope && r.layer == WritableLayer::kCarried)
-    scope->set_bytes(q.write_layer ? q.layer_bytes : fs::file_size(diff, ec));
   if (upper.empty())
     throw Error(
         Errc::kInvalidInput,
@@ -114,24 +147,38 @@ void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fre
                                      "): its runtime has not let go of it. Nothing was restored");
     for (const auto& e : fs::directory_iterator(upper)) fs::remove_all(e.path());
   }
-  if (r.layer != WritableLayer::kCarried) return;
-  // From a streamed checkpoint, the archive comes on tar's stdin.
-  const std::string archive = q.write_layer ? "-" : diff.string();
-  const std::vector<std::string> argv{"tar",
-                                      "--extract",
-                                      "--file",
-                                      archive,
-                                      "--numeric-owner",
-                                      "--xattrs",
-                                      "--xattrs-include=*",
-                                      "--same-permissions",
-                                      "-C",
-                                      upper.string()};
-  const ExitStatus st = q.write_layer ? extract_streamed(argv, q.write_layer)
-                                      : run_capture(argv, std::chrono::minutes(30)).status;
-  if (!st.ok())
-    throw Error(Errc::kIo, "extracting the container's writable layer into " + upper.string() +
-                               " failed (" + st.describe() + ")");
+  if (!archive.empty()) extract_layer(q, archive, upper, scope);
+}
+
+// A runc bundle's rootfs that the checkpoint carries, where the recorded one is missing (a host
+// without the bundle): unpacked beside it and renamed into place, so that a restore that dies
+// half-way leaves no partial rootfs for the next one to take as whole. One that is here is the
+// container's rootfs, as it is for a checkpoint without it: the host it was dumped on, a replica
+// beside the first restore. Returns the rootfs placed ("" if none was).
+fs::path place_carried_rootfs(const RestoreRequest& q) {
+  const ContainerRecord& r = *q.record;
+  if (r.layer != WritableLayer::kRootfs) return {};
+  const fs::path dest = r.rootfs;
+  std::error_code ec;
+  if (fs::exists(fs::symlink_status(dest, ec))) {
+    spdlog::info("the container's rootfs {} is here: the checkpoint's copy is not unpacked",
+                 dest.string());
+    return {};
+  }
+  const std::string archive = layer_archive(q);
+  std::optional<Timeline::Scope> scope;
+  if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
+  fs::create_directories(dest.parent_path());
+  TempDir tmp = TempDir::beside(dest, q.on_path_made);
+  extract_layer(q, archive, tmp.path(), scope);
+  fault_point(fault::kRootfsUnpacked);
+  tmp.unmark();
+  if (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0)
+    throw_errno(Errc::kIo, "rename the unpacked rootfs to ", dest);
+  tmp.release();
+  fsync_dir(dest.parent_path());
+  spdlog::info("unpacked the container's rootfs from the checkpoint into {}", dest.string());
+  return dest;
 }
 
 fs::path restore_dir(const fs::path& root, const std::string& id) {
@@ -306,12 +353,11 @@ void check_docker_target(const ContainerRecord& r, const std::string& id) {
                     "/bin/criu /var/lib/containerd/opt/bin/criu). Nothing was restored");
 }
 
-// The host paths that a restore of `r` needs to find: runc's rootfs (containerd and Docker make
-// theirs), and the sources of the runtime's bind mounts (volumes, model directories, the
-// driver's files) but Docker's own per-container files (resolv.conf, hosts, hostname).
-std::vector<std::string> host_paths_needed(const ContainerRecord& r) {
+// The host paths beside its rootfs that a restore of `r` needs to find: the sources of the
+// runtime's bind mounts (volumes, model directories, the driver's files) but Docker's own
+// per-container files (resolv.conf, hosts, hostname).
+std::vector<std::string> mount_sources_needed(const ContainerRecord& r) {
   std::vector<std::string> out;
-  if (r.runtime == Runtime::kRunc) out.push_back(r.rootfs);
   for (const auto& m : r.mounts)
     if (r.runtime != Runtime::kDocker ||
         m.source.find("/containers/" + r.id + "/") == std::string::npos)
@@ -338,10 +384,17 @@ void check_restore_target(const ContainerRecord& r, const std::string& id,
     }
   }
   std::error_code ec;
-  for (const auto& p : host_paths_needed(r))
+  if (r.runtime == Runtime::kRunc && r.layer != WritableLayer::kRootfs &&
+      !fs::exists(fs::symlink_status(r.rootfs, ec)))
+    throw Error(Errc::kInvalidInput,
+                r.rootfs +
+                    ", the container's root filesystem, is not here: copy its bundle here, or "
+                    "dump it with --with-rootfs, whose checkpoint carries it. Nothing was "
+                    "restored");
+  for (const auto& p : mount_sources_needed(r))
     if (!fs::exists(fs::symlink_status(p, ec)))
-      throw Error(Errc::kInvalidInput, p + ", the container's root filesystem or the source of "
-                                           "one of its mounts, is not here: nothing was restored");
+      throw Error(Errc::kInvalidInput, p + ", the source of one of the container's mounts, is not "
+                                           "here: nothing was restored");
 }
 
 namespace {
@@ -373,7 +426,7 @@ Container running_as(const std::string& root, const std::string& id) {
               how + ":\n" + more + criu::log_excerpt(kept) + "CRIU's log: " + kept.string());
 }
 
-Container runc_restore(const RestoreRequest& q) {
+Container runc_restore_from(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
   const fs::path bundle = make_restore_dir(r.root, q.id);
   write_file_atomic(bundle / "criu.conf", criu_config_text(q));
@@ -455,6 +508,18 @@ Container runc_restore(const RestoreRequest& q) {
     return running_as(r.root, q.id);
   } catch (...) {
     undo();
+    throw;
+  }
+}
+
+Container runc_restore(const RestoreRequest& q) {
+  const fs::path placed = place_carried_rootfs(q);
+  try {
+    return runc_restore_from(q);
+  } catch (...) {
+    // Unpacked for this restore alone: nothing runs on it.
+    std::error_code ec;
+    if (!placed.empty()) fs::remove_all(placed, ec);
     throw;
   }
 }

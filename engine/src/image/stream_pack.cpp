@@ -264,16 +264,23 @@ void StreamPacker::add_file(const std::string& name, const fs::path& path) {
   if (!fd) throw_errno(Errc::kIo, "open ", path);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw_errno(Errc::kIo, "stat ", path);
-  const FileId id = open(name, st.st_mode & 07777);
+  add_fd(name, fd.get(), st.st_mode & 07777);
+}
+
+std::uint64_t StreamPacker::add_fd(const std::string& name, int fd, std::uint32_t mode) {
+  const FileId id = open(name, mode);
+  std::uint64_t bytes = 0;
   for (;;) {
     const auto room = space(id);
-    const ssize_t n = ::read(fd.get(), room.data(), room.size());
+    const ssize_t n = ::read(fd, room.data(), room.size());
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) throw_errno(Errc::kIo, "read ", path);
+    if (n < 0) throw_errno(Errc::kIo, "read ", name, " for the checkpoint");
     if (n == 0) break;
     commit(id, static_cast<std::size_t>(n));
+    bytes += static_cast<std::uint64_t>(n);
   }
   close(id);
+  return bytes;
 }
 
 void StreamPacker::worker_loop() {

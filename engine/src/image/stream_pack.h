@@ -76,6 +76,9 @@ class StreamPacker {
   void close(FileId f);
   // A whole local file (small: logs, CRIU's stats) added as `name`.
   void add_file(const std::string& name, const std::filesystem::path& path);
+  // What `fd` (a pipe, a file) holds up to its end, added as `name`; the bytes read. Blocks on
+  // `fd` and, as space() does, for chunk buffers.
+  std::uint64_t add_fd(const std::string& name, int fd, std::uint32_t mode = 0600);
   std::size_t open_files() const { return open_; }
   // Raw bytes received so far (any thread).
   std::uint64_t raw_bytes() const { return raw_.load(std::memory_order_relaxed); }

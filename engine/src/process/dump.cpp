@@ -414,19 +414,25 @@ void collect_dump(DumpState& d) {
   const DumpOptions& o = d.o;
   ProcessRecord& rec = d.out.record;
   DumpResult& result = d.out.result;
-  if (d.container) {
-    // Its processes are stopped (running again for a snapshot, whose layer is then as it is
-    // now): what they wrote into the image's rootfs goes with their memory.
-    auto scope = result.timeline.scope(stage::kRootfsDiff);
-    scope.set_bytes(container::write_rootfs_diff(*d.container, d.images, *rec.container));
-  }
-  // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
-  rec.tree = o.leave_running ? d.target.tree : process_tree(o.pid);
-  d.guard.protect(o.pid, rec.tree);
   if (d.streamer) {
     d.streamer->finish();  // everything CRIU sent is in the packer now
     spdlog::debug("criu streamed {} image files", d.streamer->files().size());
     d.streamer.reset();
+  }
+  if (d.container) {
+    // Its processes are stopped (running again for a snapshot, whose layer is then as it is
+    // now): what they wrote into the image's rootfs goes with their memory. Into the packer as
+    // tar writes it, when it streams: a whole rootfs is no file for the staging tmpfs.
+    container::ArchiveSink sink;
+    if (d.packer)
+      sink = [&p = *d.packer](const std::string& name, int fd) { return p.add_fd(name, fd); };
+    auto scope = result.timeline.scope(stage::kRootfsDiff);
+    scope.set_bytes(container::write_layer_archive(*d.container, d.images, *rec.container, sink));
+  }
+  // Frozen now (or running again, for a snapshot): this is the tree CRIU dumped.
+  rec.tree = o.leave_running ? d.target.tree : process_tree(o.pid);
+  d.guard.protect(o.pid, rec.tree);
+  if (d.packer) {
     // What CRIU (and the plugin) left as files: its log, stats-dump, the plugin's report.
     // They belong to the checkpoint as in a staged dump.
     for (const auto& f : fs::directory_iterator(d.images))
@@ -536,6 +542,9 @@ const char* staging_mode_name(StagingMode m) {
 }
 
 DumpResult dump(const DumpOptions& opts) {
+  if (opts.carry_rootfs && opts.container.empty())
+    throw Error(Errc::kUsage,
+                "--with-rootfs carries a container's rootfs: it is for --container only");
   process::Guard guard("dump");
   // An s3:// output: the checkpoint is written into a spool, uploaded while it is written, and
   // durable only once its manifest is in the store. The spool need not survive the host.
@@ -547,7 +556,7 @@ DumpResult dump(const DumpOptions& opts) {
   if (!opts.container.empty()) {
     if (opts.pid > 0) throw Error(Errc::kUsage, "give --pid or --container, not both");
     box = container::find(opts.container);
-    plan = container::plan_dump(*box, opts.tcp_established);
+    plan = container::plan_dump(*box, opts.tcp_established, opts.carry_rootfs);
     local.pid = box->init_pid;
   }
   image::PackCopy copy;

@@ -128,6 +128,7 @@ DumpOptions migration_dump(const MigrateOptions& o, const fs::path& output) {
   d.pack = o.pack;
   d.lock_timeout = o.lock_timeout;
   d.tcp_established = o.tcp_established;
+  d.carry_rootfs = o.carry_rootfs;
   d.criu = o.criu;
   return d;
 }
@@ -188,13 +189,17 @@ MigrateResult migrate(const MigrateOptions& opts) {
       throw Error(Errc::kUsage,
                   "--join-ns and --netns name the namespaces a container joins: they are "
                   "for --container only");
+    if (opts.carry_rootfs)
+      throw Error(Errc::kUsage,
+                  "--with-rootfs carries a container's rootfs: it is for "
+                  "--container only");
     return migrate_tree(opts, nullptr);
   }
   if (opts.pid > 0) throw Error(Errc::kUsage, "give --pid or --container, not both");
   // The container's init is the tree's root from here on.
   ContainerMove c;
   c.box = container::find(opts.container);
-  c.plan = container::plan_dump(c.box, opts.tcp_established);
+  c.plan = container::plan_dump(c.box, opts.tcp_established, opts.carry_rootfs);
   c.copy_id = opts.new_container_id.empty() ? c.box.id : opts.new_container_id;
   c.cuda = holds_gpu(c.box);
   MigrateOptions o = opts;

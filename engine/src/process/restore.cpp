@@ -549,7 +549,8 @@ void stream_into_runtime(RestoreState& r, const container::ContainerRecord& rec,
                          container::RestoreRequest& q) {
   q.criu_config.push_back("stream");
   container::write_descriptors(rec, r.images);
-  if (const image::ManifestEntry* layer = r.source->find(container::kRootfsDiffFile)) {
+  const char* file = container::layer_file(rec.layer);
+  if (const image::ManifestEntry* layer = file ? r.source->find(file) : nullptr) {
     q.layer_bytes = layer->size;
     // A tar that stops reading early (EPIPE here) says why by its exit.
     q.write_layer = [&src = *r.source, layer](int fd) { src.write_to(*layer, fd); };
