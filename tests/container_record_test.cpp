@@ -270,8 +270,19 @@ TEST(ContainerRecord, AWholeRootfsIsCarriedForARuncBundleOnly) {
       << e.what();
   j["runtime"] = "runc";
   j.erase("containerd");
+  // Without the token that tells its own unpacked copy from another.
+  EXPECT_EQ(test::error_from([&] { (void)container::container_record_from_json(j); }).code(),
+            Errc::kCorrupt);
+  j["rootfs_origin"] = {{"token", "ab12"}, {"boot_id", "b"}, {"dev", 1}, {"ino", 2}};
+  j["rootfs"] = "rootfs";  // relative: unpacked nobody knows where
+  EXPECT_EQ(test::error_from([&] { (void)container::container_record_from_json(j); }).code(),
+            Errc::kCorrupt);
+  j["rootfs"] = "/srv/bundle/rootfs";
   const ContainerRecord back = container::container_record_from_json(j);
   EXPECT_EQ(back.layer, WritableLayer::kRootfs);
+  ASSERT_TRUE(back.rootfs_origin);
+  EXPECT_EQ(back.rootfs_origin->token, "ab12");
+  EXPECT_EQ(back.rootfs_origin->ino, 2u);
   EXPECT_STREQ(container::layer_file(back.layer), "rootfs.tar");
   EXPECT_EQ(container::container_record_from_json(container::target_check_json(back)).layer,
             WritableLayer::kRootfs);

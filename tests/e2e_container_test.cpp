@@ -404,20 +404,22 @@ TEST_F(E2eContainer, ARuncBundlesRootfsTravelsWithItsCheckpointToAHostWithoutIt)
   EXPECT_NE(r.out.find("--with-rootfs"), std::string::npos) << r.out;
   EXPECT_FALSE(runc({"state", id}).status.ok());
 
-  // Killed with the rootfs unpacked beside its place: nothing half-made stays, there or in runc.
+  // Killed with the rootfs unpacked beside its place, or once in place with the container
+  // restored on it but not answering yet: nothing half-made stays, there or in runc.
   auto leftovers = [&] {
-    std::vector<std::string> found;
+    std::string found;
     for (const auto& e : fs::directory_iterator(bundle_))
-      if (e.path().filename().string().rfind(".rootfs.", 0) == 0)
-        found.push_back(e.path().filename());
+      if (e.path().filename().string().rfind(".rootfs.", 0) == 0) found += e.path().filename();
     return found;
   };
-  (void)test::signalled_at({"restore", with.string(), "--container"}, "rootfs_unpacked", SIGKILL,
-                           dir_.path());
-  EXPECT_TRUE(test::wait_until([&] { return leftovers().empty(); }))
-      << "the half-unpacked rootfs stayed: " << leftovers().front();
-  EXPECT_FALSE(fs::exists(rootfs));
-  EXPECT_FALSE(runc({"state", id}).status.ok());
+  for (const std::string point : {"rootfs_unpacked", "criu_restored"}) {
+    SCOPED_TRACE(point);
+    (void)test::signalled_at({"restore", with.string(), "--container"}, point, SIGKILL,
+                             dir_.path());
+    EXPECT_TRUE(test::wait_until([&] { return leftovers().empty() && !fs::exists(rootfs); }))
+        << "what was unpacked stayed: " << leftovers();
+    EXPECT_TRUE(test::wait_until([&] { return !runc({"state", id}).status.ok(); }));
+  }
 
   r = test::run_cli({"--json", "restore", with.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -437,17 +439,38 @@ TEST_F(E2eContainer, ARuncBundlesRootfsTravelsWithItsCheckpointToAHostWithoutIt)
   EXPECT_EQ(now.st_mode, was.st_mode);
   EXPECT_TRUE(fs::is_symlink(rootfs / "bin"));
   EXPECT_FALSE(fs::exists(rootfs / ".gpuckpt-temp"));
-  EXPECT_TRUE(leftovers().empty());
+  EXPECT_EQ(leftovers(), "");
 
-  // A replica beside it runs on the rootfs that is there, and the staged snapshot comes back
-  // from files unpacked on the disk.
+  // A replica of the same checkpoint runs on the rootfs unpacked for the first. Another
+  // checkpoint's (the snapshot's) is refused on it, its files being another time's.
   const std::string replica = unique_id("rootfs2");
   started_.push_back(replica);
-  r = test::run_cli({"restore", snap.string(), "--container", replica, "--staging-mode", "staged"});
+  r = test::run_cli({"restore", with.string(), "--container", replica});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(redis(pid_of(replica), {"DEBUG", "DIGEST"}), digest);
   ASSERT_EQ(::stat(rootfs.c_str(), &was), 0);
   EXPECT_EQ(was.st_ino, now.st_ino);
+  const std::string third = unique_id("rootfs3");
+  started_.push_back(third);
+  r = test::run_cli({"--json", "restore", snap.string(), "--container", third});
+  EXPECT_EQ(r.exit_code, 12) << r.out << r.err;  // kExists
+  EXPECT_NE(r.out.find("is neither the container's rootfs that was dumped nor one unpacked from "
+                       "this checkpoint"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(runc({"state", third}).status.ok());
+
+  // Moved away, the snapshot's own comes back from files unpacked on the disk.
+  for (const auto& c : {id, replica}) {
+    runc({"kill", c, "KILL"});
+    ASSERT_TRUE(test::wait_until([&] { return pid_of(c) == 0; }));
+    runc({"delete", "--force", c});
+  }
+  fs::rename(rootfs, bundle_ / "rootfs.first");
+  r = test::run_cli({"restore", snap.string(), "--container", third, "--staging-mode", "staged"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(pid_of(third), {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(runc({"exec", third, "/usr/bin/cat", "/etc/written"}).output, "inside\n");
 
   // For a bare process there is no rootfs to carry.
   const auto bare = test::run_cli({"dump", "--pid", std::to_string(::getpid()), "-o",

@@ -12,9 +12,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -345,11 +347,14 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
                       c.describe() +
                       " runs from an image, whose checkpoint carries its writable layer "
                       "anyway, and a restore finds the image by its digest. Nothing was frozen");
-    std::error_code ec;
-    if (!fs::is_directory(r.rootfs, ec))
+    struct stat st {};
+    if (r.rootfs.empty() || r.rootfs[0] != '/' || ::stat(r.rootfs.c_str(), &st) != 0 ||
+        !S_ISDIR(st.st_mode))
       throw Error(Errc::kInvalidInput, "the rootfs of the " + c.describe() + " (" + r.rootfs +
                                            ") is no directory here to carry. Nothing was frozen");
     r.layer = WritableLayer::kRootfs;
+    r.rootfs_origin =
+        RootfsOrigin{containerd::new_restore_token(), boot_id(), st.st_dev, st.st_ino};
   }
   r.bundle = bundle_of(config);
   r.stdio = state->value("external_descriptors", std::vector<std::string>{});
@@ -496,23 +501,43 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
 
 namespace {
 
-// `tar --create` of `argv` (its archive on stdout) into `sink`.
+// `tar --create` of `argv` (its archive on stdout) into `sink`, killed after `limit`.
 std::uint64_t archive_into(const std::vector<std::string>& argv, const std::string& name,
-                           const ArchiveSink& sink, ExitStatus& st) {
+                           const ArchiveSink& sink, std::chrono::minutes limit, ExitStatus& st) {
   auto [archive, tar_out] = make_pipe("pipe2");
   SpawnOptions so;
   so.stdout_fd = tar_out.get();
   so.new_process_group = true;
+  so.die_with_parent = true;
   Child tar = spawn(argv, so);
   tar_out.reset();
+  // The sink reads until tar's end: a tar that hangs (a rootfs on a dead NFS server) must not
+  // keep the container stopped for good.
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&, pgid = tar.pid()] {
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, limit, [&] { return done; })) ::kill(-pgid, SIGKILL);
+  });
+  auto stop_watchdog = [&] {
+    {
+      std::lock_guard lk(mu);
+      done = true;
+    }
+    cv.notify_all();
+    watchdog.join();
+  };
   std::uint64_t bytes = 0;
   try {
     bytes = sink(name, archive.get());
   } catch (...) {
+    stop_watchdog();
     tar.kill(SIGKILL);
     tar.wait();
     throw;
   }
+  stop_watchdog();
   st = tar.wait();
   return bytes;
 }
@@ -530,11 +555,11 @@ std::uint64_t write_layer_archive(const DumpPlan& p, const fs::path& images_dir,
   std::error_code ec;
   out.layer_why = p.layer_why;
   fs::path from = p.upper_dir;
-  std::string what = "the container's writable layer";
+  std::string what = "the writable layer of container " + p.record.id;
   if (p.record.layer == WritableLayer::kRootfs) {
     out.layer = WritableLayer::kRootfs;
     from = p.record.rootfs;
-    what = "the container's rootfs";
+    what = "the rootfs of container " + p.record.id;
   } else if (p.record.runtime == Runtime::kRunc) {
     out.layer = WritableLayer::kNone;
     return 0;
@@ -545,8 +570,7 @@ std::uint64_t write_layer_archive(const DumpPlan& p, const fs::path& images_dir,
     out.layer = WritableLayer::kEmpty;
   }
   if (!fs::is_directory(from, ec))
-    throw Error(Errc::kIo, what + " of container " + p.record.id + " (" + from.string() +
-                               ") is no directory any more");
+    throw Error(Errc::kIo, what + " (" + from.string() + ") is no directory any more");
   if (out.layer == WritableLayer::kEmpty) {
     if (fs::is_empty(from, ec)) return 0;
     out.layer = WritableLayer::kCarried;
@@ -563,10 +587,13 @@ std::uint64_t write_layer_archive(const DumpPlan& p, const fs::path& images_dir,
   argv.insert(argv.end(), {"-C", from.string(), "."});
   ExitStatus st;
   std::uint64_t bytes = 0;
+  constexpr auto kLimit = std::chrono::minutes(30);
   if (sink) {
-    bytes = archive_into(argv, name, sink, st);
+    bytes = archive_into(argv, name, sink, kLimit, st);
   } else {
-    st = run_capture(argv, std::chrono::minutes(30)).status;
+    SpawnOptions so;
+    so.die_with_parent = true;  // into the staging, which the guard removes once gpuckpt dies
+    st = run_capture(argv, kLimit, so).status;
   }
   // GNU tar's 1: a file changed while it was read (a snapshot's container runs again by now);
   // what it wrote is whole, each file as it was when read.

@@ -137,14 +137,19 @@ struct RestoreRequest {
   // container, a carried rootfs being unpacked): the guard removes it should gpuckpt die before
   // it does.
   std::function<void(const std::filesystem::path&)> on_path_made;
+  // A carried rootfs unpacked into place for this restore (a runc bundle's, on a host that had
+  // none): the guard removes it with the copy, unless the copy is kept.
+  std::function<void(const std::filesystem::path&)> on_rootfs_placed;
 };
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one
 // gpuckpt knows here, no running container has the ID (kExists; a stopped one, left by a dump
-// ended before runc forgot it, is deleted), the rootfs (unless the checkpoint carries it) and
-// every external mount's source exist (kInvalidInput, naming what is missing). For containerd and
-// Docker: the daemon answers, and either the container is the one dumped (restored in place) or the
-// image it needs is here. And the namespaces it joins (check_joined_namespaces, with `joins`).
+// ended before runc forgot it, is deleted), the rootfs and every external mount's source exist
+// (kInvalidInput, naming what is missing); a rootfs that the checkpoint carries may be missing,
+// but one that is there must be the one dumped or one unpacked from this checkpoint (kExists). For
+// containerd and Docker: the daemon answers, and either the container is the one dumped (restored
+// in place) or the image it needs is here. And the namespaces it joins (check_joined_namespaces,
+// with `joins`).
 void check_restore_target(const ContainerRecord& r, const std::string& id,
                           const PodNamespaces& joins = {});
 

@@ -52,6 +52,9 @@ json to_json(const ContainerRecord& r) {
             {"network", {{"own", r.own_network}, {"loopback_up", r.loopback_up}}},
             {"writable_layer", writable_layer_name(r.layer)}};
   if (!r.layer_why.empty()) j["writable_layer_why"] = r.layer_why;
+  if (const auto& o = r.rootfs_origin)
+    j["rootfs_origin"] = {
+        {"token", o->token}, {"boot_id", o->boot_id}, {"dev", o->dev}, {"ino", o->ino}};
   for (const auto& [type, n] : r.joined) {
     j["joined_namespaces"][type] = {{"inode", n.inode}};
     if (!n.boot_id.empty())
@@ -129,10 +132,20 @@ ContainerRecord container_record_from_json(const json& j) {
     if (j.contains("writable_layer")) {
       r.layer = layer_from(j["writable_layer"].get<std::string>());
       r.layer_why = j.value("writable_layer_why", "");
-      if (r.layer == WritableLayer::kRootfs && r.runtime != Runtime::kRunc)
-        throw Error(Errc::kCorrupt,
-                    "the container record carries a whole rootfs, which only a runc bundle's "
-                    "container does");
+      if (r.layer == WritableLayer::kRootfs) {
+        if (r.runtime != Runtime::kRunc)
+          throw Error(Errc::kCorrupt,
+                      "the container record carries a whole rootfs, which only a runc bundle's "
+                      "container does");
+        const json& o = j.at("rootfs_origin");
+        r.rootfs_origin =
+            RootfsOrigin{o.at("token").get<std::string>(), o.value("boot_id", ""),
+                         o.value("dev", std::uint64_t{0}), o.value("ino", std::uint64_t{0})};
+        if (r.rootfs_origin->token.empty() || r.rootfs.empty() || r.rootfs[0] != '/')
+          throw Error(Errc::kCorrupt,
+                      "the container record carries a rootfs without its token or an absolute "
+                      "path to unpack it at");
+      }
     } else if (j.value("rootfs_diff", false)) {  // recorded by gpuckpt before 2026-12-06
       r.layer = WritableLayer::kCarried;
     } else if (r.runtime != Runtime::kRunc) {

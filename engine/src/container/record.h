@@ -52,6 +52,16 @@ struct JoinedNamespace {
   bool operator==(const JoinedNamespace&) const = default;
 };
 
+// Of a runc bundle's rootfs that the checkpoint carries (WritableLayer::kRootfs): how a restore
+// tells a rootfs it may run on from one holding other files. The dumped directory is known by its
+// boot, device and inode; one a restore unpacked from this checkpoint by `token` (random, one per
+// dump), in its kRootfsTokenXattr attribute.
+struct RootfsOrigin {
+  std::string token, boot_id;
+  std::uint64_t dev = 0, ino = 0;
+};
+inline constexpr const char* kRootfsTokenXattr = "trusted.gpuckpt.rootfs";
+
 // What a container checkpoint records, beside the process record (ProcessRecord::container).
 struct ContainerRecord {
   Runtime runtime = Runtime::kRunc;
@@ -74,6 +84,7 @@ struct ContainerRecord {
   // have changed since (a container moved away and back, a rollback to an older checkpoint).
   WritableLayer layer = WritableLayer::kNone;
   std::string layer_why;  // kNotCarried: why not (its snapshotter or storage driver)
+  std::optional<RootfsOrigin> rootfs_origin;   // kRootfs
   std::optional<ContainerdRecord> containerd;  // Runtime::kContainerd
   std::optional<DockerRecord> docker;          // Runtime::kDocker
 };

@@ -9,12 +9,14 @@
 #include <spdlog/spdlog.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <unistd.h>
 
 #include <xxhash.h>
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -67,6 +69,7 @@ ExitStatus extract_streamed(const std::vector<std::string>& argv,
   SpawnOptions so;
   so.stdin_fd = out.get();
   so.new_process_group = true;
+  so.die_with_parent = true;  // its directory is the guard's to remove once gpuckpt dies
   Child tar = spawn(argv, so);
   out.reset();
   try {
@@ -115,8 +118,10 @@ void extract_layer(const RestoreRequest& q, const std::string& archive, const fs
                                       "--same-permissions",
                                       "-C",
                                       dir.string()};
+  SpawnOptions so;
+  so.die_with_parent = true;
   const ExitStatus st = q.write_layer ? extract_streamed(argv, q.write_layer)
-                                      : run_capture(argv, std::chrono::minutes(30)).status;
+                                      : run_capture(argv, std::chrono::minutes(30), so).status;
   if (!st.ok())
     throw Error(Errc::kIo, "extracting the container's " + carried_what(*q.record) + " into " +
                                dir.string() + " failed (" + st.describe() + ")");
@@ -150,32 +155,63 @@ void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fre
   if (!archive.empty()) extract_layer(q, archive, upper, scope);
 }
 
+// Whether the rootfs that `r` carries is here already, to be run on as it is: the directory that
+// was dumped (this boot's, its device and inode), or one that a restore unpacked from this
+// checkpoint (its token). False if nothing is at its path. Anything else there (a copy of the
+// bundle, one unpacked from another checkpoint) may hold other files than the checkpoint's
+// processes had: Error(kExists).
+bool carried_rootfs_here(const ContainerRecord& r) {
+  struct stat st {};
+  if (::lstat(r.rootfs.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;
+    throw_errno(Errc::kIo, "stat ", r.rootfs);
+  }
+  const RootfsOrigin& o = *r.rootfs_origin;
+  if (S_ISDIR(st.st_mode)) {
+    if (!o.boot_id.empty() && o.boot_id == boot_id() && st.st_dev == o.dev && st.st_ino == o.ino)
+      return true;
+    char v[128];
+    const ssize_t n = ::lgetxattr(r.rootfs.c_str(), kRootfsTokenXattr, v, sizeof v);
+    if (n > 0 && std::string_view(v, static_cast<std::size_t>(n)) == o.token) return true;
+  }
+  throw Error(Errc::kExists,
+              r.rootfs +
+                  " is here, but is neither the container's rootfs that was dumped nor one "
+                  "unpacked from this checkpoint, and may hold other files than its processes "
+                  "had: move it away, and the restore unpacks the checkpoint's own. Nothing was "
+                  "restored");
+}
+
 // A runc bundle's rootfs that the checkpoint carries, where the recorded one is missing (a host
-// without the bundle): unpacked beside it and renamed into place, so that a restore that dies
-// half-way leaves no partial rootfs for the next one to take as whole. One that is here is the
-// container's rootfs, as it is for a checkpoint without it: the host it was dumped on, a replica
-// beside the first restore. Returns the rootfs placed ("" if none was).
+// without the bundle): unpacked beside it, marked with the checkpoint's token and renamed into
+// place, so that a restore that dies half-way leaves no partial rootfs for the next one to take
+// as whole. One that is the checkpoint's already is run on as it is (carried_rootfs_here).
+// Returns the rootfs placed ("" if none was).
 fs::path place_carried_rootfs(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
-  if (r.layer != WritableLayer::kRootfs) return {};
+  if (r.layer != WritableLayer::kRootfs || carried_rootfs_here(r)) return {};
   const fs::path dest = r.rootfs;
-  std::error_code ec;
-  if (fs::exists(fs::symlink_status(dest, ec))) {
-    spdlog::info("the container's rootfs {} is here: the checkpoint's copy is not unpacked",
-                 dest.string());
-    return {};
-  }
   const std::string archive = layer_archive(q);
   std::optional<Timeline::Scope> scope;
   if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
   fs::create_directories(dest.parent_path());
   TempDir tmp = TempDir::beside(dest, q.on_path_made);
   extract_layer(q, archive, tmp.path(), scope);
+  const std::string& token = r.rootfs_origin->token;
+  if (::lsetxattr(tmp.path().c_str(), kRootfsTokenXattr, token.data(), token.size(), 0) != 0)
+    spdlog::warn(
+        "cannot mark {} as this checkpoint's ({}): a replica restored beside it will "
+        "refuse it",
+        dest.string(), std::strerror(errno));
   fault_point(fault::kRootfsUnpacked);
   tmp.unmark();
-  if (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0)
+  if (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
+    // Another restore of this checkpoint placed it first: run on that one (tmp goes).
+    if (errno == EEXIST && carried_rootfs_here(r)) return {};
     throw_errno(Errc::kIo, "rename the unpacked rootfs to ", dest);
+  }
   tmp.release();
+  if (q.on_rootfs_placed) q.on_rootfs_placed(dest);
   fsync_dir(dest.parent_path());
   spdlog::info("unpacked the container's rootfs from the checkpoint into {}", dest.string());
   return dest;
@@ -384,6 +420,7 @@ void check_restore_target(const ContainerRecord& r, const std::string& id,
     }
   }
   std::error_code ec;
+  if (r.layer == WritableLayer::kRootfs) (void)carried_rootfs_here(r);
   if (r.runtime == Runtime::kRunc && r.layer != WritableLayer::kRootfs &&
       !fs::exists(fs::symlink_status(r.rootfs, ec)))
     throw Error(Errc::kInvalidInput,
@@ -517,9 +554,9 @@ Container runc_restore(const RestoreRequest& q) {
   try {
     return runc_restore_from(q);
   } catch (...) {
-    // Unpacked for this restore alone: nothing runs on it.
+    // Unpacked for this restore, unless a replica restored meanwhile took it too.
     std::error_code ec;
-    if (!placed.empty()) fs::remove_all(placed, ec);
+    if (!placed.empty() && rootfs_user(placed).empty()) fs::remove_all(placed, ec);
     throw;
   }
 }

@@ -140,6 +140,17 @@ std::vector<Container> running() {
   return out;
 }
 
+std::string rootfs_user(const fs::path& rootfs) {
+  for (const auto& c : running()) {
+    const auto state = state_json(c.root, c.id);
+    if (!state || !state->contains("config")) continue;
+    std::error_code ec;
+    const std::string theirs = (*state)["config"].value("rootfs", "");
+    if (!theirs.empty() && fs::equivalent(theirs, rootfs, ec)) return c.describe();
+  }
+  return {};
+}
+
 std::optional<Container> holding(pid_t pid) {
   const auto ns = process::pid_namespace_inode(pid);
   // A container that shares this host's pid namespace (docker --pid=host) holds no process of

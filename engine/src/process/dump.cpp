@@ -248,11 +248,14 @@ void choose_staging(DumpState& d) {
   if (o.staging_mode == StagingMode::kAuto) {
     // What a snapshot loses is its frozen time, which staging shortens; a staging directory
     // without room for the tree streams instead.
-    d.stream = !o.leave_running || d.need + (64ull << 20) > free_bytes;
+    // A carried rootfs, of whatever size, is no file for the staging tmpfs.
+    const bool rootfs = d.container && d.container->record.layer == WritableLayer::kRootfs;
+    d.stream = !o.leave_running || rootfs || d.need + (64ull << 20) > free_bytes;
     if (o.leave_running)
       d.out.result.staging_note =
-          d.stream ? "a snapshot streams: the staging directory has too little room for the tree"
-                   : "a snapshot stages its images: the process runs again sooner";
+          rootfs     ? "a snapshot that carries its container's rootfs streams"
+          : d.stream ? "a snapshot streams: the staging directory has too little room for the tree"
+                     : "a snapshot stages its images: the process runs again sooner";
   }
   if (d.stream) {
     // Longer than any images path make_staging() creates (gpuckpt-dump-XXXXXX), to be safe.

@@ -32,6 +32,7 @@ constexpr GuardOpName kGuardOps[] = {
     {GuardOp::kContainerInit, "container_init"},
     {GuardOp::kContainerId, "container_id"},
     {GuardOp::kContainerToken, "container_token"},
+    {GuardOp::kCopyPath, "copy_path"},
     {GuardOp::kKeepCopy, "keep_copy"},
     {GuardOp::kHandOver, "hand_over"},
     {GuardOp::kRemove, "remove"},
@@ -170,10 +171,15 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
       }
       break;
     }
+    case GuardOp::kCopyPath: {
+      p.copy_paths.emplace_back(m.at("path").get<std::string>());
+      break;
+    }
     case GuardOp::kKeepCopy: {
       p.copies.clear();
       p.copy_pidfiles.clear();
       p.containers.clear();
+      p.copy_paths.clear();
       forget_renames(p);
       break;
     }
@@ -208,6 +214,7 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
       p.copies.clear();
       p.copy_pidfiles.clear();
       p.containers.clear();
+      p.copy_paths.clear();
       forget_renames(p);
       p.restore_from.clear();
       p.restore_hold.reset();

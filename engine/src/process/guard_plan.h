@@ -71,6 +71,9 @@ struct GuardPlan {
   std::vector<ContainerCopy> containers;
   std::vector<std::pair<std::filesystem::path, std::filesystem::path>> renames;
   std::vector<std::filesystem::path> remove;
+  // Made for the copies: removed once they are ended, unless a running container uses it; kept
+  // with them by the commit.
+  std::vector<std::filesystem::path> copy_paths;
   std::filesystem::path restore_from, restore_staging, restore_criu;
   std::string restore_container;  // restore_from holds this runc container: restored as one
   // The spool that holds restore_from: kept from other runs' sweeps once gpuckpt (whose
@@ -98,15 +101,16 @@ enum class GuardOp {
   kContainerInit,   // ... its init, restored
   kContainerId,     // ... the ID its runtime gave it (Docker's, for one made by name)
   kContainerToken,  // ... the token of the copies of the images its runtime unpacks
-  kKeepCopy,        // commit: the copies stay
-  kHandOver,        // commit: a migration's copy is the service
-  kRemove,          // a path to remove in recovery
-  kKeep,            // ... no longer
-  kRename,          // an entry moved aside, to put back
-  kRestoreFrom,     // a release migration's original, to restore from this checkpoint
-  kLocks,           // process locks (file descriptors) come with this line; not journalled
-  kAbort,           // recover now
-  kDone,            // the operation is over: exit without touching anything
+  kCopyPath,     // a path made for the copies (a rootfs unpacked for a container): goes with them
+  kKeepCopy,     // commit: the copies stay
+  kHandOver,     // commit: a migration's copy is the service
+  kRemove,       // a path to remove in recovery
+  kKeep,         // ... no longer
+  kRename,       // an entry moved aside, to put back
+  kRestoreFrom,  // a release migration's original, to restore from this checkpoint
+  kLocks,        // process locks (file descriptors) come with this line; not journalled
+  kAbort,        // recover now
+  kDone,         // the operation is over: exit without touching anything
 };
 
 std::string_view op_name(GuardOp op);

@@ -432,6 +432,24 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
   }
 }
 
+// Step 2c: what was made for the copies (a rootfs unpacked for a container), now that they are
+// ended; one that a running container uses (a copy left running, a replica that took it) stays.
+void remove_copy_paths(const Plan& p, RecoveryLog& log) {
+  for (const auto& path : p.copy_paths) {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(path, ec))) continue;
+    if (const std::string user = container::rootfs_user(path); !user.empty()) {
+      say(log, path.string() + ", made for the copy, was left: container " + user + " runs on it");
+      continue;
+    }
+    fs::remove_all(path, ec);
+    if (ec)
+      fail(log, Errc::kIo, "cannot remove " + path.string() + ": " + ec.message());
+    else
+      say(log, "removed " + path.string() + ", made for the copy");
+  }
+}
+
 // Step 2a: the copies to end or leave, each once, by what is known best. gpuckpt named some; a
 // criu that finished names the copy it restored in its pidfile (started after gpuckpt's tick,
 // taken before criu started); one that wrote none left, at the checkpoint's pids, a
@@ -620,6 +638,7 @@ Recovery recover(const Plan& p) {
   }
   end_copies(copies, log, is);
   end_restored_containers(p, log, is);
+  remove_copy_paths(p, log);
   // 3. paths a rollback must put back.
   put_back_paths(p, log);
   // 4. the targets, each only while it is the process that was protected: restored from the

@@ -199,7 +199,11 @@ MigrateResult migrate(const MigrateOptions& opts) {
   // The container's init is the tree's root from here on.
   ContainerMove c;
   c.box = container::find(opts.container);
-  c.plan = container::plan_dump(c.box, opts.tcp_established, opts.carry_rootfs);
+  // On this host the copy runs on the rootfs that is here: nothing to carry.
+  const bool carry = opts.carry_rootfs && remote::is_ssh_url(opts.to_dir.string());
+  if (opts.carry_rootfs && !carry)
+    spdlog::info("--with-rootfs: the copy runs on this host, on the rootfs here; not carried");
+  c.plan = container::plan_dump(c.box, opts.tcp_established, carry);
   c.copy_id = opts.new_container_id.empty() ? c.box.id : opts.new_container_id;
   c.cuda = holds_gpu(c.box);
   MigrateOptions o = opts;

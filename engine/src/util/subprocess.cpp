@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -170,6 +171,7 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
     throw_syserr(Errc::kInternal, err, "pipe");
   }
 
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     const int err = errno;
@@ -196,6 +198,9 @@ Child spawn(const std::vector<std::string>& argv, const SpawnOptions& opts) {
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE}) ::signal(sig, SIG_DFL);
     if (opts.new_session) ::setsid();
     if (opts.new_process_group && !opts.new_session) ::setpgid(0, 0);
+    // Checked after the prctl: a parent that died before it would never signal.
+    if (opts.die_with_parent && (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent))
+      ::_exit(127);
     for (const int fd : opts.namespace_fds)
       if (::setns(fd, 0) != 0) {
         // The parent names the namespace, not the program: errno alone would blame the latter.

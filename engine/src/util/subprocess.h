@@ -33,6 +33,9 @@ struct SpawnOptions {
   // setpgid(0, 0): out of our process group, so that a Ctrl-C to gpuckpt's group reaches
   // gpuckpt alone (criu must not be interrupted behind the back of the recovery logic).
   bool new_process_group = false;
+  // SIGKILL when the thread that spawned it ends (PR_SET_PDEATHSIG): a helper whose output is
+  // gpuckpt's to clean up (tar into a directory the guard removes) must not outlive gpuckpt.
+  bool die_with_parent = false;
   int stdin_fd = -1;   // >= 0: this fd becomes the child's stdin (wins over null_stdin)
   int stdout_fd = -1;  // >= 0: this fd becomes the child's stdout (wins over the others)
   int stderr_fd = -1;  // >= 0: this fd becomes the child's stderr (wins over stderr_file)
