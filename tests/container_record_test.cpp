@@ -282,7 +282,8 @@ TEST(ContainerRecord, AWholeRootfsIsCarriedForARuncBundleOnly) {
   EXPECT_EQ(back.layer, WritableLayer::kRootfs);
   ASSERT_TRUE(back.rootfs_origin);
   EXPECT_EQ(back.rootfs_origin->token, "ab12");
-  EXPECT_EQ(back.rootfs_origin->ino, 2u);
+  EXPECT_EQ(back.rootfs_origin->boot_id, "b");
+  EXPECT_EQ(back.rootfs_origin->dir, (container::DirIdentity{1, 2, 0}));
   EXPECT_STREQ(container::layer_file(back.layer), "rootfs.tar");
   EXPECT_EQ(container::container_record_from_json(container::target_check_json(back)).layer,
             WritableLayer::kRootfs);

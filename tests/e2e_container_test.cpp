@@ -392,11 +392,20 @@ TEST_F(E2eContainer, ARuncBundlesRootfsTravelsWithItsCheckpointToAHostWithoutIt)
             std::string::npos);
   EXPECT_FALSE(process::alive(init));
 
-  // The other host: no bundle there.
+  // On this host, back in place on the very directory dumped: nothing to unpack.
   struct stat was {};
   ASSERT_EQ(::stat(rootfs.c_str(), &was), 0);
+  auto r = test::run_cli({"--json", "restore", with.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("\"rootfs_apply\""), std::string::npos) << r.out;
+  EXPECT_EQ(redis(pid_of(id), {"DEBUG", "DIGEST"}), digest);
+  runc({"kill", id, "KILL"});
+  ASSERT_TRUE(test::wait_until([&] { return pid_of(id) == 0; }));
+  runc({"delete", "--force", id});
+
+  // The other host: no bundle there.
   fs::rename(rootfs, bundle_ / "rootfs.away");
-  auto r = test::run_cli({"--json", "restore", plain.string(), "--container"});
+  r = test::run_cli({"--json", "restore", plain.string(), "--container"});
   EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
   EXPECT_NE(r.out.find(rootfs.string() + ", the container's root filesystem, is not here"),
             std::string::npos)
@@ -1014,8 +1023,10 @@ TEST_F(E2eContainer, ARuncContainerMigratesWithItsRootfsToASpareWithoutItsBundle
   const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
                           {"GPUCKPT_RUNC_ROOTS=" + root_.string()});
   const fs::path spare = dir_.path() / "spare-gpuckpt";
+  // With BUNDLE.foreign here, the spare has a directory of its own at the rootfs's path.
   std::ofstream(spare) << "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c "
-                          "'mount -t tmpfs spare \"$0\" && exec \"$@\"' "
+                          "'mount -t tmpfs spare \"$0\" && { [ ! -e \"$0.foreign\" ] || "
+                          "mkdir \"$0/rootfs\"; } && exec \"$@\"' "
                        << shell_quote(bundle_.string()) << " "
                        << shell_quote(test::gpuckpt_binary().string()) << " \"$@\"\n";
   fs::permissions(spare, fs::perms::owner_all);
@@ -1046,6 +1057,16 @@ TEST_F(E2eContainer, ARuncContainerMigratesWithItsRootfsToASpareWithoutItsBundle
   EXPECT_NE(m.out.find("the container's root filesystem, is not here"), std::string::npos) << m.out;
   EXPECT_NE(m.out.find("nothing was frozen"), std::string::npos) << m.out;
   EXPECT_EQ(pid_of(id), init);
+  // A spare with another directory there: refused before the freeze as well.
+  std::ofstream(bundle_.string() + ".foreign").put('\n');
+  m = migrate(true);
+  EXPECT_EQ(m.exit_code, 12) << m.out << m.err;
+  EXPECT_NE(m.out.find("is neither the container's rootfs that was dumped"), std::string::npos)
+      << m.out;
+  EXPECT_NE(m.out.find("nothing was frozen"), std::string::npos) << m.out;
+  EXPECT_EQ(pid_of(id), init);
+  EXPECT_EQ(test::process_state(init), 'S');
+  fs::remove(bundle_.string() + ".foreign");
 
   m = migrate(true);
   ASSERT_EQ(m.exit_code, 0) << m.err << m.out;

@@ -20,6 +20,7 @@
 #include <thread>
 #include <tuple>
 
+#include "container/record.h"
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
 #include "device/cuda_checkpoint.h"
@@ -710,6 +711,57 @@ TEST(Journal, ALineItCannotReadIsNamedAndTheRecoveryIsNotCalledComplete) {
   EXPECT_NE(done[0].failures[1].what.find("command 'remove' is malformed"), std::string::npos)
       << done[0].failures[1].what;
   EXPECT_NE(done[0].summary.find("was not read"), std::string::npos) << done[0].summary;
+  victim.kill(SIGKILL);
+  victim.wait();
+}
+
+// A rootfs that a restore unpacked for its copy (copy_path) goes with the copy when gpuckpt and
+// its guard died: only the very directory it made (a path that holds another one now is left),
+// and not once the copy was kept.
+TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory) {
+  auto dir = test::scratch_dir();
+  const fs::path run = dir.path() / "run";
+  const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
+  Child victim = spawn({"sleep", "600"});
+  ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
+  const auto ticks = process::start_ticks(victim.pid());
+  ASSERT_TRUE(ticks.has_value());
+  const fs::path made = dir.path() / "made", other = dir.path() / "other",
+                 kept = dir.path() / "kept";
+  for (const auto& d : {made, other, kept}) fs::create_directories(d / "etc");
+  auto line = [](const fs::path& p, const container::DirIdentity& id) {
+    return nlohmann::json{{"op", "copy_path"},
+                          {"path", p.string()},
+                          {"dev", id.dev},
+                          {"ino", id.ino},
+                          {"btime_ns", id.btime_ns}}
+               .dump() +
+           "\n";
+  };
+  const auto made_id = container::dir_identity(made.string()),
+             other_id = container::dir_identity(other.string()),
+             kept_id = container::dir_identity(kept.string());
+  ASSERT_TRUE(made_id && other_id && kept_id);
+  fs::create_directories(run);
+  {
+    std::ofstream out(run / ".restore-1234.journal-0123456789abcdef");
+    out << journal_head("restore", 1234, this_boot(), victim.pid(), *ticks);
+    // An earlier copy, kept: the commit keeps what was made for it.
+    out << line(kept, *kept_id) << nlohmann::json{{"op", "keep_copy"}}.dump() << "\n";
+    out << line(made, *made_id);
+    // Made once, then replaced by another directory under the same name.
+    out << line(other, container::DirIdentity{other_id->dev, other_id->ino + 1, 0});
+  }
+  const auto done = recover_abandoned_operations();
+  ASSERT_EQ(done.size(), 1u);
+  EXPECT_TRUE(done[0].failures.empty()) << done[0].summary;
+  EXPECT_FALSE(fs::exists(made)) << done[0].summary;
+  EXPECT_NE(done[0].summary.find("removed " + made.string() + ", made for the copy"),
+            std::string::npos)
+      << done[0].summary;
+  EXPECT_TRUE(fs::exists(other / "etc"));
+  EXPECT_TRUE(fs::exists(kept / "etc"));
   victim.kill(SIGKILL);
   victim.wait();
 }

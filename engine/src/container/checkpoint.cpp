@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstdlib>
@@ -347,14 +348,12 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
                       c.describe() +
                       " runs from an image, whose checkpoint carries its writable layer "
                       "anyway, and a restore finds the image by its digest. Nothing was frozen");
-    struct stat st {};
-    if (r.rootfs.empty() || r.rootfs[0] != '/' || ::stat(r.rootfs.c_str(), &st) != 0 ||
-        !S_ISDIR(st.st_mode))
+    const auto dir = r.rootfs.empty() || r.rootfs[0] != '/' ? std::nullopt : dir_identity(r.rootfs);
+    if (!dir)
       throw Error(Errc::kInvalidInput, "the rootfs of the " + c.describe() + " (" + r.rootfs +
                                            ") is no directory here to carry. Nothing was frozen");
     r.layer = WritableLayer::kRootfs;
-    r.rootfs_origin =
-        RootfsOrigin{containerd::new_restore_token(), boot_id(), st.st_dev, st.st_ino};
+    r.rootfs_origin = RootfsOrigin{containerd::new_restore_token(), boot_id(), *dir};
   }
   r.bundle = bundle_of(config);
   r.stdio = state->value("external_descriptors", std::vector<std::string>{});
@@ -501,9 +500,22 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
 
 namespace {
 
-// `tar --create` of `argv` (its archive on stdout) into `sink`, killed after `limit`.
+// Bytes tar `pid` has read and written so far (/proc/PID/io); 0 if unknown.
+std::uint64_t io_bytes(pid_t pid) {
+  std::ifstream io("/proc/" + std::to_string(pid) + "/io");
+  std::string key;
+  std::uint64_t value = 0, sum = 0;
+  while (io >> key >> value)
+    if (key == "rchar:" || key == "wchar:") sum += value;
+  return sum;
+}
+
+// `tar --create` of `argv` (its archive on stdout) into `sink`. A tar that moves no byte for
+// `stall` (a rootfs on a dead NFS server; the sink not taking any) is killed, and that is
+// Error(kTimeout) naming `what`: it must not keep the container stopped for good.
 std::uint64_t archive_into(const std::vector<std::string>& argv, const std::string& name,
-                           const ArchiveSink& sink, std::chrono::minutes limit, ExitStatus& st) {
+                           const ArchiveSink& sink, const std::string& what,
+                           std::chrono::minutes stall, ExitStatus& st) {
   auto [archive, tar_out] = make_pipe("pipe2");
   SpawnOptions so;
   so.stdout_fd = tar_out.get();
@@ -511,14 +523,25 @@ std::uint64_t archive_into(const std::vector<std::string>& argv, const std::stri
   so.die_with_parent = true;
   Child tar = spawn(argv, so);
   tar_out.reset();
-  // The sink reads until tar's end: a tar that hangs (a rootfs on a dead NFS server) must not
-  // keep the container stopped for good.
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
-  std::thread watchdog([&, pgid = tar.pid()] {
+  std::atomic<bool> stalled{false};
+  std::thread watchdog([&, pid = tar.pid()] {
+    auto last = std::chrono::steady_clock::now();
+    std::uint64_t seen = io_bytes(pid);
     std::unique_lock lk(mu);
-    if (!cv.wait_for(lk, limit, [&] { return done; })) ::kill(-pgid, SIGKILL);
+    while (!cv.wait_for(lk, std::chrono::seconds(5), [&] { return done; })) {
+      const auto now = std::chrono::steady_clock::now();
+      if (const std::uint64_t n = io_bytes(pid); n != seen) {
+        seen = n;
+        last = now;
+      } else if (now - last > stall) {
+        stalled = true;
+        ::kill(-pid, SIGKILL);  // its process group: reaped only after this thread is joined
+        return;
+      }
+    }
   });
   auto stop_watchdog = [&] {
     {
@@ -539,6 +562,9 @@ std::uint64_t archive_into(const std::vector<std::string>& argv, const std::stri
   }
   stop_watchdog();
   st = tar.wait();
+  if (stalled)
+    throw Error(Errc::kTimeout, "tar of " + what + " moved no byte for " +
+                                    std::to_string(stall.count()) + " minutes and was killed");
   return bytes;
 }
 
@@ -583,17 +609,19 @@ std::uint64_t write_layer_archive(const DumpPlan& p, const fs::path& images_dir,
   std::vector<std::string> argv{
       "tar",      "--create",           "--file",  sink ? "-" : file.string(), "--numeric-owner",
       "--xattrs", "--xattrs-include=*", "--sparse"};
-  if (out.layer == WritableLayer::kRootfs) argv.push_back("--one-file-system");
+  // A rootfs unpacked by a restore carries that checkpoint's token, which is not this one's.
+  if (out.layer == WritableLayer::kRootfs)
+    argv.insert(argv.end(),
+                {"--one-file-system", std::string("--xattrs-exclude=") + kRootfsTokenXattr});
   argv.insert(argv.end(), {"-C", from.string(), "."});
   ExitStatus st;
   std::uint64_t bytes = 0;
-  constexpr auto kLimit = std::chrono::minutes(30);
   if (sink) {
-    bytes = archive_into(argv, name, sink, kLimit, st);
+    bytes = archive_into(argv, name, sink, what, std::chrono::minutes(10), st);
   } else {
     SpawnOptions so;
     so.die_with_parent = true;  // into the staging, which the guard removes once gpuckpt dies
-    st = run_capture(argv, kLimit, so).status;
+    st = run_capture(argv, std::chrono::minutes(30), so).status;
   }
   // GNU tar's 1: a file changed while it was read (a snapshot's container runs again by now);
   // what it wrote is whole, each file as it was when read.

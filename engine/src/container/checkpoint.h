@@ -137,9 +137,10 @@ struct RestoreRequest {
   // container, a carried rootfs being unpacked): the guard removes it should gpuckpt die before
   // it does.
   std::function<void(const std::filesystem::path&)> on_path_made;
-  // A carried rootfs unpacked into place for this restore (a runc bundle's, on a host that had
-  // none): the guard removes it with the copy, unless the copy is kept.
-  std::function<void(const std::filesystem::path&)> on_rootfs_placed;
+  // A carried rootfs about to be renamed into place for this restore (a runc bundle's, on a
+  // host that had none), and the identity it has: the guard removes it with the copy, unless
+  // the copy is kept. Throwing keeps it from being placed.
+  std::function<void(const std::filesystem::path&, const DirIdentity&)> on_rootfs_placed;
 };
 
 // Before anything runs: the ID is one runc accepts (kUsage), the record's runc root is one

@@ -1,5 +1,9 @@
 #include "container/record.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+
 #include <algorithm>
 #include <cctype>
 
@@ -30,6 +34,18 @@ Runtime runtime_from(const std::string& s) {
 
 }  // namespace
 
+std::optional<DirIdentity> dir_identity(const std::string& path) {
+  struct statx stx {};
+  if (::statx(AT_FDCWD, path.c_str(), AT_SYMLINK_NOFOLLOW, STATX_TYPE | STATX_INO | STATX_BTIME,
+              &stx) != 0 ||
+      !S_ISDIR(stx.stx_mode))
+    return std::nullopt;
+  DirIdentity d{makedev(stx.stx_dev_major, stx.stx_dev_minor), stx.stx_ino, 0};
+  if (stx.stx_mask & STATX_BTIME)
+    d.btime_ns = stx.stx_btime.tv_sec * 1000000000LL + stx.stx_btime.tv_nsec;
+  return d;
+}
+
 bool valid_id(const std::string& id) {
   if (id.empty() || id == "." || id == ".." || id.size() > 1024) return false;
   return std::all_of(id.begin(), id.end(), [](unsigned char ch) {
@@ -53,8 +69,11 @@ json to_json(const ContainerRecord& r) {
             {"writable_layer", writable_layer_name(r.layer)}};
   if (!r.layer_why.empty()) j["writable_layer_why"] = r.layer_why;
   if (const auto& o = r.rootfs_origin)
-    j["rootfs_origin"] = {
-        {"token", o->token}, {"boot_id", o->boot_id}, {"dev", o->dev}, {"ino", o->ino}};
+    j["rootfs_origin"] = {{"token", o->token},
+                          {"boot_id", o->boot_id},
+                          {"dev", o->dir.dev},
+                          {"ino", o->dir.ino},
+                          {"btime_ns", o->dir.btime_ns}};
   for (const auto& [type, n] : r.joined) {
     j["joined_namespaces"][type] = {{"inode", n.inode}};
     if (!n.boot_id.empty())
@@ -138,9 +157,10 @@ ContainerRecord container_record_from_json(const json& j) {
                       "the container record carries a whole rootfs, which only a runc bundle's "
                       "container does");
         const json& o = j.at("rootfs_origin");
-        r.rootfs_origin =
-            RootfsOrigin{o.at("token").get<std::string>(), o.value("boot_id", ""),
-                         o.value("dev", std::uint64_t{0}), o.value("ino", std::uint64_t{0})};
+        r.rootfs_origin = RootfsOrigin{
+            o.at("token").get<std::string>(), o.value("boot_id", ""),
+            DirIdentity{o.value("dev", std::uint64_t{0}), o.value("ino", std::uint64_t{0}),
+                        o.value("btime_ns", std::int64_t{0})}};
         if (r.rootfs_origin->token.empty() || r.rootfs.empty() || r.rootfs[0] != '/')
           throw Error(Errc::kCorrupt,
                       "the container record carries a rootfs without its token or an absolute "

@@ -54,12 +54,20 @@ struct JoinedNamespace {
 
 // Of a runc bundle's rootfs that the checkpoint carries (WritableLayer::kRootfs): how a restore
 // tells a rootfs it may run on from one holding other files. The dumped directory is known by its
-// boot, device and inode; one a restore unpacked from this checkpoint by `token` (random, one per
-// dump), in its kRootfsTokenXattr attribute.
+// boot, device, inode and birth time (an inode number alone is reused once the directory is
+// gone); one a restore unpacked from this checkpoint by `token` (random, one per dump), in its
+// kRootfsTokenXattr attribute.
+struct DirIdentity {
+  std::uint64_t dev = 0, ino = 0;
+  std::int64_t btime_ns = 0;  // 0: the file system keeps none
+  bool operator==(const DirIdentity&) const = default;
+};
 struct RootfsOrigin {
   std::string token, boot_id;
-  std::uint64_t dev = 0, ino = 0;
+  DirIdentity dir;
 };
+// The identity of the directory at `path` (not followed if a link); nullopt if there is none.
+std::optional<DirIdentity> dir_identity(const std::string& path);
 inline constexpr const char* kRootfsTokenXattr = "trusted.gpuckpt.rootfs";
 
 // What a container checkpoint records, beside the process record (ProcessRecord::container).

@@ -69,7 +69,7 @@ ExitStatus extract_streamed(const std::vector<std::string>& argv,
   SpawnOptions so;
   so.stdin_fd = out.get();
   so.new_process_group = true;
-  so.die_with_parent = true;  // its directory is the guard's to remove once gpuckpt dies
+  so.die_with_parent = true;  // a directory it fills may be the guard's to remove
   Child tar = spawn(argv, so);
   out.reset();
   try {
@@ -161,6 +161,7 @@ void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fre
 // bundle, one unpacked from another checkpoint) may hold other files than the checkpoint's
 // processes had: Error(kExists).
 bool carried_rootfs_here(const ContainerRecord& r) {
+  if (!r.rootfs_origin) throw Error(Errc::kCorrupt, "the container record's rootfs has no origin");
   struct stat st {};
   if (::lstat(r.rootfs.c_str(), &st) != 0) {
     if (errno == ENOENT) return false;
@@ -168,7 +169,7 @@ bool carried_rootfs_here(const ContainerRecord& r) {
   }
   const RootfsOrigin& o = *r.rootfs_origin;
   if (S_ISDIR(st.st_mode)) {
-    if (!o.boot_id.empty() && o.boot_id == boot_id() && st.st_dev == o.dev && st.st_ino == o.ino)
+    if (!o.boot_id.empty() && o.boot_id == boot_id() && dir_identity(r.rootfs) == o.dir)
       return true;
     char v[128];
     const ssize_t n = ::lgetxattr(r.rootfs.c_str(), kRootfsTokenXattr, v, sizeof v);
@@ -205,13 +206,18 @@ fs::path place_carried_rootfs(const RestoreRequest& q) {
         dest.string(), std::strerror(errno));
   fault_point(fault::kRootfsUnpacked);
   tmp.unmark();
+  // The guard learns of it before it is there, by the identity it keeps through the rename: a
+  // path that later holds another directory is not removed. After an abort this throws, and
+  // nothing is renamed.
+  const auto id = dir_identity(tmp.path());
+  if (!id) throw Error(Errc::kIo, "the unpacked rootfs " + tmp.path().string() + " is gone");
+  if (q.on_rootfs_placed) q.on_rootfs_placed(dest, *id);
   if (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
     // Another restore of this checkpoint placed it first: run on that one (tmp goes).
     if (errno == EEXIST && carried_rootfs_here(r)) return {};
     throw_errno(Errc::kIo, "rename the unpacked rootfs to ", dest);
   }
   tmp.release();
-  if (q.on_rootfs_placed) q.on_rootfs_placed(dest);
   fsync_dir(dest.parent_path());
   spdlog::info("unpacked the container's rootfs from the checkpoint into {}", dest.string());
   return dest;
@@ -405,6 +411,8 @@ std::vector<std::string> mount_sources_needed(const ContainerRecord& r) {
 
 void check_restore_target(const ContainerRecord& r, const std::string& id,
                           const PodNamespaces& joins) {
+  // First: the checks below may act (delete a stopped container of the ID).
+  if (r.layer == WritableLayer::kRootfs) (void)carried_rootfs_here(r);
   check_joined_namespaces(r, joins);
   if (r.runtime == Runtime::kDocker) {
     check_docker_target(r, id);
@@ -420,7 +428,6 @@ void check_restore_target(const ContainerRecord& r, const std::string& id,
     }
   }
   std::error_code ec;
-  if (r.layer == WritableLayer::kRootfs) (void)carried_rootfs_here(r);
   if (r.runtime == Runtime::kRunc && r.layer != WritableLayer::kRootfs &&
       !fs::exists(fs::symlink_status(r.rootfs, ec)))
     throw Error(Errc::kInvalidInput,

@@ -123,9 +123,11 @@ StateRoot root_at(const fs::path& path) {
   return {Runtime::kRunc, path, ""};
 }
 
-std::vector<Container> running() {
+namespace {
+
+std::vector<Container> running_under(const std::vector<StateRoot>& roots) {
   std::vector<Container> out;
-  for (const auto& root : state_roots()) {
+  for (const auto& root : roots) {
     std::error_code ec;
     for (const auto& e : fs::directory_iterator(root.path, ec)) {
       if (!e.is_directory(ec)) continue;
@@ -140,8 +142,21 @@ std::vector<Container> running() {
   return out;
 }
 
-std::string rootfs_user(const fs::path& rootfs) {
-  for (const auto& c : running()) {
+}  // namespace
+
+std::vector<Container> running() {
+  return running_under(state_roots());
+}
+
+std::string rootfs_user(const fs::path& rootfs, const std::vector<fs::path>& more_roots) {
+  auto roots = state_roots();
+  for (const auto& m : more_roots) {
+    std::error_code ec;
+    if (std::none_of(roots.begin(), roots.end(),
+                     [&](const StateRoot& r) { return fs::equivalent(r.path, m, ec); }))
+      roots.push_back(root_at(m));
+  }
+  for (const auto& c : running_under(roots)) {
     const auto state = state_json(c.root, c.id);
     if (!state || !state->contains("config")) continue;
     std::error_code ec;

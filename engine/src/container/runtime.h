@@ -55,8 +55,10 @@ std::optional<nlohmann::json> state_json(const StateRoot& root, const std::strin
 // whose pid was reused since, is skipped).
 std::vector<Container> running();
 
-// The container of those roots that runs on `rootfs` (its runc config's), described; "" if none.
-std::string rootfs_user(const std::filesystem::path& rootfs);
+// The container of those roots, and of `more_roots`, that runs on `rootfs` (its runc config's),
+// described; "" if none.
+std::string rootfs_user(const std::filesystem::path& rootfs,
+                        const std::vector<std::filesystem::path>& more_roots = {});
 
 // The container whose own pid namespace holds `pid` (its init or any process under it); nullopt
 // for a process of this host's pid namespace, or of a namespace no known runtime made.

@@ -327,8 +327,10 @@ void Guard::container_known_as(const std::string& id) {
 void Guard::container_unpacks(const std::string& token) {
   send(command(GuardOp::kContainerToken, {{"token", token}}));
 }
-void Guard::copy_path(const fs::path& path) {
-  send(command(GuardOp::kCopyPath, {{"path", path.string()}}));
+void Guard::copy_path(const fs::path& path, std::uint64_t dev, std::uint64_t ino,
+                      std::int64_t btime_ns) {
+  send(command(GuardOp::kCopyPath,
+               {{"path", path.string()}, {"dev", dev}, {"ino", ino}, {"btime_ns", btime_ns}}));
 }
 void Guard::container_init(pid_t init) {
   send(command(GuardOp::kContainerInit, {{"started", start_ticks(init).value_or(0)}}));

@@ -121,10 +121,11 @@ class Guard {
   // Docker start, into its temporary directory, and keeps them): recovery removes them once
   // the runtime's start has settled, whatever became of the container.
   void container_unpacks(const std::string& token);
-  // A path made for the copy (a container's rootfs unpacked for it): recovery removes it once the
-  // copies are ended, unless a running container still uses it; keep_copy() and hand_over()
-  // keep it.
-  void copy_path(const std::filesystem::path& path);
+  // A directory made for the copy (a container's rootfs unpacked for it), which has or is about
+  // to have this identity at `path`: recovery removes it once the copies are ended, if it is
+  // still that directory and no running container uses it; keep_copy() and hand_over() keep it.
+  void copy_path(const std::filesystem::path& path, std::uint64_t dev, std::uint64_t ino,
+                 std::int64_t btime_ns);
   // The copy is the service now (a restore's commit): it is left on recovery, and the paths
   // renamed aside for a rollback are removed (as hand_over). Done even with the guard dead.
   void keep_copy();

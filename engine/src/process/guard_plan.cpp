@@ -172,7 +172,9 @@ void apply_op(Plan& p, GuardOp op, const json& m, bool hold_dirs) {
       break;
     }
     case GuardOp::kCopyPath: {
-      p.copy_paths.emplace_back(m.at("path").get<std::string>());
+      p.copy_paths.push_back({m.at("path").get<std::string>(), m.at("dev").get<std::uint64_t>(),
+                              m.at("ino").get<std::uint64_t>(),
+                              m.value("btime_ns", std::int64_t{0})});
       break;
     }
     case GuardOp::kKeepCopy: {

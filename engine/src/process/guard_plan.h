@@ -71,9 +71,14 @@ struct GuardPlan {
   std::vector<ContainerCopy> containers;
   std::vector<std::pair<std::filesystem::path, std::filesystem::path>> renames;
   std::vector<std::filesystem::path> remove;
-  // Made for the copies: removed once they are ended, unless a running container uses it; kept
-  // with them by the commit.
-  std::vector<std::filesystem::path> copy_paths;
+  // Made for the copies: removed once they are ended, if still the directory made (its device,
+  // inode and birth time) and no running container uses it; kept with them by the commit.
+  struct CopyPath {
+    std::filesystem::path path;
+    std::uint64_t dev = 0, ino = 0;
+    std::int64_t btime_ns = 0;
+  };
+  std::vector<CopyPath> copy_paths;
   std::filesystem::path restore_from, restore_staging, restore_criu;
   std::string restore_container;  // restore_from holds this runc container: restored as one
   // The spool that holds restore_from: kept from other runs' sweeps once gpuckpt (whose

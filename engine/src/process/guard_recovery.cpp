@@ -435,11 +435,15 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
 // Step 2c: what was made for the copies (a rootfs unpacked for a container), now that they are
 // ended; one that a running container uses (a copy left running, a replica that took it) stays.
 void remove_copy_paths(const Plan& p, RecoveryLog& log) {
-  for (const auto& path : p.copy_paths) {
+  // The roots of the copies too: a recover run without the $GPUCKPT_RUNC_ROOTS they were under.
+  std::vector<fs::path> roots;
+  for (const auto& c : p.containers) roots.push_back(c.root);
+  for (const auto& [path, dev, ino, btime_ns] : p.copy_paths) {
     std::error_code ec;
-    if (!fs::exists(fs::symlink_status(path, ec))) continue;
-    if (const std::string user = container::rootfs_user(path); !user.empty()) {
-      say(log, path.string() + ", made for the copy, was left: container " + user + " runs on it");
+    if (container::dir_identity(path.string()) != container::DirIdentity{dev, ino, btime_ns})
+      continue;  // gone, or another directory now
+    if (const std::string user = container::rootfs_user(path, roots); !user.empty()) {
+      say(log, path.string() + ", made for the copy, was left: the " + user + " runs on it");
       continue;
     }
     fs::remove_all(path, ec);

@@ -604,7 +604,9 @@ void restore_container(RestoreState& r) {
     q.on_container_named = [g = r.guard](const std::string& id) { g->container_known_as(id); };
     q.on_unpacked_token = [g = r.guard](const std::string& t) { g->container_unpacks(t); };
     q.on_path_made = [g = r.guard](const fs::path& p) { g->remove_on_recovery(p); };
-    q.on_rootfs_placed = [g = r.guard](const fs::path& p) { g->copy_path(p); };
+    q.on_rootfs_placed = [g = r.guard](const fs::path& p, const container::DirIdentity& d) {
+      g->copy_path(p, d.dev, d.ino, d.btime_ns);
+    };
     q.on_runc_started = [g = r.guard](pid_t runc) { g->container_runc(runc); };
   }
   fault_point(fault::kCriuRestore);
