@@ -156,9 +156,9 @@ void set_writable_layer(const RestoreRequest& q, const fs::path& upper, bool fre
 }
 
 // Whether the rootfs that `r` carries is here already, to be run on as it is: the directory that
-// was dumped (this boot's, its device and inode), or one that a restore unpacked from this
-// checkpoint (its token). False if nothing is at its path. Anything else there (a copy of the
-// bundle, one unpacked from another checkpoint) may hold other files than the checkpoint's
+// was dumped (this boot's, by its device, inode and birth time), or one that a restore unpacked
+// from this checkpoint (its token). False if nothing is at its path. Anything else there (a copy of
+// the bundle, one unpacked from another checkpoint) may hold other files than the checkpoint's
 // processes had: Error(kExists).
 bool carried_rootfs_here(const ContainerRecord& r) {
   if (!r.rootfs_origin) throw Error(Errc::kCorrupt, "the container record's rootfs has no origin");
