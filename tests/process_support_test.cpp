@@ -673,6 +673,16 @@ std::string journal_head(const std::string& operation, pid_t gpuckpt, const std:
          "\n";
 }
 
+// Stops `victim` as a dump that was killed leaves it, and gives its start ticks: the process a
+// journal's protect names. Fatal failures: call it in ASSERT_NO_FATAL_FAILURE.
+void stop_victim(const Child& victim, std::uint64_t& ticks) {
+  ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
+  const auto t = process::start_ticks(victim.pid());
+  ASSERT_TRUE(t.has_value());
+  ticks = *t;
+}
+
 std::string this_boot() {
   std::string boot = read_file("/proc/sys/kernel/random/boot_id");
   boot.erase(boot.find_last_not_of('\n') + 1);
@@ -689,14 +699,12 @@ TEST(Journal, ALineItCannotReadIsNamedAndTheRecoveryIsNotCalledComplete) {
   const fs::path run = dir.path() / "run";
   const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
   Child victim = spawn({"sleep", "600"});
-  ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);
-  ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
-  const auto ticks = process::start_ticks(victim.pid());
-  ASSERT_TRUE(ticks.has_value());
+  std::uint64_t ticks = 0;
+  ASSERT_NO_FATAL_FAILURE(stop_victim(victim, ticks));
   fs::create_directories(run);
   {
     std::ofstream out(run / ".dump-1234.journal-0123456789abcdef");
-    out << journal_head("dump", 1234, this_boot(), victim.pid(), *ticks);
+    out << journal_head("dump", 1234, this_boot(), victim.pid(), ticks);
     out << nlohmann::json{{"op", "frobnicate"}}.dump() << "\n";
     out << nlohmann::json{{"op", "remove"}, {"path", 7}}.dump() << "\n";
   }
@@ -723,10 +731,8 @@ TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory)
   const fs::path run = dir.path() / "run";
   const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
   Child victim = spawn({"sleep", "600"});
-  ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);
-  ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
-  const auto ticks = process::start_ticks(victim.pid());
-  ASSERT_TRUE(ticks.has_value());
+  std::uint64_t ticks = 0;
+  ASSERT_NO_FATAL_FAILURE(stop_victim(victim, ticks));
   const fs::path made = dir.path() / "made", other = dir.path() / "other",
                  kept = dir.path() / "kept";
   for (const auto& d : {made, other, kept}) fs::create_directories(d / "etc");
@@ -746,7 +752,7 @@ TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory)
   fs::create_directories(run);
   {
     std::ofstream out(run / ".restore-1234.journal-0123456789abcdef");
-    out << journal_head("restore", 1234, this_boot(), victim.pid(), *ticks);
+    out << journal_head("restore", 1234, this_boot(), victim.pid(), ticks);
     // An earlier copy, kept: the commit keeps what was made for it.
     out << line(kept, *kept_id) << nlohmann::json{{"op", "keep_copy"}}.dump() << "\n";
     out << line(made, *made_id);
@@ -776,10 +782,8 @@ TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
   const fs::path run = dir.path() / "run";
   const test::ScopedEnv env("GPUCKPT_RUN_DIR", run.string());
   Child victim = spawn({"sleep", "600"});
-  ASSERT_EQ(::kill(victim.pid(), SIGSTOP), 0);  // frozen, as by a dump that was killed
-  ASSERT_TRUE(test::wait_until([&] { return test::process_state(victim.pid()) == 'T'; }));
-  const auto ticks = process::start_ticks(victim.pid());
-  ASSERT_TRUE(ticks.has_value());
+  std::uint64_t ticks = 0;
+  ASSERT_NO_FATAL_FAILURE(stop_victim(victim, ticks));
   const std::string boot = this_boot();
 
   // A journal as a killed gpuckpt (pid 1234) leaves it: its header, then what it told its guard.
@@ -787,7 +791,7 @@ TEST(Journal, OnlyAnUnheldJournalOfThisBootInADirectoryOfOursAloneIsUndone) {
     fs::create_directories(run);
     const fs::path p = run / ".dump-1234.journal-0123456789abcdef";
     std::ofstream out(p);
-    out << journal_head("dump", 1234, boot_id, victim.pid(), *ticks);
+    out << journal_head("dump", 1234, boot_id, victim.pid(), ticks);
     if (!cuda_report.empty())
       out << nlohmann::json{{"op", "cuda_report"}, {"path", cuda_report.string()}}.dump() << "\n";
     out << "{\"op\":\"durab";  // cut short by the kill
