@@ -27,8 +27,9 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       # servers this project did not write, checkpointed by the end-to-end tests
       nginx redis-server redis-tools
       # the container tests: containers run by runc from a bundle a test makes, and by
-      # containerd and Docker (daemons each test starts) from images it builds (no registry)
-      runc containerd docker.io
+      # containerd and Docker (daemons each test starts) from images it builds (no registry);
+      # crun, whose containers gpuckpt names when it refuses them
+      runc containerd docker.io crun
       # the two-host tests: sshd runs only inside a network namespace that a test makes
       openssh-server openssh-client iproute2
       # scripts/bench-remote.sh and the runbooks in docs/OPERATORS.md

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 
@@ -257,6 +258,65 @@ TEST_F(E2eContainer, ADumpOfAProcessInAContainerNamesTheContainerAndFreezesNothi
   const json state = json::parse(runc({"state", id}).output, nullptr, false);
   ASSERT_TRUE(state.is_object());
   EXPECT_EQ(state.value("status", ""), "running");
+}
+
+// crun (podman's and CRI-O's runtime on some distributions) is no runtime gpuckpt dumps: a
+// process in its container, and the container by its ID, are refused naming it, and nothing is
+// frozen. crun refuses this machine's hybrid cgroups, so it runs where /sys/fs/cgroup is a
+// cgroup2 mount of its own mount namespace, without cgroups of its own.
+TEST_F(E2eContainer, ACrunContainerIsNamedAsCrunsAndNothingIsFrozen) {
+  const auto crun = find_executable("crun");
+  if (!crun) GTEST_SKIP() << "crun is not installed (scripts/setup.sh installs it)";
+  const fs::path crun_root = dir_.path() / "crun-root";
+  roots_.reset();
+  roots_.emplace("GPUCKPT_RUNC_ROOTS", root_.string() + ":" + crun_root.string());
+  // crun ARGS, its output (and the container's) into files: no pipe of ours stays open in it.
+  const auto crun_do = [&](const std::string& args) {
+    SpawnOptions o;
+    o.cwd = bundle_;
+    o.stdout_file = dir_.path() / "crun.out";
+    o.stderr_file = dir_.path() / "crun.err";
+    Child c = spawn({"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                     "mount -t cgroup2 none /sys/fs/cgroup && exec " + crun->string() + " --root " +
+                         crun_root.string() + " --cgroup-manager=disabled " + args},
+                    o);
+    if (auto st = c.wait_for(60s)) return *st;
+    c.kill(SIGKILL);
+    return c.wait();
+  };
+  const std::string id = unique_id("crun");
+  const ExitStatus run = crun_do("run --detach " + id);
+  struct Delete {
+    std::function<void()> f;
+    ~Delete() { f(); }
+  } deleted{[&] { crun_do("delete --force " + id); }};
+  ASSERT_TRUE(run.ok()) << run.describe() << read_file(dir_.path() / "crun.err");
+  const json status = json::parse(read_file(crun_root / id / "status"), nullptr, false);
+  ASSERT_TRUE(status.is_object());
+  const pid_t init = status.value("pid", 0);
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
+
+  const fs::path out = dir_.path() / "c.ckpt";
+  for (const bool by_id : {false, true}) {
+    SCOPED_TRACE(by_id ? "--container" : "--pid");
+    const auto r = test::run_cli({"--json", "dump", by_id ? "--container" : "--pid",
+                                  by_id ? id : std::to_string(init), "-o", out.string()});
+    EXPECT_EQ(r.exit_code, 10) << r.err;
+    const json j = json::parse(r.out, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << r.out;
+    const std::string msg = j["error"].value("message", "");
+    EXPECT_NE(msg.find("crun container " + id + " (crun root " + crun_root.string() + ")"),
+              std::string::npos)
+        << msg;
+    EXPECT_EQ(msg.find("as its init") != std::string::npos, !by_id) << msg;
+    EXPECT_NE(msg.find("podman --runtime runc"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("made by no container runtime"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("nothing was frozen"), std::string::npos) << msg;
+    EXPECT_FALSE(fs::exists(out));
+    EXPECT_EQ(test::process_state(init), 'S');
+  }
+  EXPECT_EQ(redis(init, {"PING"}), "PONG");
 }
 
 // `unshare --pid --fork --mount-proc`: a pid namespace that no runtime's state names.

@@ -158,6 +158,8 @@ Container find(const std::string& name) {
                                         "frozen");
       return std::move(c);
     }
+  if (const auto c = crun_container(id))
+    throw Error(Errc::kProcess, "the " + c->describe() + " cannot be dumped: " + c->refusal());
   std::vector<std::string> known;
   for (const auto& root : state_roots()) {
     if (state_json(root, id))

@@ -103,17 +103,24 @@ void add_containerd_roots(std::vector<StateRoot>& roots) {
   }
 }
 
+// The directories of $GPUCKPT_RUNC_ROOTS: runtimes started with --root DIR.
+std::vector<fs::path> roots_from_env() {
+  std::vector<fs::path> out;
+  if (const char* extra = std::getenv("GPUCKPT_RUNC_ROOTS"); extra && *extra) {
+    std::istringstream in(extra);
+    for (std::string p; std::getline(in, p, ':');)
+      if (!p.empty()) out.emplace_back(p);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::vector<StateRoot> state_roots() {
   std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""}};
   add_docker_roots(roots);
   add_containerd_roots(roots);
-  if (const char* extra = std::getenv("GPUCKPT_RUNC_ROOTS"); extra && *extra) {
-    std::istringstream in(extra);
-    for (std::string p; std::getline(in, p, ':');)
-      if (!p.empty()) add_root(roots, {Runtime::kRunc, p, ""});
-  }
+  for (auto& p : roots_from_env()) add_root(roots, {Runtime::kRunc, std::move(p), ""});
   return roots;
 }
 
@@ -174,6 +181,75 @@ std::optional<Container> holding(pid_t pid) {
   for (auto& c : running())
     if (c.pid_namespace == *ns) return std::move(c);
   return std::nullopt;
+}
+
+namespace {
+
+// crun's status file of `dir` (a container's directory under one of its roots), when its init
+// is the process crun started.
+std::optional<CrunContainer> read_crun_status(const fs::path& root, const fs::path& dir) {
+  const fs::path file = dir / "status";
+  std::error_code ec;
+  const auto size = fs::file_size(file, ec);
+  if (ec || size > kMaxStateBytes) return std::nullopt;
+  std::ifstream in(file);
+  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() ||
+      !j.contains("process-start-time") || !j["process-start-time"].is_number_unsigned())
+    return std::nullopt;
+  CrunContainer c;
+  c.root = root;
+  c.id = dir.filename().string();
+  c.init_pid = j["pid"].get<pid_t>();
+  if (c.init_pid <= 0 ||
+      process::start_ticks(c.init_pid) != j["process-start-time"].get<std::uint64_t>() ||
+      !process::alive(c.init_pid))
+    return std::nullopt;
+  c.pid_namespace = process::pid_namespace_inode(c.init_pid).value_or(0);
+  return c;
+}
+
+std::vector<CrunContainer> running_crun() {
+  std::vector<fs::path> roots{kCrunRoot};
+  for (auto& p : roots_from_env())
+    if (std::find(roots.begin(), roots.end(), p) == roots.end()) roots.push_back(std::move(p));
+  std::vector<CrunContainer> out;
+  for (const auto& root : roots) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(root, ec))
+      if (e.is_directory(ec))
+        if (auto c = read_crun_status(root, e.path())) out.push_back(std::move(*c));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::optional<CrunContainer> crun_container(const std::string& id) {
+  for (auto& c : running_crun())
+    if (c.id == id) return std::move(c);
+  return std::nullopt;
+}
+
+std::optional<CrunContainer> crun_holding(pid_t pid) {
+  const auto ns = process::pid_namespace_inode(pid);
+  if (!ns || ns == process::pid_namespace_inode(0)) return std::nullopt;
+  for (auto& c : running_crun())
+    if (c.pid_namespace == *ns) return std::move(c);
+  return std::nullopt;
+}
+
+std::string CrunContainer::describe() const {
+  return "crun container " + id + (root == kCrunRoot ? "" : " (crun root " + root.string() + ")");
+}
+
+std::string CrunContainer::refusal() const {
+  // crun restores through libcriu, which runs whichever `criu` it finds and reads its images
+  // from a directory: none of what gpuckpt's restore of a runc container relies on (its CRIU,
+  // streamed pages) has been built for it, and Debian's crun has no CRIU support at all.
+  return "gpuckpt dumps the containers of runc, containerd's runc shim and Docker, not crun's "
+         "(podman's and CRI-O's runtime on some distributions). Run it under runc to checkpoint "
+         "it with gpuckpt (podman --runtime runc; a runc handler in CRI-O): nothing was frozen";
 }
 
 std::string Container::describe() const {

@@ -64,4 +64,29 @@ std::string rootfs_user(const std::filesystem::path& rootfs,
 // for a process of this host's pid namespace, or of a namespace no known runtime made.
 std::optional<Container> holding(pid_t pid);
 
+// crun's own root (crun run by root without --root; podman and CRI-O keep theirs there too).
+inline constexpr const char* kCrunRoot = "/run/crun";
+
+// A container that crun runs (the OCI runtime of podman and CRI-O on some distributions), read
+// from crun's state (ROOT/ID/status). gpuckpt does not dump crun's containers: it names them
+// when it refuses one, rather than calling its pid namespace one that nothing made.
+struct CrunContainer {
+  std::filesystem::path root;
+  std::string id;
+  pid_t init_pid = 0;
+  std::uint64_t pid_namespace = 0;
+
+  // "crun container web", with its root where that is not kCrunRoot.
+  std::string describe() const;
+  // Why gpuckpt does not dump it, and what to do instead; ends with "nothing was frozen".
+  std::string refusal() const;
+};
+
+// The crun container `id` whose init runs now, under kCrunRoot or a directory of
+// $GPUCKPT_RUNC_ROOTS (a runtime started with --root DIR); nullopt if there is none.
+std::optional<CrunContainer> crun_container(const std::string& id);
+
+// The crun container whose own pid namespace holds `pid`, as holding() for crun's.
+std::optional<CrunContainer> crun_holding(pid_t pid);
+
 }  // namespace gpuckpt::container

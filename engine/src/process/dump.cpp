@@ -137,6 +137,11 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
     return where + ". Dump the container whole: `gpuckpt dump --container " + shell_quote(c->id) +
            "`";
   }
+  if (const auto c = container::crun_holding(q))
+    return who + " runs in the " + c->describe() +
+           (c->init_pid == q ? ", as its init"
+                             : " (its init is pid " + std::to_string(c->init_pid) + ")") +
+           ": " + c->refusal();
   std::optional<ProcInfo> init;
   try {
     init = read_proc(host_pid_in_ns(q, 1));
