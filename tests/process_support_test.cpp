@@ -21,6 +21,7 @@
 #include <tuple>
 
 #include "container/record.h"
+#include "container/runtime.h"
 #include "criu/plugin_report.h"
 #include "criu/stats.h"
 #include "device/cuda_checkpoint.h"
@@ -725,7 +726,8 @@ TEST(Journal, ALineItCannotReadIsNamedAndTheRecoveryIsNotCalledComplete) {
 
 // A rootfs that a restore unpacked for its copy (copy_path) goes with the copy when gpuckpt and
 // its guard died: only the very directory it made (a path that holds another one now is left),
-// and not once the copy was kept.
+// not once the copy was kept, and not while another restore of the same checkpoint, which took
+// it meanwhile, holds it.
 TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory) {
   auto dir = test::scratch_dir();
   const fs::path run = dir.path() / "run";
@@ -734,8 +736,8 @@ TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory)
   std::uint64_t ticks = 0;
   ASSERT_NO_FATAL_FAILURE(stop_victim(victim, ticks));
   const fs::path made = dir.path() / "made", other = dir.path() / "other",
-                 kept = dir.path() / "kept";
-  for (const auto& d : {made, other, kept}) fs::create_directories(d / "etc");
+                 kept = dir.path() / "kept", taken = dir.path() / "taken";
+  for (const auto& d : {made, other, kept, taken}) fs::create_directories(d / "etc");
   auto line = [](const fs::path& p, const container::DirIdentity& id) {
     return nlohmann::json{{"op", "copy_path"},
                           {"path", p.string()},
@@ -747,8 +749,9 @@ TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory)
   };
   const auto made_id = container::dir_identity(made.string()),
              other_id = container::dir_identity(other.string()),
-             kept_id = container::dir_identity(kept.string());
-  ASSERT_TRUE(made_id && other_id && kept_id);
+             kept_id = container::dir_identity(kept.string()),
+             taken_id = container::dir_identity(taken.string());
+  ASSERT_TRUE(made_id && other_id && kept_id && taken_id);
   fs::create_directories(run);
   {
     std::ofstream out(run / ".restore-1234.journal-0123456789abcdef");
@@ -758,7 +761,12 @@ TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory)
     out << line(made, *made_id);
     // Made once, then replaced by another directory under the same name.
     out << line(other, container::DirIdentity{other_id->dev, other_id->ino + 1, 0});
+    out << line(taken, *taken_id);
   }
+  // Another restore runs on `taken`, its container not running yet. (flock's locks are those of
+  // an open file, so this process's own hold keeps the recovery's open of it out too.)
+  UniqueFd held = container::hold_rootfs(taken);
+  ASSERT_TRUE(held);
   const auto done = recover_abandoned_operations();
   ASSERT_EQ(done.size(), 1u);
   EXPECT_TRUE(done[0].failures.empty()) << done[0].summary;
@@ -768,6 +776,16 @@ TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory)
       << done[0].summary;
   EXPECT_TRUE(fs::exists(other / "etc"));
   EXPECT_TRUE(fs::exists(kept / "etc"));
+  EXPECT_TRUE(fs::exists(taken / "etc"));
+  EXPECT_NE(
+      done[0].summary.find(taken.string() + ", made for the copy, was left: another restore of its "
+                                            "checkpoint runs on it"),
+      std::string::npos)
+      << done[0].summary;
+  // Once that restore has ended without its container, the rootfs goes.
+  held.reset();
+  EXPECT_EQ(container::remove_unused_rootfs(taken, {}), "");
+  EXPECT_FALSE(fs::exists(taken));
   victim.kill(SIGKILL);
   victim.wait();
 }

@@ -183,15 +183,23 @@ bool carried_rootfs_here(const ContainerRecord& r) {
                   "restored");
 }
 
+// The carried rootfs a restore runs on, and its hold of it (hold_rootfs) until its container
+// runs. `placed`: the restore unpacked it ("" if it was there).
+struct CarriedRootfs {
+  fs::path placed;
+  UniqueFd held;
+};
+
 // A runc bundle's rootfs that the checkpoint carries, where the recorded one is missing (a host
 // without the bundle): unpacked beside it, marked with the checkpoint's token and renamed into
 // place, so that a restore that dies half-way leaves no partial rootfs for the next one to take
 // as whole. One that is the checkpoint's already is run on as it is (carried_rootfs_here).
-// Returns the rootfs placed ("" if none was).
-fs::path place_carried_rootfs(const RestoreRequest& q) {
+CarriedRootfs place_carried_rootfs(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
-  if (r.layer != WritableLayer::kRootfs || carried_rootfs_here(r)) return {};
+  if (r.layer != WritableLayer::kRootfs) return {};
   const fs::path dest = r.rootfs;
+  if (UniqueFd held = hold_rootfs(dest); held && carried_rootfs_here(r))
+    return {{}, std::move(held)};
   const std::string archive = layer_archive(q);
   std::optional<Timeline::Scope> scope;
   if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
@@ -206,21 +214,27 @@ fs::path place_carried_rootfs(const RestoreRequest& q) {
         dest.string(), std::strerror(errno));
   fault_point(fault::kRootfsUnpacked);
   tmp.unmark();
+  // Held from before it is in place: no other restore's failure removes it under this one.
+  UniqueFd held = hold_rootfs(tmp.path());
   // The guard learns of it before it is there, by the identity it keeps through the rename: a
   // path that later holds another directory is not removed. After an abort this throws, and
   // nothing is renamed.
   const auto id = dir_identity(tmp.path());
-  if (!id) throw Error(Errc::kIo, "the unpacked rootfs " + tmp.path().string() + " is gone");
+  if (!held || !id)
+    throw Error(Errc::kIo, "the unpacked rootfs " + tmp.path().string() + " is gone");
   if (q.on_rootfs_placed) q.on_rootfs_placed(dest, *id);
   if (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
     // Another restore of this checkpoint placed it first: run on that one (tmp goes).
-    if (errno == EEXIST && carried_rootfs_here(r)) return {};
-    throw_errno(Errc::kIo, "rename the unpacked rootfs to ", dest);
+    const int err = errno;
+    if (err == EEXIST)
+      if (UniqueFd theirs = hold_rootfs(dest); theirs && carried_rootfs_here(r))
+        return {{}, std::move(theirs)};
+    throw_syserr(Errc::kIo, err, "rename the unpacked rootfs to ", dest);
   }
   tmp.release();
   fsync_dir(dest.parent_path());
   spdlog::info("unpacked the container's rootfs from the checkpoint into {}", dest.string());
-  return dest;
+  return {dest, std::move(held)};
 }
 
 fs::path restore_dir(const fs::path& root, const std::string& id) {
@@ -557,13 +571,22 @@ Container runc_restore_from(const RestoreRequest& q) {
 }
 
 Container runc_restore(const RestoreRequest& q) {
-  const fs::path placed = place_carried_rootfs(q);
+  CarriedRootfs rootfs = place_carried_rootfs(q);
   try {
     return runc_restore_from(q);
   } catch (...) {
     // Unpacked for this restore, unless a replica restored meanwhile took it too.
-    std::error_code ec;
-    if (!placed.empty() && rootfs_user(placed).empty()) fs::remove_all(placed, ec);
+    if (!rootfs.placed.empty()) {
+      try {
+        if (const std::string keeper =
+                remove_unused_rootfs(rootfs.placed, {}, std::move(rootfs.held));
+            !keeper.empty())
+          spdlog::info("left the rootfs {} that this restore unpacked: {}", rootfs.placed.string(),
+                       keeper);
+      } catch (const Error& e) {
+        spdlog::warn("{}", e.what());
+      }
+    }
     throw;
   }
 }

@@ -1,6 +1,9 @@
 #include "container/runtime.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
 
@@ -170,6 +174,60 @@ std::string rootfs_user(const fs::path& rootfs, const std::vector<fs::path>& mor
     const std::string theirs = (*state)["config"].value("rootfs", "");
     if (!theirs.empty() && fs::equivalent(theirs, rootfs, ec)) return c.describe();
   }
+  return {};
+}
+
+namespace {
+
+bool same_inode(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
+
+// Whether `fd` is still the directory at `path`.
+bool still_at(int fd, const fs::path& path) {
+  struct stat held {
+  }, now{};
+  return ::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &now) == 0 && same_inode(held, now);
+}
+
+}  // namespace
+
+UniqueFd hold_rootfs(const fs::path& path) {
+  for (;;) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) {
+      if (errno == ENOENT) return {};
+      throw_errno(Errc::kIo, "open the rootfs ", path);
+    }
+    while (::flock(fd.get(), LOCK_SH) != 0)
+      if (errno != EINTR) throw_errno(Errc::kIo, "lock the rootfs ", path);
+    // A restore that removed it held it exclusively until it was gone; another may be there now.
+    if (still_at(fd.get(), path)) return fd;
+  }
+}
+
+std::string remove_unused_rootfs(const fs::path& path, const std::vector<fs::path>& more_roots,
+                                 UniqueFd held) {
+  UniqueFd fd = std::move(held);
+  if (!fd) {
+    fd.reset(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) {
+      if (errno == ENOENT) return {};
+      throw_errno(Errc::kIo, "open the rootfs ", path);
+    }
+  }
+  // Converting one's own shared lock fails as taking a new one does while another restore holds
+  // it shared.
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EWOULDBLOCK) return "another restore of its checkpoint runs on it";
+    throw_errno(Errc::kIo, "lock the rootfs ", path);
+  }
+  if (!still_at(fd.get(), path)) return "another directory is at its path now";
+  if (std::string user = rootfs_user(path, more_roots); !user.empty())
+    return "the " + user + " runs on it";
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) throw Error(Errc::kIo, "cannot remove " + path.string() + ": " + ec.message());
   return {};
 }
 

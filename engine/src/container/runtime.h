@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpuckpt/process.h"
+#include "gpuckpt/unique_fd.h"
 
 namespace gpuckpt::container {
 
@@ -59,6 +60,20 @@ std::vector<Container> running();
 // described; "" if none.
 std::string rootfs_user(const std::filesystem::path& rootfs,
                         const std::vector<std::filesystem::path>& more_roots = {});
+
+// A shared lock (flock) on the rootfs directory at `path`, which a restore running on it holds
+// until its container runs; an empty fd where nothing is at `path`. Taken before the caller
+// checks what the directory is, so that one removed while this waited is seen as gone. The fd
+// is close-on-exec: the lock goes with the restore, not with runc or the container.
+UniqueFd hold_rootfs(const std::filesystem::path& path);
+
+// Removes the rootfs at `path` that a restore unpacked, unless a running container uses it (as
+// rootfs_user, with `more_roots`) or another restore holds it (hold_rootfs). `held`: the
+// caller's own hold of it, given up. Returns "" once it is removed (or gone), else why it stays
+// ("the runc container web runs on it"); Error(kIo) if it cannot be removed.
+std::string remove_unused_rootfs(const std::filesystem::path& path,
+                                 const std::vector<std::filesystem::path>& more_roots,
+                                 UniqueFd held = {});
 
 // The container whose own pid namespace holds `pid` (its init or any process under it); nullopt
 // for a process of this host's pid namespace, or of a namespace no known runtime made.

@@ -433,24 +433,23 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
 }
 
 // Step 2c: what was made for the copies (a rootfs unpacked for a container), now that they are
-// ended; one that a running container uses (a copy left running, a replica that took it) stays.
+// ended; one that a running container uses (a copy left running, a replica that took it) or
+// that another restore holds (container::hold_rootfs) stays.
 void remove_copy_paths(const Plan& p, RecoveryLog& log) {
   // The roots of the copies too: a recover run without the $GPUCKPT_RUNC_ROOTS they were under.
   std::vector<fs::path> roots;
   for (const auto& c : p.containers) roots.push_back(c.root);
   for (const auto& [path, dev, ino, btime_ns] : p.copy_paths) {
-    std::error_code ec;
     if (container::dir_identity(path.string()) != container::DirIdentity{dev, ino, btime_ns})
       continue;  // gone, or another directory now
-    if (const std::string user = container::rootfs_user(path, roots); !user.empty()) {
-      say(log, path.string() + ", made for the copy, was left: the " + user + " runs on it");
-      continue;
+    try {
+      if (const std::string keeper = container::remove_unused_rootfs(path, roots); !keeper.empty())
+        say(log, path.string() + ", made for the copy, was left: " + keeper);
+      else
+        say(log, "removed " + path.string() + ", made for the copy");
+    } catch (const Error& e) {
+      fail(log, e.code(), e.what());
     }
-    fs::remove_all(path, ec);
-    if (ec)
-      fail(log, Errc::kIo, "cannot remove " + path.string() + ": " + ec.message());
-    else
-      say(log, "removed " + path.string() + ", made for the copy");
   }
 }
 
