@@ -35,8 +35,11 @@ state = "$w/ctd-state"
 [plugins."io.containerd.internal.v1.opt"]
   path = "$w/opt"
 T
-# The shims find gpuckpt's CRIU first, as docs/OPERATORS.md has an operator set up.
-PATH=/opt/gpuckpt-criu/bin:$PATH setsid containerd --config "$w/ctd.toml" > "$w/ctd.log" 2>&1 &
+# The shims find gpuckpt's CRIU first, as docs/OPERATORS.md has an operator set up. containerd
+# unpacks each restore's checkpoint under its TMPDIR and never removes it (Docker's own restore
+# leaves a full copy of the images there): under $w, which goes at the end.
+mkdir -p "$w/ctd-tmp"
+TMPDIR=$w/ctd-tmp PATH=/opt/gpuckpt-criu/bin:$PATH setsid containerd --config "$w/ctd.toml" > "$w/ctd.log" 2>&1 &
 for _ in $(seq 100); do [ -S "$w/ctd.sock" ] && break; sleep 0.1; done
 echo '{}' > "$w/daemon.json"
 setsid dockerd --config-file "$w/daemon.json" --data-root "$w/docker" --exec-root "$w/dexec" \

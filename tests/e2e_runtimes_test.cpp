@@ -592,7 +592,8 @@ TEST_F(E2eRuntimes, ADockerContainerComesBackAsTheContainerDockerRuns) {
   auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(has_stage(r.out, "checkpoint_dir")) << r.out;
-  // dockerd copies the checkpoint's files into its own directory: they are unpacked for it.
+  // dockerd copies the checkpoint's directory into containerd: the images are unpacked for it,
+  // and the directory links to them.
   EXPECT_EQ(json::parse(r.out, nullptr, false).value("staging_mode", ""), "staged") << r.out;
   const pid_t back = docker_pid(name);
   ASSERT_GT(back, 0) << "docker does not show the restored container running";
@@ -703,6 +704,18 @@ TEST_F(E2eRuntimes, ADockerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
   Child g =
       test::paused_cli({"restore", ended.string(), "--container"}, "runtime_starting", dir_.path());
   ASSERT_EQ(journals().size(), 1u) << "no journal while the restore runs";
+  // What dockerd copies into containerd's content store, and containerd out again, is links to
+  // the images gpuckpt staged, not their pages.
+  const auto dirs = checkpoint_dirs();
+  ASSERT_EQ(dirs.size(), 1u);
+  bool pages = false;
+  for (const auto& e : fs::directory_iterator(dirs[0])) {
+    if (e.path().filename() == "gpuckpt-restore-token") continue;
+    EXPECT_TRUE(e.is_symlink()) << e.path();
+    EXPECT_TRUE(fs::is_regular_file(e.path())) << e.path() << " leads nowhere";
+    pages |= e.path().filename().string().starts_with("pages-");
+  }
+  EXPECT_TRUE(pages);
   g.kill(SIGKILL);
   g.wait();
   EXPECT_TRUE(test::wait_until([&] { return journals().empty(); })) << "the guard's journal stays";

@@ -710,15 +710,25 @@ Container containerd_restore(const RestoreRequest& q) {
   }
 }
 
-// Hard links where the images are on dockerd's file system, else copies: dockerd reads the
-// directory once, into its content store, during the start.
+// Symbolic links to the staged images. dockerd's start tars the checkpoint directory into
+// containerd's content store, and containerd untars it into a directory of its own for runc's
+// CRIU: both keep a link as a link, so what goes through them is a few bytes per image instead
+// of every page twice. The staged images stay until the restore has ended.
+//
+// Relative links that climb to the host's root first: CRIU's restored tasks open their images
+// after they moved into the container's root, where an absolute path names the container's
+// files; a relative one resolves from the images directory (a host directory outside that
+// root), and ".." above the host's root stays there, so any number of them reaches it from
+// wherever containerd untars the directory.
 void place_images(const fs::path& from, const fs::path& to) {
   fs::create_directories(to);
+  const fs::path staged = fs::canonical(from);
+  std::string up;
+  for (int i = 0; i < 40; ++i) up += "../";
   for (const auto& e : fs::directory_iterator(from)) {
     if (!e.is_regular_file() || e.path().filename() == kRootfsDiffFile) continue;
-    std::error_code ec;
-    fs::create_hard_link(e.path(), to / e.path().filename(), ec);
-    if (ec) fs::copy_file(e.path(), to / e.path().filename(), fs::copy_options::overwrite_existing);
+    fs::create_symlink(up + (staged / e.path().filename()).relative_path().string(),
+                       to / e.path().filename());
   }
 }
 

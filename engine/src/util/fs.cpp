@@ -407,7 +407,7 @@ std::uint64_t tree_bytes(const fs::path& dir) {
   if (fs::is_regular_file(dir, ec)) return fs::file_size(dir);
   for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
        it.increment(ec)) {
-    if (it->is_regular_file(ec)) total += it->file_size(ec);
+    if (fs::is_regular_file(it->symlink_status(ec))) total += it->file_size(ec);
   }
   return total;
 }

@@ -112,7 +112,7 @@ std::vector<RemovedDir> remove_live_temp_dirs();
 // Bytes allocated to regular files under `dir` (recursive; st_blocks, so tmpfs pages in use).
 std::uint64_t allocated_bytes(const std::filesystem::path& dir);
 
-// Sum of regular-file sizes under `dir` (recursive).
+// Sum of regular-file sizes under `dir` (recursive; a symbolic link's target is not under it).
 std::uint64_t tree_bytes(const std::filesystem::path& dir);
 
 }  // namespace gpuckpt
