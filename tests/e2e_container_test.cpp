@@ -289,7 +289,13 @@ TEST_F(E2eContainer, ACrunContainerIsNamedAsCrunsAndNothingIsFrozen) {
   struct Delete {
     std::function<void()> f;
     ~Delete() { f(); }
-  } deleted{[&] { crun_do("delete --force " + id); }};
+  } deleted{[&] {
+    try {
+      crun_do("delete --force " + id);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "crun delete " << id << ": " << e.what();
+    }
+  }};
   ASSERT_TRUE(run.ok()) << run.describe() << read_file(dir_.path() / "crun.err");
   const json status = json::parse(read_file(crun_root / id / "status"), nullptr, false);
   ASSERT_TRUE(status.is_object());
@@ -474,17 +480,19 @@ TEST_F(E2eContainer, ARuncBundlesRootfsTravelsWithItsCheckpointToAHostWithoutIt)
   EXPECT_FALSE(runc({"state", id}).status.ok());
 
   // Killed with the rootfs unpacked beside its place, or once in place with the container
-  // restored on it but not answering yet: nothing half-made stays, there or in runc.
+  // restored on it but not answering yet, or interrupted while it holds the rootfs in place
+  // before runc starts: nothing half-made stays, there or in runc.
   auto leftovers = [&] {
     std::string found;
     for (const auto& e : fs::directory_iterator(bundle_))
       if (e.path().filename().string().rfind(".rootfs.", 0) == 0) found += e.path().filename();
     return found;
   };
-  for (const std::string point : {"rootfs_unpacked", "criu_restored"}) {
+  for (const auto& [point, sig] : {std::pair{"rootfs_unpacked", SIGKILL},
+                                   {"criu_restored", SIGKILL},
+                                   {"runtime_starting", SIGINT}}) {
     SCOPED_TRACE(point);
-    (void)test::signalled_at({"restore", with.string(), "--container"}, point, SIGKILL,
-                             dir_.path());
+    (void)test::signalled_at({"restore", with.string(), "--container"}, point, sig, dir_.path());
     EXPECT_TRUE(test::wait_until([&] { return leftovers().empty() && !fs::exists(rootfs); }))
         << "what was unpacked stayed: " << leftovers();
     EXPECT_TRUE(test::wait_until([&] { return !runc({"state", id}).status.ok(); }));

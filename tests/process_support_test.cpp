@@ -765,7 +765,7 @@ TEST(Journal, AReplayRemovesTheRootfsMadeForTheCopyOnlyIfItIsStillThatDirectory)
   }
   // Another restore runs on `taken`, its container not running yet. (flock's locks are those of
   // an open file, so this process's own hold keeps the recovery's open of it out too.)
-  UniqueFd held = container::hold_rootfs(taken);
+  container::RootfsHold held = container::hold_rootfs(taken);
   ASSERT_TRUE(held);
   const auto done = recover_abandoned_operations();
   ASSERT_EQ(done.size(), 1u);

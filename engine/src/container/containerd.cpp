@@ -173,30 +173,76 @@ std::string restore_token_in(const fs::path& dir) {
   }
 }
 
+namespace {
+
+// containerd's copies of a restore's images that hold `token`, each as seen through its
+// containerd's /proc root.
+std::vector<fs::path> unpacked_copies(const std::string& token) {
+  std::vector<fs::path> out;
+  if (token.empty()) return out;
+  for (const auto& [dir, uid] : temp_dirs()) {
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      struct stat st {};
+      if (e.path().filename().string().rfind("ctrd-checkpoint", 0) == 0 &&
+          ::lstat(e.path().c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == uid &&
+          restore_token_in(e.path()) == token)
+        out.push_back(e.path());
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+bool take_from_unpacked_copy(const std::string& token, const std::string& name,
+                             const fs::path& to) noexcept {
+  try {
+    for (const auto& copy : unpacked_copies(token)) {
+      std::error_code ec;
+      if (!fs::is_regular_file(fs::symlink_status(copy / name, ec))) continue;
+      fs::copy_file(copy / name, to, fs::copy_options::overwrite_existing, ec);
+      if (!ec) return true;
+      spdlog::warn("cannot copy {} out of containerd's copy of the images: {}", name, ec.message());
+    }
+  } catch (const std::exception& e) {
+    spdlog::warn("looking for {} in containerd's copies of the images: {}", name, e.what());
+  }
+  return false;
+}
+
+bool containerd_sees_as_here(const fs::path& dir) {
+  struct stat here {};
+  if (::stat(dir.c_str(), &here) != 0) return false;
+  bool any = false;
+  for (const auto& p : process::live_procs_where(
+           [](const process::ProcInfo& i) { return i.comm == "containerd"; })) {
+    const fs::path there =
+        fs::path("/proc/" + std::to_string(p.pid)) / "root" / dir.relative_path();
+    struct stat st {};
+    if (::stat(there.c_str(), &st) != 0 || st.st_dev != here.st_dev || st.st_ino != here.st_ino)
+      return false;
+    any = true;
+  }
+  return any;
+}
+
 std::uint64_t remove_unpacked_copies(const std::string& token) noexcept {
   std::uint64_t removed = 0;
   if (token.empty()) return 0;
   try {
-    for (const auto& [dir, uid] : temp_dirs()) {
-      std::error_code ec;
-      for (const auto& e : fs::directory_iterator(dir, ec)) {
-        struct stat st {};
-        if (e.path().filename().string().rfind("ctrd-checkpoint", 0) != 0 ||
-            ::lstat(e.path().c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != uid ||
-            restore_token_in(e.path()) != token)
-          continue;
-        const std::uint64_t bytes = tree_bytes(e.path());
-        std::error_code rm;
-        fs::remove_all(e.path(), rm);
-        if (rm) {
-          spdlog::warn("cannot remove containerd's copy of the images, {}: {}", e.path().string(),
-                       rm.message());
-          continue;
-        }
-        spdlog::info("removed containerd's copy of the images, {} ({} MiB)", e.path().string(),
-                     bytes >> 20);
-        removed += bytes;
+    for (const auto& copy : unpacked_copies(token)) {
+      const std::uint64_t bytes = tree_bytes(copy);
+      std::error_code rm;
+      fs::remove_all(copy, rm);
+      if (rm) {
+        spdlog::warn("cannot remove containerd's copy of the images, {}: {}", copy.string(),
+                     rm.message());
+        continue;
       }
+      spdlog::info("removed containerd's copy of the images, {} ({} KiB)", copy.string(),
+                   bytes >> 10);
+      removed += bytes;
     }
   } catch (const std::exception& e) {
     spdlog::warn("looking for containerd's copies of the images: {}", e.what());

@@ -81,6 +81,14 @@ std::string restore_token_in(const std::filesystem::path& dir);
 // temporary directory of every running containerd (seen through its /proc root, so a private
 // /tmp too). Returns the bytes removed; never throws (a failure is logged).
 std::uint64_t remove_unpacked_copies(const std::string& token) noexcept;
+// Copies the file `name` out of those copies (where the restore's CRIU wrote it: the plugin's
+// report) to `to`; false if none of them has it. Never throws.
+bool take_from_unpacked_copy(const std::string& token, const std::string& name,
+                             const std::filesystem::path& to) noexcept;
+
+// Whether every running containerd (through its /proc root) sees at `dir` the very directory
+// that this process does: what its shims' CRIU reaches by that path. False if none runs.
+bool containerd_sees_as_here(const std::filesystem::path& dir);
 
 // One namespace of one containerd. Each call is one gRPC request; an error is an Error naming
 // the call and containerd's own message (kProcess; kExists for ALREADY_EXISTS).

@@ -187,19 +187,30 @@ bool carried_rootfs_here(const ContainerRecord& r) {
 // runs. `placed`: the restore unpacked it ("" if it was there).
 struct CarriedRootfs {
   fs::path placed;
-  UniqueFd held;
+  RootfsHold held;
 };
 
 // A runc bundle's rootfs that the checkpoint carries, where the recorded one is missing (a host
 // without the bundle): unpacked beside it, marked with the checkpoint's token and renamed into
 // place, so that a restore that dies half-way leaves no partial rootfs for the next one to take
 // as whole. One that is the checkpoint's already is run on as it is (carried_rootfs_here).
+// The rootfs at `r`'s path, held, where one is there and is the checkpoint's; nullopt where
+// nothing is. Anything else there is refused (carried_rootfs_here).
+std::optional<RootfsHold> hold_carried(const ContainerRecord& r) {
+  for (;;) {
+    RootfsHold held = hold_rootfs(r.rootfs);
+    // Nothing there (any more: a restore that failed removed it after it was held).
+    if (!carried_rootfs_here(r)) return std::nullopt;
+    if (held) return held;
+    // A directory came after hold_rootfs found none: that one is held next.
+  }
+}
+
 CarriedRootfs place_carried_rootfs(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
   if (r.layer != WritableLayer::kRootfs) return {};
   const fs::path dest = r.rootfs;
-  if (UniqueFd held = hold_rootfs(dest); held && carried_rootfs_here(r))
-    return {{}, std::move(held)};
+  if (auto theirs = hold_carried(r)) return {{}, std::move(*theirs)};
   const std::string archive = layer_archive(q);
   std::optional<Timeline::Scope> scope;
   if (q.timeline) scope.emplace(*q.timeline, stage::kRootfsApply);
@@ -215,7 +226,7 @@ CarriedRootfs place_carried_rootfs(const RestoreRequest& q) {
   fault_point(fault::kRootfsUnpacked);
   tmp.unmark();
   // Held from before it is in place: no other restore's failure removes it under this one.
-  UniqueFd held = hold_rootfs(tmp.path());
+  RootfsHold held = hold_rootfs(tmp.path());
   // The guard learns of it before it is there, by the identity it keeps through the rename: a
   // path that later holds another directory is not removed. After an abort this throws, and
   // nothing is renamed.
@@ -223,13 +234,12 @@ CarriedRootfs place_carried_rootfs(const RestoreRequest& q) {
   if (!held || !id)
     throw Error(Errc::kIo, "the unpacked rootfs " + tmp.path().string() + " is gone");
   if (q.on_rootfs_placed) q.on_rootfs_placed(dest, *id);
-  if (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
-    // Another restore of this checkpoint placed it first: run on that one (tmp goes).
+  while (::renameat2(AT_FDCWD, tmp.path().c_str(), AT_FDCWD, dest.c_str(), RENAME_NOREPLACE) != 0) {
     const int err = errno;
-    if (err == EEXIST)
-      if (UniqueFd theirs = hold_rootfs(dest); theirs && carried_rootfs_here(r))
-        return {{}, std::move(theirs)};
-    throw_syserr(Errc::kIo, err, "rename the unpacked rootfs to ", dest);
+    if (err != EEXIST) throw_syserr(Errc::kIo, err, "rename the unpacked rootfs to ", dest);
+    // Another restore of this checkpoint placed it first: run on that one (tmp goes). One that
+    // failed since and removed it has left the path free again.
+    if (auto theirs = hold_carried(r)) return {{}, std::move(*theirs)};
   }
   tmp.release();
   fsync_dir(dest.parent_path());
@@ -532,6 +542,7 @@ Container runc_restore_from(const RestoreRequest& q) {
   so.new_process_group = true;
   so.cwd = bundle;
   if (q.on_container_id) q.on_container_id(r.root, q.id, false);
+  fault_point(fault::kRuntimeStarting);
   Child c = spawn(argv, so);
   feed.reset();
   const Container made{StateRoot{Runtime::kRunc, r.root, ""}, q.id};
@@ -710,10 +721,13 @@ Container containerd_restore(const RestoreRequest& q) {
   }
 }
 
-// Symbolic links to the staged images. dockerd's start tars the checkpoint directory into
-// containerd's content store, and containerd untars it into a directory of its own for runc's
-// CRIU: both keep a link as a link, so what goes through them is a few bytes per image instead
-// of every page twice. The staged images stay until the restore has ended.
+// CRIU's images as symbolic links to the staged ones. dockerd's start tars the checkpoint
+// directory into containerd's content store, and containerd untars it into a directory of its
+// own for runc's CRIU: both keep a link as a link, so what goes through them is a few bytes per
+// image instead of every page twice. The staged images stay until the restore has ended. The
+// other files (descriptors.json for runc, the settings for gpuckpt's plugin, which it opens only
+// as a regular file) are hard links, else copies, as every file is where containerd would not
+// find the staged images by their path (a private /var/tmp, another mount namespace).
 //
 // Relative links that climb to the host's root first: CRIU's restored tasks open their images
 // after they moved into the container's root, where an absolute path names the container's
@@ -721,14 +735,27 @@ Container containerd_restore(const RestoreRequest& q) {
 // root), and ".." above the host's root stays there, so any number of them reaches it from
 // wherever containerd untars the directory.
 void place_images(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::remove_all(to, ec);  // left by a killed gpuckpt that had this one's pid
   fs::create_directories(to);
   const fs::path staged = fs::canonical(from);
+  const bool link = containerd::containerd_sees_as_here(staged);
+  if (!link)
+    spdlog::warn(
+        "containerd does not see {} as this process does (a private /var/tmp?): dockerd copies "
+        "every image through containerd (--staging DIR on a path both share avoids it)",
+        staged.string());
   std::string up;
   for (int i = 0; i < 40; ++i) up += "../";
   for (const auto& e : fs::directory_iterator(from)) {
-    if (!e.is_regular_file() || e.path().filename() == kRootfsDiffFile) continue;
-    fs::create_symlink(up + (staged / e.path().filename()).relative_path().string(),
-                       to / e.path().filename());
+    const fs::path name = e.path().filename();
+    if (!e.is_regular_file() || name == kRootfsDiffFile) continue;
+    if (link && name.extension() == ".img") {
+      fs::create_symlink(up + (staged / name).relative_path().string(), to / name);
+      continue;
+    }
+    fs::create_hard_link(e.path(), to / name, ec);
+    if (ec) fs::copy_file(e.path(), to / name, fs::copy_options::overwrite_existing);
   }
 }
 
@@ -797,11 +824,12 @@ Container docker_restore(const RestoreRequest& q) {
     throw Error(Errc::kCriu, "Docker's restore of container " + id + " failed: " + e.what() +
                                  " (its CRIU log is in containerd's task directory of " + id + ")");
   }
+  // The plugin's report, which dockerd's CRIU wrote beside the images it read: in containerd's
+  // copy of them (criu/plugin_report.h).
+  containerd::take_from_unpacked_copy(token, criu::kRestoreReportName,
+                                      q.images / criu::kRestoreReportName);
   containerd::remove_unpacked_copies(token);
   std::error_code ec;
-  // The plugin's report, which dockerd's CRIU wrote beside the images (criu/plugin_report.h).
-  fs::copy_file(dir / criu::kRestoreReportName, q.images / criu::kRestoreReportName,
-                fs::copy_options::overwrite_existing, ec);
   fs::remove_all(dir, ec);
   try {
     return running_as(r.root, id);

@@ -9,7 +9,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "gpuckpt/error.h"
@@ -39,6 +41,8 @@ std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) 
   if (process::start_ticks(c.init_pid) != c.init_start || !process::alive(c.init_pid))
     return std::nullopt;
   c.pid_namespace = process::pid_namespace_inode(c.init_pid).value_or(0);
+  if (const auto cfg = j->find("config"); cfg != j->end() && cfg->is_object())
+    c.rootfs = cfg->value("rootfs", "");
   return c;
 }
 
@@ -168,11 +172,8 @@ std::string rootfs_user(const fs::path& rootfs, const std::vector<fs::path>& mor
       roots.push_back(root_at(m));
   }
   for (const auto& c : running_under(roots)) {
-    const auto state = state_json(c.root, c.id);
-    if (!state || !state->contains("config")) continue;
     std::error_code ec;
-    const std::string theirs = (*state)["config"].value("rootfs", "");
-    if (!theirs.empty() && fs::equivalent(theirs, rootfs, ec)) return c.describe();
+    if (!c.rootfs.empty() && fs::equivalent(c.rootfs, rootfs, ec)) return c.describe();
   }
   return {};
 }
@@ -192,37 +193,74 @@ bool still_at(int fd, const fs::path& path) {
 
 }  // namespace
 
-UniqueFd hold_rootfs(const fs::path& path) {
+namespace {
+
+// The fds of this process's RootfsHolds, for release_rootfs_holds. A hold leaves it, under the
+// mutex, before its fd is closed: no number released here is another file's by then.
+std::mutex g_holds_mu;
+std::set<int> g_holds;
+
+}  // namespace
+
+RootfsHold::RootfsHold(UniqueFd fd) : fd_(std::move(fd)) {
+  if (!fd_) return;
+  std::lock_guard lk(g_holds_mu);
+  g_holds.insert(fd_.get());
+}
+
+RootfsHold& RootfsHold::operator=(RootfsHold&& o) noexcept {
+  if (this != &o) {
+    reset();
+    fd_ = std::move(o.fd_);
+  }
+  return *this;
+}
+
+void RootfsHold::reset() noexcept {
+  if (!fd_) return;
+  std::lock_guard lk(g_holds_mu);
+  g_holds.erase(fd_.get());
+  fd_.reset();
+}
+
+void release_rootfs_holds() noexcept {
+  std::lock_guard lk(g_holds_mu);
+  for (const int fd : g_holds) (void)::flock(fd, LOCK_UN);
+}
+
+RootfsHold hold_rootfs(const fs::path& path) {
   for (;;) {
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (!fd) {
-      if (errno == ENOENT) return {};
+      // Nothing, or no directory (a link, a file): nothing to hold, for the caller to refuse.
+      if (errno == ENOENT || errno == ELOOP || errno == ENOTDIR) return {};
       throw_errno(Errc::kIo, "open the rootfs ", path);
     }
     while (::flock(fd.get(), LOCK_SH) != 0)
       if (errno != EINTR) throw_errno(Errc::kIo, "lock the rootfs ", path);
     // A restore that removed it held it exclusively until it was gone; another may be there now.
-    if (still_at(fd.get(), path)) return fd;
+    if (still_at(fd.get(), path)) return RootfsHold(std::move(fd));
   }
 }
 
 std::string remove_unused_rootfs(const fs::path& path, const std::vector<fs::path>& more_roots,
-                                 UniqueFd held) {
-  UniqueFd fd = std::move(held);
+                                 RootfsHold held) {
+  RootfsHold fd = std::move(held);
   if (!fd) {
-    fd.reset(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd) {
+    UniqueFd opened(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!opened) {
       if (errno == ENOENT) return {};
       throw_errno(Errc::kIo, "open the rootfs ", path);
     }
+    fd = RootfsHold(std::move(opened));
   }
   // Converting one's own shared lock fails as taking a new one does while another restore holds
   // it shared.
-  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(fd.fd(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return "another restore of its checkpoint runs on it";
     throw_errno(Errc::kIo, "lock the rootfs ", path);
   }
-  if (!still_at(fd.get(), path)) return "another directory is at its path now";
+  if (!still_at(fd.fd(), path)) return "another directory is at its path now";
   if (std::string user = rootfs_user(path, more_roots); !user.empty())
     return "the " + user + " runs on it";
   std::error_code ec;
@@ -231,14 +269,29 @@ std::string remove_unused_rootfs(const fs::path& path, const std::vector<fs::pat
   return {};
 }
 
-std::optional<Container> holding(pid_t pid) {
+namespace {
+
+// Of `all`, the container whose own pid namespace holds `pid`: the one whose init it is, where
+// containers share a namespace (a pod's, with its pause container's init), else the first.
+template <class C>
+std::optional<C> holder_of(pid_t pid, std::vector<C> all) {
   const auto ns = process::pid_namespace_inode(pid);
   // A container that shares this host's pid namespace (docker --pid=host) holds no process of
   // its own by namespace.
   if (!ns || ns == process::pid_namespace_inode(0)) return std::nullopt;
-  for (auto& c : running())
-    if (c.pid_namespace == *ns) return std::move(c);
-  return std::nullopt;
+  std::optional<C> first;
+  for (auto& c : all) {
+    if (c.pid_namespace != *ns) continue;
+    if (c.init_pid == pid) return std::move(c);
+    if (!first) first = std::move(c);
+  }
+  return first;
+}
+
+}  // namespace
+
+std::optional<Container> holding(pid_t pid) {
+  return holder_of(pid, running());
 }
 
 namespace {
@@ -252,16 +305,16 @@ std::optional<CrunContainer> read_crun_status(const fs::path& root, const fs::pa
   if (ec || size > kMaxStateBytes) return std::nullopt;
   std::ifstream in(file);
   const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() ||
-      !j.contains("process-start-time") || !j["process-start-time"].is_number_unsigned())
-    return std::nullopt;
+  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer()) return std::nullopt;
   CrunContainer c;
   c.root = root;
   c.id = dir.filename().string();
   c.init_pid = j["pid"].get<pid_t>();
-  if (c.init_pid <= 0 ||
-      process::start_ticks(c.init_pid) != j["process-start-time"].get<std::uint64_t>() ||
-      !process::alive(c.init_pid))
+  if (c.init_pid <= 0 || !process::alive(c.init_pid)) return std::nullopt;
+  // An older crun records no start time (crun itself takes that as 0, and so does this).
+  if (const auto t = j.find("process-start-time");
+      t != j.end() && t->is_number_unsigned() && t->get<std::uint64_t>() != 0 &&
+      process::start_ticks(c.init_pid) != t->get<std::uint64_t>())
     return std::nullopt;
   c.pid_namespace = process::pid_namespace_inode(c.init_pid).value_or(0);
   return c;
@@ -290,11 +343,7 @@ std::optional<CrunContainer> crun_container(const std::string& id) {
 }
 
 std::optional<CrunContainer> crun_holding(pid_t pid) {
-  const auto ns = process::pid_namespace_inode(pid);
-  if (!ns || ns == process::pid_namespace_inode(0)) return std::nullopt;
-  for (auto& c : running_crun())
-    if (c.pid_namespace == *ns) return std::move(c);
-  return std::nullopt;
+  return holder_of(pid, running_crun());
 }
 
 std::string CrunContainer::describe() const {

@@ -43,6 +43,7 @@ struct Container {
   pid_t init_pid = 0;               // on this host
   std::uint64_t init_start = 0;     // its start tick, as runc recorded it
   std::uint64_t pid_namespace = 0;  // the inode of its init's pid namespace
+  std::filesystem::path rootfs;     // its rootfs on the host, as runc's config has it
 
   // How the operator names it to its runtime: "runc container web", "Docker container 3f2a...".
   std::string describe() const;
@@ -61,11 +62,33 @@ std::vector<Container> running();
 std::string rootfs_user(const std::filesystem::path& rootfs,
                         const std::vector<std::filesystem::path>& more_roots = {});
 
-// A shared lock (flock) on the rootfs directory at `path`, which a restore running on it holds
-// until its container runs; an empty fd where nothing is at `path`. Taken before the caller
-// checks what the directory is, so that one removed while this waited is seen as gone. The fd
-// is close-on-exec: the lock goes with the restore, not with runc or the container.
-UniqueFd hold_rootfs(const std::filesystem::path& path);
+// A restore's shared lock (flock) on the rootfs directory it runs on, held until its container
+// runs (hold_rootfs). Its fd is close-on-exec: the lock goes with the restore, not with runc or
+// the container. It is let go when destroyed, or when the operation is aborted
+// (release_rootfs_holds), so that the abort's own recovery may take the rootfs exclusively.
+class RootfsHold {
+ public:
+  RootfsHold() = default;
+  explicit RootfsHold(UniqueFd fd);
+  RootfsHold(RootfsHold&& o) noexcept : fd_(std::move(o.fd_)) {}
+  RootfsHold& operator=(RootfsHold&& o) noexcept;
+  ~RootfsHold() { reset(); }
+  explicit operator bool() const { return static_cast<bool>(fd_); }
+  int fd() const { return fd_.get(); }
+  void reset() noexcept;
+
+ private:
+  UniqueFd fd_;
+};
+
+// The rootfs directory at `path`, held shared; an empty hold where no directory is at `path`.
+// Taken before the caller checks what the directory is, so that one removed while this waited
+// is seen as gone.
+RootfsHold hold_rootfs(const std::filesystem::path& path);
+
+// Lets go of every RootfsHold of this process (their fds stay open): the operation is being
+// aborted, and its recovery removes what it unpacked. Async-signal-safe it is not; a thread's.
+void release_rootfs_holds() noexcept;
 
 // Removes the rootfs at `path` that a restore unpacked, unless a running container uses it (as
 // rootfs_user, with `more_roots`) or another restore holds it (hold_rootfs). `held`: the
@@ -73,7 +96,7 @@ UniqueFd hold_rootfs(const std::filesystem::path& path);
 // ("the runc container web runs on it"); Error(kIo) if it cannot be removed.
 std::string remove_unused_rootfs(const std::filesystem::path& path,
                                  const std::vector<std::filesystem::path>& more_roots,
-                                 UniqueFd held = {});
+                                 RootfsHold held = {});
 
 // The container whose own pid namespace holds `pid` (its init or any process under it); nullopt
 // for a process of this host's pid namespace, or of a namespace no known runtime made.

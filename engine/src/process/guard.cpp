@@ -19,6 +19,7 @@
 #include <set>
 #include <utility>
 
+#include "container/runtime.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
 #include "process/guard_plan.h"
@@ -406,6 +407,8 @@ void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& stag
 }
 
 std::string Guard::abort(std::chrono::milliseconds timeout) {
+  // What a restore unpacked and still holds is the recovery's to remove now.
+  container::release_rootfs_holds();
   bool by_guard = false;
   {
     std::lock_guard lk(mu_);
