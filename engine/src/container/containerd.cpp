@@ -212,15 +212,21 @@ bool take_from_unpacked_copy(const std::string& token, const std::string& name,
 }
 
 bool containerd_sees_as_here(const fs::path& dir) {
-  struct stat here {};
-  if (::stat(dir.c_str(), &here) != 0) return false;
+  struct stat here {
+  }, root{};
+  if (::stat(dir.c_str(), &here) != 0 || ::stat("/", &root) != 0) return false;
   bool any = false;
   for (const auto& p : process::live_procs_where(
            [](const process::ProcInfo& i) { return i.comm == "containerd"; })) {
-    const fs::path there =
-        fs::path("/proc/" + std::to_string(p.pid)) / "root" / dir.relative_path();
-    struct stat st {};
-    if (::stat(there.c_str(), &st) != 0 || st.st_dev != here.st_dev || st.st_ino != here.st_ino)
+    const fs::path proc = "/proc/" + std::to_string(p.pid);
+    // One in a root of its own (a node of kind, Docker in Docker) is no daemon of this host.
+    struct stat its_root {
+    }, st{};
+    if (::stat((proc / "root").c_str(), &its_root) != 0 || its_root.st_dev != root.st_dev ||
+        its_root.st_ino != root.st_ino)
+      continue;
+    if (::stat((proc / "root" / dir.relative_path()).c_str(), &st) != 0 ||
+        st.st_dev != here.st_dev || st.st_ino != here.st_ino)
       return false;
     any = true;
   }

@@ -86,8 +86,9 @@ std::uint64_t remove_unpacked_copies(const std::string& token) noexcept;
 bool take_from_unpacked_copy(const std::string& token, const std::string& name,
                              const std::filesystem::path& to) noexcept;
 
-// Whether every running containerd (through its /proc root) sees at `dir` the very directory
-// that this process does: what its shims' CRIU reaches by that path. False if none runs.
+// Whether every running containerd of this root (through its /proc root; one in a root of its
+// own, a node of kind, is none of this host's) sees at `dir` the very directory that this
+// process does: what its shims' CRIU reaches by that path. False if none is seen.
 bool containerd_sees_as_here(const std::filesystem::path& dir);
 
 // One namespace of one containerd. Each call is one gRPC request; an error is an Error naming

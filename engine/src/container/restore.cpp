@@ -190,10 +190,6 @@ struct CarriedRootfs {
   RootfsHold held;
 };
 
-// A runc bundle's rootfs that the checkpoint carries, where the recorded one is missing (a host
-// without the bundle): unpacked beside it, marked with the checkpoint's token and renamed into
-// place, so that a restore that dies half-way leaves no partial rootfs for the next one to take
-// as whole. One that is the checkpoint's already is run on as it is (carried_rootfs_here).
 // The rootfs at `r`'s path, held, where one is there and is the checkpoint's; nullopt where
 // nothing is. Anything else there is refused (carried_rootfs_here).
 std::optional<RootfsHold> hold_carried(const ContainerRecord& r) {
@@ -206,6 +202,10 @@ std::optional<RootfsHold> hold_carried(const ContainerRecord& r) {
   }
 }
 
+// A runc bundle's rootfs that the checkpoint carries, where the recorded one is missing (a host
+// without the bundle): unpacked beside it, marked with the checkpoint's token and renamed into
+// place, so that a restore that dies half-way leaves no partial rootfs for the next one to take
+// as whole. One that is the checkpoint's already is run on as it is (carried_rootfs_here).
 CarriedRootfs place_carried_rootfs(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
   if (r.layer != WritableLayer::kRootfs) return {};
@@ -742,8 +742,9 @@ void place_images(const fs::path& from, const fs::path& to) {
   const bool link = containerd::containerd_sees_as_here(staged);
   if (!link)
     spdlog::warn(
-        "containerd does not see {} as this process does (a private /var/tmp?): dockerd copies "
-        "every image through containerd (--staging DIR on a path both share avoids it)",
+        "no containerd here is seen to reach {} by that path (a private /var/tmp, another mount "
+        "namespace, or none visible): dockerd copies every image through containerd (--staging "
+        "DIR on a path both share avoids it)",
         staged.string());
   std::string up;
   for (int i = 0; i < 40; ++i) up += "../";
@@ -819,6 +820,8 @@ Container docker_restore(const RestoreRequest& q) {
   try {
     api.start_from_checkpoint(id, name, q.timeout, starting);
   } catch (const Error& e) {
+    containerd::take_from_unpacked_copy(token, criu::kRestoreReportName,
+                                        q.images / criu::kRestoreReportName);
     containerd::remove_unpacked_copies(token);
     undo();
     throw Error(Errc::kCriu, "Docker's restore of container " + id + " failed: " + e.what() +

@@ -217,10 +217,14 @@ RootfsHold& RootfsHold::operator=(RootfsHold&& o) noexcept {
 }
 
 void RootfsHold::reset() noexcept {
-  if (!fd_) return;
+  (void)release();
+}
+
+UniqueFd RootfsHold::release() noexcept {
+  if (!fd_) return {};
   std::lock_guard lk(g_holds_mu);
   g_holds.erase(fd_.get());
-  fd_.reset();
+  return std::move(fd_);
 }
 
 void release_rootfs_holds() noexcept {
@@ -245,22 +249,22 @@ RootfsHold hold_rootfs(const fs::path& path) {
 
 std::string remove_unused_rootfs(const fs::path& path, const std::vector<fs::path>& more_roots,
                                  RootfsHold held) {
-  RootfsHold fd = std::move(held);
+  // Out of the holds that an abort lets go of: the exclusive lock must last the removal.
+  UniqueFd fd = held.release();
   if (!fd) {
-    UniqueFd opened(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (!opened) {
+    fd.reset(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd) {
       if (errno == ENOENT) return {};
       throw_errno(Errc::kIo, "open the rootfs ", path);
     }
-    fd = RootfsHold(std::move(opened));
   }
   // Converting one's own shared lock fails as taking a new one does while another restore holds
   // it shared.
-  if (::flock(fd.fd(), LOCK_EX | LOCK_NB) != 0) {
+  if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno == EWOULDBLOCK) return "another restore of its checkpoint runs on it";
     throw_errno(Errc::kIo, "lock the rootfs ", path);
   }
-  if (!still_at(fd.fd(), path)) return "another directory is at its path now";
+  if (!still_at(fd.get(), path)) return "another directory is at its path now";
   if (std::string user = rootfs_user(path, more_roots); !user.empty())
     return "the " + user + " runs on it";
   std::error_code ec;
@@ -305,16 +309,18 @@ std::optional<CrunContainer> read_crun_status(const fs::path& root, const fs::pa
   if (ec || size > kMaxStateBytes) return std::nullopt;
   std::ifstream in(file);
   const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer()) return std::nullopt;
+  // Without its init's start time (an older crun's), a process that reused the pid of an ended
+  // one would be taken for it: such a container goes unnamed.
+  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() ||
+      !j.contains("process-start-time") || !j["process-start-time"].is_number_unsigned())
+    return std::nullopt;
   CrunContainer c;
   c.root = root;
   c.id = dir.filename().string();
   c.init_pid = j["pid"].get<pid_t>();
-  if (c.init_pid <= 0 || !process::alive(c.init_pid)) return std::nullopt;
-  // An older crun records no start time (crun itself takes that as 0, and so does this).
-  if (const auto t = j.find("process-start-time");
-      t != j.end() && t->is_number_unsigned() && t->get<std::uint64_t>() != 0 &&
-      process::start_ticks(c.init_pid) != t->get<std::uint64_t>())
+  if (c.init_pid <= 0 ||
+      process::start_ticks(c.init_pid) != j["process-start-time"].get<std::uint64_t>() ||
+      !process::alive(c.init_pid))
     return std::nullopt;
   c.pid_namespace = process::pid_namespace_inode(c.init_pid).value_or(0);
   return c;

@@ -76,6 +76,8 @@ class RootfsHold {
   explicit operator bool() const { return static_cast<bool>(fd_); }
   int fd() const { return fd_.get(); }
   void reset() noexcept;
+  // The fd, its lock kept, out of the holds that an abort lets go of.
+  UniqueFd release() noexcept;
 
  private:
   UniqueFd fd_;

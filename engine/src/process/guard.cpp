@@ -407,12 +407,12 @@ void Guard::restore_on_recovery(const fs::path& checkpoint, const fs::path& stag
 }
 
 std::string Guard::abort(std::chrono::milliseconds timeout) {
-  // What a restore unpacked and still holds is the recovery's to remove now.
-  container::release_rootfs_holds();
   bool by_guard = false;
   {
     std::lock_guard lk(mu_);
     if (finished_ || !child_.running()) return {};
+    // What a restore unpacked and still holds is this recovery's to remove now.
+    container::release_rootfs_holds();
     aborted_ = true;
     by_guard = write_locked(command(GuardOp::kAbort));
     finished_ = true;
