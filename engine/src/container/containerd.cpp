@@ -212,16 +212,16 @@ bool take_from_unpacked_copy(const std::string& token, const std::string& name,
 }
 
 bool containerd_sees_as_here(const fs::path& dir) {
-  struct stat here {
-  }, root{};
+  struct stat here {};
+  struct stat root {};
   if (::stat(dir.c_str(), &here) != 0 || ::stat("/", &root) != 0) return false;
   bool any = false;
   for (const auto& p : process::live_procs_where(
            [](const process::ProcInfo& i) { return i.comm == "containerd"; })) {
     const fs::path proc = "/proc/" + std::to_string(p.pid);
     // One in a root of its own (a node of kind, Docker in Docker) is no daemon of this host.
-    struct stat its_root {
-    }, st{};
+    struct stat its_root {};
+    struct stat st {};
     if (::stat((proc / "root").c_str(), &its_root) != 0 || its_root.st_dev != root.st_dev ||
         its_root.st_ino != root.st_ino)
       continue;

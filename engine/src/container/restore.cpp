@@ -726,7 +726,7 @@ Container containerd_restore(const RestoreRequest& q) {
 // own for runc's CRIU: both keep a link as a link, so what goes through them is a few bytes per
 // image instead of every page twice. The staged images stay until the restore has ended. The
 // other files (descriptors.json for runc, the settings for gpuckpt's plugin, which it opens only
-// as a regular file) are hard links, else copies, as every file is where containerd would not
+// as a regular file) are hard links, else copies; so is every file where containerd would not
 // find the staged images by their path (a private /var/tmp, another mount namespace).
 //
 // Relative links that climb to the host's root first: CRIU's restored tasks open their images

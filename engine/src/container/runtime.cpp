@@ -186,14 +186,10 @@ bool same_inode(const struct stat& a, const struct stat& b) {
 
 // Whether `fd` is still the directory at `path`.
 bool still_at(int fd, const fs::path& path) {
-  struct stat held {
-  }, now{};
+  struct stat held {};
+  struct stat now {};
   return ::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &now) == 0 && same_inode(held, now);
 }
-
-}  // namespace
-
-namespace {
 
 // The fds of this process's RootfsHolds, for release_rootfs_holds. A hold leaves it, under the
 // mutex, before its fd is closed: no number released here is another file's by then.
