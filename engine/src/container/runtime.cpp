@@ -17,6 +17,7 @@
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
+#include "util/fs.h"
 
 namespace fs = std::filesystem;
 
@@ -48,10 +49,11 @@ std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) 
 
 }  // namespace
 
-std::optional<nlohmann::json> state_json(const StateRoot& root, const std::string& id) {
-  if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
-    return std::nullopt;
-  const fs::path file = root.path / id / "state.json";
+namespace {
+
+// A runtime's state file (runc's state.json, crun's status) as a JSON object; nullopt where there
+// is none, it is too large to be a runtime's, or it is no JSON object.
+std::optional<nlohmann::json> state_file(const fs::path& file) {
   std::error_code ec;
   const auto size = fs::file_size(file, ec);
   if (ec || size > kMaxStateBytes) return std::nullopt;
@@ -59,6 +61,14 @@ std::optional<nlohmann::json> state_json(const StateRoot& root, const std::strin
   auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return std::nullopt;
   return j;
+}
+
+}  // namespace
+
+std::optional<nlohmann::json> state_json(const StateRoot& root, const std::string& id) {
+  if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
+    return std::nullopt;
+  return state_file(root.path / id / "state.json");
 }
 
 namespace {
@@ -180,17 +190,6 @@ std::string rootfs_user(const fs::path& rootfs, const std::vector<fs::path>& mor
 
 namespace {
 
-bool same_inode(const struct stat& a, const struct stat& b) {
-  return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
-}
-
-// Whether `fd` is still the directory at `path`.
-bool still_at(int fd, const fs::path& path) {
-  struct stat held {};
-  struct stat now {};
-  return ::fstat(fd, &held) == 0 && ::lstat(path.c_str(), &now) == 0 && same_inode(held, now);
-}
-
 // The fds of this process's RootfsHolds, for release_rootfs_holds. A hold leaves it, under the
 // mutex, before its fd is closed: no number released here is another file's by then.
 std::mutex g_holds_mu;
@@ -239,7 +238,7 @@ RootfsHold hold_rootfs(const fs::path& path) {
     while (::flock(fd.get(), LOCK_SH) != 0)
       if (errno != EINTR) throw_errno(Errc::kIo, "lock the rootfs ", path);
     // A restore that removed it held it exclusively until it was gone; another may be there now.
-    if (still_at(fd.get(), path)) return RootfsHold(std::move(fd));
+    if (still_at(fd, path)) return RootfsHold(std::move(fd));
   }
 }
 
@@ -260,7 +259,7 @@ std::string remove_unused_rootfs(const fs::path& path, const std::vector<fs::pat
     if (errno == EWOULDBLOCK) return "another restore of its checkpoint runs on it";
     throw_errno(Errc::kIo, "lock the rootfs ", path);
   }
-  if (!still_at(fd.get(), path)) return "another directory is at its path now";
+  if (!still_at(fd, path)) return "another directory is at its path now";
   if (std::string user = rootfs_user(path, more_roots); !user.empty())
     return "the " + user + " runs on it";
   std::error_code ec;
@@ -299,16 +298,13 @@ namespace {
 // crun's status file of `dir` (a container's directory under one of its roots), when its init
 // is the process crun started.
 std::optional<CrunContainer> read_crun_status(const fs::path& root, const fs::path& dir) {
-  const fs::path file = dir / "status";
-  std::error_code ec;
-  const auto size = fs::file_size(file, ec);
-  if (ec || size > kMaxStateBytes) return std::nullopt;
-  std::ifstream in(file);
-  const auto j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  const auto state = state_file(dir / "status");
+  if (!state) return std::nullopt;
+  const nlohmann::json& j = *state;
   // Without its init's start time (an older crun's), a process that reused the pid of an ended
   // one would be taken for it: such a container goes unnamed.
-  if (!j.is_object() || !j.contains("pid") || !j["pid"].is_number_integer() ||
-      !j.contains("process-start-time") || !j["process-start-time"].is_number_unsigned())
+  if (!j.contains("pid") || !j["pid"].is_number_integer() || !j.contains("process-start-time") ||
+      !j["process-start-time"].is_number_unsigned())
     return std::nullopt;
   CrunContainer c;
   c.root = root;

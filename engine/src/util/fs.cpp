@@ -115,15 +115,6 @@ UniqueFd lock_dir(const fs::path& path, int mode) {
   return fd;
 }
 
-// Whether `fd` (locked) is still the directory at `path`: a sweep by another process may have
-// locked and removed it between our mkdir and our lock.
-bool still_at(const UniqueFd& fd, const fs::path& path) {
-  struct stat a {
-  }, b{};
-  return ::fstat(fd.get(), &a) == 0 && ::lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
-         a.st_ino == b.st_ino;
-}
-
 class LostRace : public Error {
  public:
   explicit LostRace(const fs::path& p)
@@ -399,6 +390,13 @@ std::uint64_t allocated_bytes(const fs::path& dir) {
       n += static_cast<std::uint64_t>(st.st_blocks) * 512;
   }
   return n;
+}
+
+bool still_at(const UniqueFd& fd, const fs::path& path) {
+  struct stat a {};
+  struct stat b {};
+  return ::fstat(fd.get(), &a) == 0 && ::lstat(path.c_str(), &b) == 0 && a.st_dev == b.st_dev &&
+         a.st_ino == b.st_ino;
 }
 
 std::uint64_t tree_bytes(const fs::path& dir) {

@@ -112,6 +112,10 @@ std::vector<RemovedDir> remove_live_temp_dirs();
 // Bytes allocated to regular files under `dir` (recursive; st_blocks, so tmpfs pages in use).
 std::uint64_t allocated_bytes(const std::filesystem::path& dir);
 
+// Whether `fd` is still the file at `path` (not followed through a link): one that was locked
+// may have been removed, and another put there, by whoever held the lock before.
+bool still_at(const UniqueFd& fd, const std::filesystem::path& path);
+
 // Sum of regular-file sizes under `dir` (recursive; a symbolic link's target is not under it).
 std::uint64_t tree_bytes(const std::filesystem::path& dir);
 
