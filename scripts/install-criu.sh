@@ -8,6 +8,8 @@
 # Result (PREFIX = $GPUCKPT_CRIU_PREFIX, default /opt/gpuckpt-criu):
 #   PREFIX/bin/criu                    criu, a native build (system loader, system libraries)
 #   PREFIX/include/criu/criu-plugin.h  plugin header of the same CRIU version (and criu-log.h)
+#   PREFIX/lib/libcriu.so.2            CRIU's RPC library, with criu.h and PREFIX/lib/pkgconfig/
+#                                      criu.pc: what scripts/install-crun.sh builds crun against
 #   PREFIX/share/gpuckpt-criu/build.txt   source version, tarball hash, patches, compiler, glibc
 #
 # gpuckpt's own patches in scripts/criu-patches/*.patch are applied, in name order, before the
@@ -98,7 +100,8 @@ patch_set() {
 }
 
 installed_version() {
-  [ -f "$stamp" ] && [ -x "$binary" ] && [ -f "$prefix/include/criu/criu-plugin.h" ] || return 1
+  [ -f "$stamp" ] && [ -x "$binary" ] && [ -f "$prefix/include/criu/criu-plugin.h" ] \
+    && [ -f "$prefix/lib/libcriu.so.2" ] || return 1
   [ "$(awk '$1 == "patches" { print $2 }' "$stamp")" = "$(patch_set)" ] || return 1
   awk '$1 == "source" { print $2 }' "$stamp"
 }
@@ -181,15 +184,24 @@ else
 
   jobs=$(nproc)
   # CRIU's own Makefile; WERROR=0 because a newer compiler's new warnings are not our failure.
-  quiet "building criu=$version (make criu)" make -C "$srcdir" -j "$jobs" WERROR=0 criu
+  quiet "building criu=$version (make criu lib)" make -C "$srcdir" -j "$jobs" WERROR=0 criu lib
   [ -x "$srcdir/criu/criu" ] || die "the build made no criu/criu"
+  [ -f "$srcdir/lib/c/libcriu.so" ] || die "the build made no lib/c/libcriu.so"
 
   new=$prefix/.new
   rm -rf "$new"
-  mkdir -p "$new/bin" "$new/include/criu" "$new/share/gpuckpt-criu"
+  mkdir -p "$new/bin" "$new/include/criu" "$new/share/gpuckpt-criu" "$new/lib/pkgconfig"
   install -m 0755 "$srcdir/criu/criu" "$new/bin/criu"
   install -m 0644 "$srcdir/criu/include/criu-plugin.h" "$srcdir/criu/include/criu-log.h" \
     "$new/include/criu/"
+  # libcriu as CRIU's own `make install-lib` lays it out (its Python part is not needed).
+  install -m 0755 "$srcdir/lib/c/libcriu.so" "$new/lib/libcriu.so.2"
+  ln -s libcriu.so.2 "$new/lib/libcriu.so"
+  install -m 0644 "$srcdir/lib/c/criu.h" "$srcdir/images/rpc.pb-c.h" \
+    "$srcdir/criu/include/version.h" "$new/include/criu/"
+  sed -e "s,@version@,$upstream," -e "s,@libdir@,$prefix/lib," \
+    -e "s,@includedir@,$prefix/include/criu/," "$srcdir/lib/c/criu.pc.in" \
+    >"$new/lib/pkgconfig/criu.pc"
   {
     echo "source criu $version"
     echo "tarball $(basename "$tarball") sha256 $(sha256sum "$tarball" | cut -d' ' -f1)"
@@ -201,9 +213,12 @@ else
   sed -i 's/^source criu /source /' "$new/share/gpuckpt-criu/build.txt"
 
   # Swap the new files in; an older install (a trixie tree run through its own loader) goes.
-  rm -rf "$prefix/root" "$prefix/root.old" "$prefix/lib/criu" "$prefix/include/criu"
-  mkdir -p "$prefix/bin" "$prefix/include" "$prefix/share/gpuckpt-criu"
+  rm -rf "$prefix/root" "$prefix/root.old" "$prefix/lib/criu" "$prefix/include/criu" \
+    "$prefix/lib/pkgconfig/criu.pc" "$prefix"/lib/libcriu.so*
+  mkdir -p "$prefix/bin" "$prefix/include" "$prefix/share/gpuckpt-criu" "$prefix/lib/pkgconfig"
   mv "$new/include/criu" "$prefix/include/criu"
+  mv "$new"/lib/libcriu.so* "$prefix/lib/"
+  mv "$new/lib/pkgconfig/criu.pc" "$prefix/lib/pkgconfig/"
   mv -f "$new/bin/criu" "$binary"
   mv -f "$new/share/gpuckpt-criu/build.txt" "$stamp"
   rm -f "$prefix/share/gpuckpt-criu/packages.txt"

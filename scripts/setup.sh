@@ -28,7 +28,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       nginx redis-server redis-tools
       # the container tests: containers run by runc from a bundle a test makes, and by
       # containerd and Docker (daemons each test starts) from images it builds (no registry);
-      # crun, whose containers gpuckpt names when it refuses them
+      # Debian's crun, built without CRIU (install-crun.sh builds one with it)
       runc containerd docker.io crun
       # the two-host tests: sshd runs only inside a network namespace that a test makes
       openssh-server openssh-client iproute2
@@ -60,6 +60,7 @@ if [ ! -f /usr/local/cuda/include/cuda.h ] && [ -z "${CUDA_HOME:-}" ]; then
 fi
 
 "$here/scripts/install-criu.sh"
+"$here/scripts/install-crun.sh"
 "$here/scripts/install-s3rver.sh"
 
 # Docker's restore passes CRIU no options but this file's (docs/OPERATORS.md, "Docker and

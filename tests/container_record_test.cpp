@@ -261,12 +261,13 @@ TEST(ContainerRecord, ALayerItDoesNotKnowIsACorruptRecord) {
             Errc::kCorrupt);
 }
 
-TEST(ContainerRecord, AWholeRootfsIsCarriedForARuncBundleOnly) {
+TEST(ContainerRecord, AWholeRootfsIsCarriedForABundlesContainerOnly) {
   json j = container::to_json(containerd_record());
   j["writable_layer"] = "rootfs";
   const Error e = test::error_from([&] { (void)container::container_record_from_json(j); });
   EXPECT_EQ(e.code(), Errc::kCorrupt);
-  EXPECT_NE(std::string(e.what()).find("only a runc bundle's container"), std::string::npos)
+  EXPECT_NE(std::string(e.what()).find("only a bundle's container (runc's, crun's)"),
+            std::string::npos)
       << e.what();
   j["runtime"] = "runc";
   j.erase("containerd");
@@ -287,6 +288,20 @@ TEST(ContainerRecord, AWholeRootfsIsCarriedForARuncBundleOnly) {
   EXPECT_STREQ(container::layer_file(back.layer), "rootfs.tar");
   EXPECT_EQ(container::container_record_from_json(container::target_check_json(back)).layer,
             WritableLayer::kRootfs);
+  // crun's bundles too, with the cgroup manager its restore needs.
+  j["runtime"] = "crun";
+  EXPECT_EQ(test::error_from([&] { (void)container::container_record_from_json(j); }).code(),
+            Errc::kCorrupt);
+  j["crun"] = {{"cgroup_manager", "cgroupv3"}};
+  EXPECT_EQ(test::error_from([&] { (void)container::container_record_from_json(j); }).code(),
+            Errc::kCorrupt);
+  j["crun"]["cgroup_manager"] = "systemd";
+  const ContainerRecord crun = container::container_record_from_json(j);
+  EXPECT_EQ(crun.runtime, ContainerRuntime::kCrun);
+  EXPECT_EQ(crun.layer, WritableLayer::kRootfs);
+  EXPECT_EQ(crun.cgroup_manager, "systemd");
+  EXPECT_EQ(container::container_record_from_json(container::to_json(crun)).cgroup_manager,
+            "systemd");
 }
 
 TEST(ContainerRecord, ALayerThatDidNotTravelSaysWhy) {

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
+#include "container/checkpoint.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/pidns.h"
@@ -260,68 +261,233 @@ TEST_F(E2eContainer, ADumpOfAProcessInAContainerNamesTheContainerAndFreezesNothi
   EXPECT_EQ(state.value("status", ""), "running");
 }
 
-// crun (podman's and CRI-O's runtime on some distributions) is no runtime gpuckpt dumps: a
-// process in its container, and the container by its ID, are refused naming it, and nothing is
-// frozen. crun refuses this machine's hybrid cgroups, so it runs where /sys/fs/cgroup is a
-// cgroup2 mount of its own mount namespace, without cgroups of its own.
-TEST_F(E2eContainer, ACrunContainerIsNamedAsCrunsAndNothingIsFrozen) {
-  const auto crun = find_executable("crun");
-  if (!crun) GTEST_SKIP() << "crun is not installed (scripts/setup.sh installs it)";
-  const fs::path crun_root = dir_.path() / "crun-root";
-  roots_.reset();
-  roots_.emplace("GPUCKPT_RUNC_ROOTS", root_.string() + ":" + crun_root.string());
-  // crun ARGS, its output (and the container's) into files: no pipe of ours stays open in it.
-  const auto crun_do = [&](const std::string& args) {
+// crun (podman's and CRI-O's runtime on some distributions) refuses this machine's hybrid
+// cgroups. `on_cgroup2(argv)` runs argv as on a host of cgroup v2 alone, crun's and gpuckpt's
+// alike: in a mount namespace of its own whose /sys/fs/cgroup is the unified hierarchy.
+std::vector<std::string> on_cgroup2(std::vector<std::string> argv) {
+  argv.insert(argv.begin(), {"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             "mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"", "sh"});
+  return argv;
+}
+
+class E2eCrun : public E2eContainer {
+ protected:
+  void SetUp() override {
+    E2eContainer::SetUp();
+    if (IsSkipped()) return;
+    crun_root_ = dir_.path() / "crun-root";
+    roots_.reset();
+    roots_.emplace("GPUCKPT_RUNC_ROOTS", root_.string() + ":" + crun_root_.string());
+    // crun's cgroupfs manager here may not raise RLIMIT_MEMLOCK for a devices program.
+    json spec = json::parse(read_file(bundle_ / "config.json"));
+    spec["linux"].erase("resources");
+    std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  }
+  void TearDown() override {
+    for (const auto& id : crun_started_) crun_do(crun_, {"delete", "--force", id});
+    crun_started_.clear();
+    E2eContainer::TearDown();
+  }
+
+  // crun ARGS under the test's crun root, as on a cgroup v2 host; its output (and that of a
+  // container it starts) into `out`, or into files: no pipe of the test's stays open in it.
+  ExitStatus crun_do(const fs::path& crun, std::vector<std::string> args, int out = -1) {
+    args.insert(args.begin(), {crun.string(), "--root", crun_root_.string()});
     SpawnOptions o;
     o.cwd = bundle_;
-    o.stdout_file = dir_.path() / "crun.out";
-    o.stderr_file = dir_.path() / "crun.err";
-    Child c = spawn({"unshare", "--mount", "--propagation", "private", "sh", "-c",
-                     "mount -t cgroup2 none /sys/fs/cgroup && exec " + crun->string() + " --root " +
-                         crun_root.string() + " --cgroup-manager=disabled " + args},
-                    o);
+    if (out >= 0) {
+      o.stdout_fd = out;
+      o.stderr_fd = out;
+    } else {
+      o.stdout_file = dir_.path() / "crun.out";
+      o.stderr_file = dir_.path() / "crun.err";
+    }
+    Child c = spawn(on_cgroup2(args), o);
     if (auto st = c.wait_for(60s)) return *st;
     c.kill(SIGKILL);
     return c.wait();
-  };
+  }
+
+  // Starts crun container `id` with `crun` and `manager` (its cgroup manager), its stdout and
+  // stderr a pipe that a process of the test drains, as a runtime's shim does. Its init's pid.
+  pid_t run_crun(const fs::path& crun, const std::string& id, const std::string& manager) {
+    int ends[2];
+    EXPECT_EQ(::pipe2(ends, O_CLOEXEC), 0);
+    UniqueFd drain(ends[0]), feed(ends[1]);
+    SpawnOptions d;
+    d.stdin_fd = drain.get();
+    d.stdout_file = dir_.path() / (id + ".log");
+    drains_.push_back(spawn({"cat"}, d));
+    drain.reset();
+    crun_ = crun;  // any crun deletes what another started
+    crun_started_.push_back(id);
+    const ExitStatus st =
+        crun_do(crun, {"--cgroup-manager=" + manager, "run", "--detach", id}, feed.get());
+    EXPECT_TRUE(st.ok()) << st.describe() << read_file(dir_.path() / (id + ".log"));
+    return crun_pid(id);
+  }
+
+  // The init of crun container `id` as crun's state has it; 0 if it has none.
+  pid_t crun_pid(const std::string& id) {
+    std::error_code ec;
+    if (!fs::exists(crun_root_ / id / "status", ec)) return 0;
+    const json status = json::parse(read_file(crun_root_ / id / "status"), nullptr, false);
+    return status.is_object() ? status.value("pid", 0) : 0;
+  }
+
+  // gpuckpt ARGS, as on a cgroup v2 host.
+  test::CliResult cli(const std::vector<std::string>& args) {
+    std::vector<std::string> argv{test::gpuckpt_binary().string()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    SpawnOptions o;
+    o.stderr_file = dir_.path() / "cli.err";
+    test::CliResult r;
+    const RunResult rr = run_capture(on_cgroup2(argv), 300s, o);
+    r.exit_code = rr.status.exited ? rr.status.code : 128 + rr.status.code;
+    r.out = rr.output;
+    r.err = read_file(o.stderr_file);
+    return r;
+  }
+
+  fs::path crun_root_, crun_;
+  std::vector<std::string> crun_started_;
+};
+
+// A crun container, cgroups of its own (crun's cgroupfs manager): `dump --container` takes it
+// whole, and `restore --container` brings it back as a container crun lists, with its data,
+// through crun's own restore (its libcriu running gpuckpt's CRIU on the streamed images); then
+// a replica beside it, in a network namespace of its own, on the same port.
+TEST_F(E2eCrun, ACrunContainerComesBackAsACrunContainerWithItsData) {
+  fs::path crun;
+  try {
+    crun = container::crun_binary();
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
   const std::string id = unique_id("crun");
-  const ExitStatus run = crun_do("run --detach " + id);
-  struct Delete {
-    std::function<void()> f;
-    ~Delete() { f(); }
-  } deleted{[&] {
-    try {
-      crun_do("delete --force " + id);
-    } catch (const std::exception& e) {
-      ADD_FAILURE() << "crun delete " << id << ": " << e.what();
-    }
-  }};
-  ASSERT_TRUE(run.ok()) << run.describe() << read_file(dir_.path() / "crun.err");
-  const json status = json::parse(read_file(crun_root / id / "status"), nullptr, false);
-  ASSERT_TRUE(status.is_object());
-  const pid_t init = status.value("pid", 0);
+  const pid_t init = run_crun(crun, id, "cgroupfs");
   ASSERT_GT(init, 0);
   ASSERT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
+  ASSERT_EQ(redis(init, {"DEBUG", "POPULATE", "20000"}), "OK");
+  const std::string digest = redis(init, {"DEBUG", "DIGEST"});
+  ASSERT_EQ(digest.size(), 40u) << digest;
 
-  const fs::path out = dir_.path() / "c.ckpt";
-  for (const bool by_id : {false, true}) {
-    SCOPED_TRACE(by_id ? "--container" : "--pid");
-    const auto r = test::run_cli({"--json", "dump", by_id ? "--container" : "--pid",
-                                  by_id ? id : std::to_string(init), "-o", out.string()});
-    EXPECT_EQ(r.exit_code, 10) << r.err;
-    const json j = json::parse(r.out, nullptr, false);
-    ASSERT_TRUE(j.is_object()) << r.out;
-    const std::string msg = j["error"].value("message", "");
-    EXPECT_NE(msg.find("crun container " + id + " (crun root " + crun_root.string() + ")"),
-              std::string::npos)
-        << msg;
-    EXPECT_EQ(msg.find("as its init") != std::string::npos, !by_id) << msg;
-    EXPECT_NE(msg.find("podman --runtime runc"), std::string::npos) << msg;
-    EXPECT_EQ(msg.find("made by no container runtime"), std::string::npos) << msg;
-    EXPECT_NE(msg.find("nothing was frozen"), std::string::npos) << msg;
-    EXPECT_FALSE(fs::exists(out));
-    EXPECT_EQ(test::process_state(init), 'S');
+  // A process inside is named with its container, and the command that takes it whole.
+  const auto byp = cli(
+      {"--json", "dump", "--pid", std::to_string(init), "-o", (dir_.path() / "p.ckpt").string()});
+  EXPECT_EQ(byp.exit_code, 10) << byp.err;
+  EXPECT_NE(byp.out.find("runs in the crun container " + id + " (crun root " + crun_root_.string() +
+                         "), as its init"),
+            std::string::npos)
+      << byp.out;
+  EXPECT_NE(byp.out.find("gpuckpt dump --container '" + id + "'"), std::string::npos) << byp.out;
+
+  const fs::path ckpt = dir_.path() / "c.ckpt";
+  auto d = cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_EQ(json::parse(d.out, nullptr, false).value("container", ""), id) << d.out;
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_EQ(crun_pid(id), 0) << "crun still has the container it dumped";
+
+  const auto i = test::run_cli({"--json", "inspect", ckpt.string()});
+  const json rec = json::parse(i.out, nullptr, false)["extra"]["process"]["container"];
+  EXPECT_EQ(rec.value("runtime", ""), "crun") << i.out;
+  EXPECT_EQ(rec.value("root", ""), crun_root_.string());
+  EXPECT_EQ(rec["crun"].value("cgroup_manager", ""), "cgroupfs") << i.out;
+
+  auto r = cli({"--json", "restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const json rj = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(rj.is_object()) << r.out;
+  EXPECT_EQ(rj.value("container", ""), id);
+  EXPECT_EQ(rj.value("staging_mode", ""), "stream") << r.out;
+  const pid_t back = crun_pid(id);
+  ASSERT_GT(back, 0) << "crun does not know the restored container";
+  EXPECT_EQ(rj.value("pid", 0), back);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  ASSERT_TRUE(crun_do(crun, {"list"}).ok());
+  const std::string list = read_file(dir_.path() / "crun.out");
+  EXPECT_NE(list.find(id), std::string::npos) << list;
+  EXPECT_NE(list.find("running"), std::string::npos) << list;
+
+  const std::string replica = unique_id("crun-r");
+  crun_started_.push_back(replica);
+  r = cli({"--json", "restore", ckpt.string(), "--container", replica});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t twin = crun_pid(replica);
+  ASSERT_GT(twin, 0);
+  EXPECT_EQ(redis(twin, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+}
+
+// gpuckpt killed at each phase of a crun container's dump before the checkpoint is durable: the
+// container runs again with its data, and crun still knows it. Killed while crun restores a
+// copy, or just after: crun keeps no half-made container, and the restore runs again.
+TEST_F(E2eCrun, ACrunContainerKilledAtAnyPhaseRunsAgainAndCrunKeepsNoHalfMadeCopy) {
+  fs::path crun;
+  try {
+    crun = container::crun_binary();
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
   }
+  const std::string id = unique_id("crun-f");
+  const pid_t init = run_crun(crun, id, "cgroupfs");
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
+  ASSERT_EQ(redis(init, {"DEBUG", "POPULATE", "5000"}), "OK");
+  const std::string digest = redis(init, {"DEBUG", "DIGEST"});
+  const fs::path ckpt = dir_.path() / "f.ckpt";
+  const auto launcher = on_cgroup2({});
+  for (const std::string point : {"criu_dump", "compress_write"}) {
+    SCOPED_TRACE(point);
+    EXPECT_FALSE(test::signalled_at({"dump", "--container", id, "-o", ckpt.string()}, point,
+                                    SIGKILL, dir_.path(), launcher)
+                     .exited);
+    EXPECT_TRUE(test::runs_again(init)) << "the container was left frozen";
+    EXPECT_EQ(crun_pid(id), init);
+    EXPECT_TRUE(test::wait_until([&] { return redis(init, {"DEBUG", "DIGEST"}) == digest; }));
+    EXPECT_TRUE(test::wait_until([&] { return !fs::exists(ckpt); }));
+    EXPECT_TRUE(test::wait_unlocked(init)) << "the guard never finished its recovery";
+  }
+  ASSERT_EQ(cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code, 0);
+  const std::string copy = unique_id("crun-h");
+  crun_started_.push_back(copy);
+  // restore_pages: while crun's CRIU reads the images from gpuckpt, crun's directory of the
+  // copy made, its status not yet.
+  for (const std::string point : {"criu_restore", "restore_pages", "criu_restored"}) {
+    SCOPED_TRACE(point);
+    (void)test::signalled_at({"restore", ckpt.string(), "--container", copy}, point, SIGKILL,
+                             dir_.path(), launcher);
+    EXPECT_TRUE(test::wait_until([&] { return !fs::exists(crun_root_ / copy); }))
+        << "crun keeps the half-made container";
+    EXPECT_TRUE(test::wait_until([&] { return test::container_restore_dirs(copy).empty(); }));
+  }
+  const auto r = cli({"restore", ckpt.string(), "--container", copy});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(redis(crun_pid(copy), {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
+}
+
+// A crun without CRIU (Debian 12's) could not bring a container back: the dump is refused
+// naming it before anything is frozen, as is a restore.
+TEST_F(E2eCrun, ACrunWithoutCriuIsRefusedBeforeAnythingIsFrozen) {
+  const auto debians = find_executable("crun");
+  if (!debians) GTEST_SKIP() << "crun is not installed (scripts/setup.sh installs it)";
+  if (run_capture({debians->string(), "--version"}, 30s).output.find("+CRIU") != std::string::npos)
+    GTEST_SKIP() << debians->string() << " has CRIU: no crun without it here";
+  const std::string id = unique_id("nocriu");
+  const pid_t init = run_crun(*debians, id, "disabled");
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
+  test::ScopedEnv only("GPUCKPT_CRUN", debians->string());
+  const fs::path out = dir_.path() / "c.ckpt";
+  const auto r = cli({"--json", "dump", "--container", id, "-o", out.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  const std::string msg = json::parse(r.out, nullptr, false)["error"].value("message", "");
+  EXPECT_NE(msg.find(debians->string() + " was built without CRIU"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Nothing was frozen"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_EQ(test::process_state(init), 'S');
   EXPECT_EQ(redis(init, {"PING"}), "PONG");
 }
 

@@ -89,7 +89,7 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s) {
 }
 
 Child paused_cli(const std::vector<std::string>& args, const std::string& point,
-                 const fs::path& dir, Resume resume) {
+                 const fs::path& dir, Resume resume, const std::vector<std::string>& launcher) {
   // A point gpuckpt does not have would never pause it: the test would wait out its timeout.
   if (std::none_of(std::begin(fault::kAll), std::end(fault::kAll),
                    [&](const char* p) { return point == p; }))
@@ -102,7 +102,8 @@ Child paused_cli(const std::vector<std::string>& args, const std::string& point,
   if (resume == Resume::kWhenUnmarked) o.env.push_back("GPUCKPT_FAULT_RESUME=unmark");
   o.stderr_file = dir / "cli.err";
   o.stdout_file = dir / "cli.out";
-  std::vector<std::string> argv{gpuckpt_binary().string()};
+  std::vector<std::string> argv = launcher;
+  argv.push_back(gpuckpt_binary().string());
   argv.insert(argv.end(), args.begin(), args.end());
   Child c = spawn(argv, o);
   EXPECT_TRUE(wait_until([&] { return fs::exists(mark); }, std::chrono::seconds(60)))
@@ -417,8 +418,9 @@ char process_state(pid_t pid) {
 }
 
 ExitStatus signalled_at(const std::vector<std::string>& args, const std::string& point, int sig,
-                        const std::filesystem::path& dir) {
-  Child g = paused_cli(args, point, dir);
+                        const std::filesystem::path& dir,
+                        const std::vector<std::string>& launcher) {
+  Child g = paused_cli(args, point, dir, Resume::kNever, launcher);
   g.kill(sig);
   return g.wait();
 }

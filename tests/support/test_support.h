@@ -55,13 +55,16 @@ CliResult run_cli(const std::vector<std::string>& args, int timeout_s = 300);
 // returns once it is there. Its stdout and stderr go to DIR/cli.out and DIR/cli.err.
 // `resume`: kOnInterrupt, it goes on from there once a signal's rollback has begun
 // ($GPUCKPT_FAULT_RESUME=interrupt), racing the guard as an unpaused gpuckpt would;
-// kWhenUnmarked, once the test calls resume_paused.
+// kWhenUnmarked, once the test calls resume_paused. `launcher`: a command line that execs
+// gpuckpt (appended to it) in its own pid, such as `unshare` without --fork.
 enum class Resume { kNever, kOnInterrupt, kWhenUnmarked };
 Child paused_cli(const std::vector<std::string>& args, const std::string& point,
-                 const std::filesystem::path& dir, Resume resume = Resume::kNever);
+                 const std::filesystem::path& dir, Resume resume = Resume::kNever,
+                 const std::vector<std::string>& launcher = {});
 // gpuckpt with `args` held at `point` (paused_cli), then sent `sig`: how it ended.
 ExitStatus signalled_at(const std::vector<std::string>& args, const std::string& point, int sig,
-                        const std::filesystem::path& dir);
+                        const std::filesystem::path& dir,
+                        const std::vector<std::string>& launcher = {});
 // Lets a gpuckpt that paused_cli held at `point` with Resume::kWhenUnmarked go on.
 void resume_paused(const std::filesystem::path& dir, const std::string& point);
 

@@ -83,8 +83,9 @@ std::optional<PodNamespace> pod_namespace_from(std::string_view name);
 using PodNamespaces = std::map<PodNamespace, std::filesystem::path>;
 
 // The OCI runtime setup that ran a container: its restore goes through the same.
-enum class ContainerRuntime { kRunc, kDocker, kContainerd };
-const char* container_runtime_name(ContainerRuntime r);  // "runc", "docker", "containerd"
+enum class ContainerRuntime { kRunc, kDocker, kContainerd, kCrun };
+// "runc", "docker", "containerd", "crun"
+const char* container_runtime_name(ContainerRuntime r);
 
 // A container's writable layer (the files it wrote into its image's rootfs), as its
 // checkpoint holds it.

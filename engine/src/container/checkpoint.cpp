@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <thread>
@@ -111,8 +112,19 @@ std::vector<MountInfo> mounts_of(pid_t pid) {
   return out;
 }
 
-std::vector<std::string> runc_argv(const std::string& root) {
-  return {runc_binary().string(), "--root", root};
+std::vector<std::string> runtime_argv(Runtime runtime, const std::string& root) {
+  if (runtime != Runtime::kCrun) return {runc_binary().string(), "--root", root};
+  fs::path crun;
+  try {
+    crun = crun_binary();
+  } catch (const Error&) {
+    // Killing and deleting need no CRIU: a crun without it does.
+    if (auto p = find_executable("crun"))
+      crun = *p;
+    else
+      throw;
+  }
+  return {crun.string(), "--root", root};
 }
 
 namespace {
@@ -150,16 +162,21 @@ Container find(const std::string& name) {
           frozen = read_file(fs::path(v1) / "freezer.state");
         else if (!v2.empty())
           frozen = read_file(fs::path(v2) / "cgroup.freeze");
+        else if (c.root.runtime == Runtime::kCrun && !process::frozen_cgroup(c.init_pid).empty())
+          frozen = "FROZEN";  // crun's state names no freezer: its init's cgroup says
       } catch (const Error&) {
       }
-      if (frozen.rfind("FROZEN", 0) == 0 || frozen.rfind("1", 0) == 0)
-        throw Error(Errc::kProcess, "the " + c.describe() +
-                                        " is paused: resume it first (runc resume); nothing was "
-                                        "frozen");
+      if (frozen.rfind("FROZEN", 0) == 0 || frozen.rfind("1", 0) == 0) {
+        const std::string resume =
+            c.root.runtime == Runtime::kDocker ? "docker unpause"
+            : c.root.runtime == Runtime::kContainerd
+                ? "ctr task resume"
+                : container_runtime_name(c.root.runtime) + std::string(" resume");
+        throw Error(Errc::kProcess, "the " + c.describe() + " is paused: resume it first (" +
+                                        resume + "); nothing was frozen");
+      }
       return std::move(c);
     }
-  if (const auto c = crun_container(id))
-    throw Error(Errc::kProcess, "the " + c->describe() + " cannot be dumped: " + c->refusal());
   std::vector<std::string> known;
   for (const auto& root : state_roots()) {
     if (state_json(root, id))
@@ -172,7 +189,7 @@ Container find(const std::string& name) {
   std::string list;
   for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
   throw Error(Errc::kInvalidInput,
-              "no running container " + id + " is known to runc, Docker or containerd here" +
+              "no running container " + id + " is known to runc, crun, Docker or containerd here" +
                   (list.empty() ? std::string(" (none runs)") : " (running: " + list + ")") +
                   "; a runc started with --root DIR is found through $GPUCKPT_RUNC_ROOTS");
 }
@@ -334,7 +351,7 @@ DockerRecord docker_part(const Container& c, fs::path& upper) {
 DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) {
   const auto state = state_json(c.root, c.id);
   if (!state || !state->contains("config"))
-    throw Error(Errc::kInvalidInput, "runc's state of the " + c.describe() + " is gone");
+    throw Error(Errc::kInvalidInput, "the runtime's state of the " + c.describe() + " is gone");
   const json& config = state->at("config");
   DumpPlan p;
   ContainerRecord& r = p.record;
@@ -342,11 +359,24 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
   r.root = c.root.path.string();
   r.id = c.id;
   r.rootfs = config.value("rootfs", "");
+  if (r.runtime == Runtime::kCrun) {
+    // Its restore is crun's, whose CRIU support is built in or not at all: a dump that ends
+    // the container must know that this host could bring it back.
+    try {
+      (void)crun_binary();
+    } catch (const Error& e) {
+      throw e.with_context("", ". Nothing was frozen");
+    }
+    const json& cr = state->at("crun");
+    r.cgroup_manager = cr.value("systemd_cgroup", false)     ? "systemd"
+                       : cr.value("cgroup_path", "").empty() ? "disabled"
+                                                             : "cgroupfs";
+  }
   if (carry_rootfs) {
-    if (r.runtime != Runtime::kRunc)
+    if (!runs_bundles(r.runtime))
       throw Error(Errc::kUsage,
-                  "--with-rootfs carries the rootfs of a container that runc runs from a "
-                  "bundle; the " +
+                  "--with-rootfs carries the rootfs of a container that runc or crun runs from "
+                  "a bundle; the " +
                       c.describe() +
                       " runs from an image, whose checkpoint carries its writable layer "
                       "anyway, and a restore finds the image by its digest. Nothing was frozen");
@@ -426,11 +456,13 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
     for (const auto& m : mounts)
       if (m.fstype == "cgroup" && m.mount_point.rfind("/sys/fs/cgroup/", 0) == 0)
         external(m.mount_point, m.mount_point, "");
-  // Masked files are /dev/null bound over them.
+  // Masked files are /dev/null bound over them. runc's restore maps the key /dev/null to
+  // /dev/null, crun's maps each path to /dev/null (its criu.c).
   for (const auto& path : config.value("mask_paths", std::vector<std::string>{})) {
     struct stat st {};
     const std::string inside = "/proc/" + std::to_string(init) + "/root" + path;
-    if (::stat(inside.c_str(), &st) == 0 && !S_ISDIR(st.st_mode)) external(path, "/dev/null", "");
+    if (::stat(inside.c_str(), &st) == 0 && !S_ISDIR(st.st_mode))
+      external(path, r.runtime == Runtime::kCrun ? path : "/dev/null", "");
   }
   for (const auto& d : config.value("devices", json::array())) {
     const std::string path = d.value("path", "");
@@ -588,7 +620,7 @@ std::uint64_t write_layer_archive(const DumpPlan& p, const fs::path& images_dir,
     out.layer = WritableLayer::kRootfs;
     from = p.record.rootfs;
     what = "the rootfs of container " + p.record.id;
-  } else if (p.record.runtime == Runtime::kRunc) {
+  } else if (runs_bundles(p.record.runtime)) {
     out.layer = WritableLayer::kNone;
     return 0;
   } else if (p.upper_dir.empty()) {
@@ -651,6 +683,50 @@ fs::path runc_binary() {
 
 namespace {
 
+// Whether `crun --version` lists +CRIU: crun has checkpoint and restore only when built with
+// libcriu (Debian 12's is not).
+bool crun_has_criu(const fs::path& crun) {
+  static std::mutex mu;
+  static std::map<fs::path, bool> known;
+  std::lock_guard lk(mu);
+  if (const auto it = known.find(crun); it != known.end()) return it->second;
+  const RunResult r = run_capture({crun.string(), "--version"}, std::chrono::seconds(30));
+  const bool has = r.status.ok() && r.output.find("+CRIU") != std::string::npos;
+  known.emplace(crun, has);
+  return has;
+}
+
+}  // namespace
+
+fs::path crun_binary() {
+  std::vector<fs::path> tried;
+  if (const char* e = std::getenv("GPUCKPT_CRUN"); e && *e) {
+    tried.emplace_back(e);
+  } else {
+    if (auto p = find_executable("crun")) tried.push_back(*p);
+    try {
+      tried.push_back(criu::locate().binary.parent_path() / "crun");
+    } catch (const Error&) {
+      // No CRIU of gpuckpt's: its prefix holds no crun either.
+    }
+  }
+  std::string why;
+  for (const auto& c : tried) {
+    std::error_code ec;
+    if (!fs::exists(c, ec)) continue;
+    if (crun_has_criu(c)) return c;
+    why += (why.empty() ? "" : "; ") + c.string() +
+           " was built without CRIU (`crun --version` lacks +CRIU)";
+  }
+  throw Error(Errc::kUsage,
+              "no crun that can checkpoint and restore was found" +
+                  (why.empty() ? std::string(" (none on PATH)") : " (" + why + ")") +
+                  ": set GPUCKPT_CRUN to a crun built with libcriu, as podman's and CRI-O's "
+                  "are; scripts/install-crun.sh builds one into gpuckpt's CRIU prefix");
+}
+
+namespace {
+
 // Whether `done` holds within `bound`, asked every 20 ms: a daemon's view of a container follows
 // its init's end by a moment, and it tells nobody when.
 bool within(std::chrono::milliseconds bound, const std::function<bool()>& done) {
@@ -695,12 +771,15 @@ std::string forget_run(const Container& c) {
       return {};
     }
     case Runtime::kRunc:
+    case Runtime::kCrun:
       break;
   }
-  auto argv = runc_argv(c.root.path.string());
+  auto argv = runtime_argv(c.root.runtime, c.root.path.string());
   argv.insert(argv.end(), {"delete", "--force", c.id});
   const RunResult res = run_capture(argv, std::chrono::seconds(60));
-  if (!res.status.ok()) return "runc delete " + c.id + ": " + res.output;
+  if (!res.status.ok())
+    return std::string(container_runtime_name(c.root.runtime)) + " delete " + c.id + ": " +
+           res.output;
   return {};
 }
 
@@ -785,8 +864,9 @@ void destroy(const Container& c) {
       case Runtime::kDocker:
         docker::Client().kill(c.id);
         break;
-      case Runtime::kRunc: {
-        auto kill = runc_argv(c.root.path.string());
+      case Runtime::kRunc:
+      case Runtime::kCrun: {
+        auto kill = runtime_argv(c.root.runtime, c.root.path.string());
         kill.insert(kill.end(), {"kill", c.id, "KILL"});
         (void)run_capture(kill, std::chrono::seconds(30));
         break;

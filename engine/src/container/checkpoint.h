@@ -95,6 +95,10 @@ std::string remove_ended(const Container& c);
 
 // The runc binary: $GPUCKPT_RUNC, else runc on PATH. Throws Error(kInvalidInput).
 std::filesystem::path runc_binary();
+// A crun that can checkpoint and restore (built with libcriu: +CRIU in `crun --version`):
+// $GPUCKPT_CRUN, else crun on PATH, else the one that scripts/install-crun.sh builds beside
+// gpuckpt's CRIU. Throws Error(kUsage) naming each crun found and why it cannot.
+std::filesystem::path crun_binary();
 
 struct RestoreRequest {
   const ContainerRecord* record = nullptr;
@@ -179,6 +183,12 @@ void restore_loopback(const ContainerRecord& r, pid_t init);
 // (runc's bundle, the CRIU wrapper for containerd's shim), if any: a restore that runc left
 // unmade (the container's own deletion, remove_ended, removes it with it).
 void remove_restore_bundle(const std::filesystem::path& root, const std::string& id);
+// crun's restore makes ROOT/ID (its copy of the spec) before CRIU runs and its status only once
+// CRIU has restored; one that failed leaves the directory, which holds the ID. Removes it
+// (`crun delete --force`) where it is what a restore of gpuckpt's made for that ID (the spec
+// names that restore's CRIU configuration); nothing for another runtime, a container with its
+// status, or a directory another made. Returns why it failed ("" when it did not).
+std::string remove_half_made(const Container& c);
 // Waits until the runtime has no start of container `c` in flight: a start that gpuckpt asked
 // dockerd for goes on after gpuckpt dies (containerd unpacking the images, its runc restoring),
 // and what it leaves is known only then. False if that is not known within `limit` (dockerd

@@ -58,8 +58,9 @@ struct MountInfo {
 // /proc/PID/mountinfo as its process sees it (mount points relative to its root).
 std::vector<MountInfo> mounts_of(pid_t pid);
 
-// runc with the root `root`: the start of every runc command line.
-std::vector<std::string> runc_argv(const std::string& root);
+// runc, or crun for Runtime::kCrun, with the root `root`: the start of every command line of a
+// bare runtime.
+std::vector<std::string> runtime_argv(Runtime runtime, const std::string& root);
 
 // The overlay upper directory among a snapshot's mount options; empty if none.
 std::filesystem::path upper_of(const std::vector<containerd::Mount>& mounts);

@@ -29,6 +29,7 @@ Runtime runtime_from(const std::string& s) {
   if (s == "runc") return Runtime::kRunc;
   if (s == "docker") return Runtime::kDocker;
   if (s == "containerd") return Runtime::kContainerd;
+  if (s == "crun") return Runtime::kCrun;
   throw Error(Errc::kCorrupt, "unknown container runtime '" + s + "' in the container record");
 }
 
@@ -93,6 +94,7 @@ json to_json(const ContainerRecord& r) {
         {"snapshotter", c->snapshotter},
         {"snapshot_parent", c->snapshot_parent},
         {"sandbox", c->sandbox}};
+  if (r.runtime == Runtime::kCrun) j["crun"] = {{"cgroup_manager", r.cgroup_manager}};
   if (const auto& d = r.docker)
     j["docker"] = {{"name", d->name},
                    {"config", d->config},
@@ -152,10 +154,10 @@ ContainerRecord container_record_from_json(const json& j) {
       r.layer = layer_from(j["writable_layer"].get<std::string>());
       r.layer_why = j.value("writable_layer_why", "");
       if (r.layer == WritableLayer::kRootfs) {
-        if (r.runtime != Runtime::kRunc)
+        if (!runs_bundles(r.runtime))
           throw Error(Errc::kCorrupt,
-                      "the container record carries a whole rootfs, which only a runc bundle's "
-                      "container does");
+                      "the container record carries a whole rootfs, which only a bundle's "
+                      "container (runc's, crun's) does");
         const json& o = j.at("rootfs_origin");
         r.rootfs_origin = RootfsOrigin{
             o.at("token").get<std::string>(), o.value("boot_id", ""),
@@ -168,7 +170,7 @@ ContainerRecord container_record_from_json(const json& j) {
       }
     } else if (j.value("rootfs_diff", false)) {  // recorded by gpuckpt before 2026-12-06
       r.layer = WritableLayer::kCarried;
-    } else if (r.runtime != Runtime::kRunc) {
+    } else if (!runs_bundles(r.runtime)) {
       r.layer = WritableLayer::kEmpty;
     }
     if (j.contains("containerd")) {
@@ -195,6 +197,13 @@ ContainerRecord container_record_from_json(const json& j) {
     if (j.contains("docker"))
       r.docker = DockerRecord{j["docker"].at("name").get<std::string>(), j["docker"].at("config"),
                               j["docker"].at("host_config"), j["docker"].value("image_id", "")};
+    if (r.runtime == Runtime::kCrun) {
+      r.cgroup_manager = j.at("crun").at("cgroup_manager").get<std::string>();
+      if (r.cgroup_manager != "cgroupfs" && r.cgroup_manager != "systemd" &&
+          r.cgroup_manager != "disabled")
+        throw Error(Errc::kCorrupt, "unknown crun cgroup manager '" + r.cgroup_manager +
+                                        "' in the container record");
+    }
     if ((r.runtime == Runtime::kContainerd && !r.containerd) ||
         (r.runtime == Runtime::kDocker && !r.docker))
       throw Error(Errc::kCorrupt, std::string("the container record lacks its ") +
@@ -231,6 +240,8 @@ const char* container_runtime_name(ContainerRuntime r) {
       return "docker";
     case ContainerRuntime::kContainerd:
       return "containerd";
+    case ContainerRuntime::kCrun:
+      return "crun";
     case ContainerRuntime::kRunc:
       break;
   }

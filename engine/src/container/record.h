@@ -95,7 +95,16 @@ struct ContainerRecord {
   std::optional<RootfsOrigin> rootfs_origin;   // kRootfs
   std::optional<ContainerdRecord> containerd;  // Runtime::kContainerd
   std::optional<DockerRecord> docker;          // Runtime::kDocker
+  // Runtime::kCrun: how crun ran its cgroups ("cgroupfs", "systemd", or "disabled": none of its
+  // own), which crun's restore must be told again, as its global --cgroup-manager.
+  std::string cgroup_manager;
 };
+
+// A runtime that runs a container from a bundle directory (runc's, crun's), not from an image
+// that a daemon keeps.
+inline bool runs_bundles(Runtime r) {
+  return r == Runtime::kRunc || r == Runtime::kCrun;
+}
 
 nlohmann::json to_json(const ContainerRecord& r);
 // What check_restore_target reads of `r`, as to_json writes it: the record less what only the

@@ -267,6 +267,38 @@ fs::path make_restore_dir(const fs::path& root, const std::string& id) {
 
 }  // namespace
 
+namespace {
+
+// crun's directory of container `id` under `root` that has no status (half-made, or being made).
+bool crun_without_status(const fs::path& root, const std::string& id) {
+  std::error_code ec;
+  return valid_id(id) && fs::is_directory(root / id, ec) && !fs::exists(root / id / "status", ec);
+}
+
+}  // namespace
+
+std::string remove_half_made(const Container& c) {
+  if (c.root.runtime != Runtime::kCrun || !crun_without_status(c.root.path, c.id)) return {};
+  const fs::path dir = c.root.path / c.id;
+  json spec;
+  try {
+    spec = json::parse(read_file(dir / "config.json"));
+  } catch (const std::exception&) {
+    return {};  // not crun's copy of a spec gpuckpt wrote: not ours to remove
+  }
+  const json notes = spec.is_object() ? spec.value("annotations", json::object()) : json();
+  if (!notes.is_object() || notes.value("org.criu.config", json()) !=
+                                (restore_dir(c.root.path, c.id) / "criu.conf").string())
+    return {};
+  auto argv = runtime_argv(Runtime::kCrun, c.root.path.string());
+  argv.insert(argv.end(), {"delete", "--force", c.id});
+  const RunResult res = run_capture(argv, std::chrono::seconds(60));
+  std::error_code ec;
+  if (!res.status.ok() || fs::exists(dir, ec))
+    return "crun delete --force " + c.id + " left " + dir.string() + ": " + res.output;
+  return {};
+}
+
 void remove_restore_bundle(const fs::path& root, const std::string& id) {
   if (!valid_id(id)) return;
   std::error_code ec;
@@ -275,26 +307,39 @@ void remove_restore_bundle(const fs::path& root, const std::string& id) {
 
 namespace {
 
+// A bare runtime's (runc's, crun's) target.
 void check_runc_target(const ContainerRecord& r, const std::string& id) {
-  (void)runc_binary();
-  const StateRoot root{Runtime::kRunc, r.root, ""};
+  const std::string name = container_runtime_name(r.runtime);
+  try {
+    (void)(r.runtime == Runtime::kCrun ? crun_binary() : runc_binary());
+  } catch (const Error& e) {
+    throw e.with_context("", ". Nothing was restored");
+  }
+  const StateRoot root{r.runtime, r.root, ""};
+  if (r.runtime == Runtime::kCrun && crun_without_status(root.path, id))
+    throw Error(Errc::kExists,
+                "crun (root " + r.root + ") holds a container " + id +
+                    " without its status: one being made, or left by a restore or `crun run` "
+                    "that failed. If none runs, delete it (crun --root " +
+                    r.root + " delete --force " + id +
+                    "), or restore under another ID (--container NEW_ID). Nothing was restored");
   const auto roots = state_roots();
   if (std::none_of(roots.begin(), roots.end(),
                    [&](const StateRoot& k) { return k.path == root.path; }))
-    throw Error(Errc::kInvalidInput, "the checkpoint's runc root " + r.root +
+    throw Error(Errc::kInvalidInput, "the checkpoint's " + name + " root " + r.root +
                                          " is none that gpuckpt knows here: name it in "
                                          "$GPUCKPT_RUNC_ROOTS. Nothing was restored");
   if (state_json(root, id)) {
     const auto all = running();
     if (std::any_of(all.begin(), all.end(),
                     [&](const Container& c) { return c.id == id && c.root.path == root.path; }))
-      throw Error(Errc::kExists, "runc (root " + r.root + ") already has a container " + id +
+      throw Error(Errc::kExists, name + " (root " + r.root + ") already has a container " + id +
                                      " running: restore under another ID (--container NEW_ID)");
-    // Stopped: a dump that ended it but was itself ended before runc forgot it. Nothing of it
-    // runs, so nothing is lost by forgetting it now.
-    spdlog::info("runc (root {}) still lists the ended container {}: deleting it", r.root, id);
+    // Stopped: a dump that ended it but was itself ended before its runtime forgot it. Nothing
+    // of it runs, so nothing is lost by forgetting it now.
+    spdlog::info("{} (root {}) still lists the ended container {}: deleting it", name, r.root, id);
     if (const std::string why = remove_ended({root, id}); !why.empty())
-      throw Error(Errc::kExists, "runc (root " + r.root + ") has a stopped container " + id +
+      throw Error(Errc::kExists, name + " (root " + r.root + ") has a stopped container " + id +
                                      " that could not be deleted: " + why);
   }
 }
@@ -452,7 +497,7 @@ void check_restore_target(const ContainerRecord& r, const std::string& id,
     }
   }
   std::error_code ec;
-  if (r.runtime == Runtime::kRunc && r.layer != WritableLayer::kRootfs &&
+  if (runs_bundles(r.runtime) && r.layer != WritableLayer::kRootfs &&
       !fs::exists(fs::symlink_status(r.rootfs, ec)))
     throw Error(Errc::kInvalidInput,
                 r.rootfs +
@@ -479,12 +524,15 @@ fs::path stdio_log(const RestoreRequest& q) {
   return fs::path(kLogsDir) / (q.id + ".log");
 }
 
-Container running_as(const std::string& root, const std::string& id) {
+Container running_as(Runtime runtime, const std::string& root, const std::string& id) {
   for (auto& found : running())
     if (found.id == id && found.root.path == root) return std::move(found);
-  throw Error(Errc::kProcess, "container " + id + " was restored, but runc (root " + root +
+  throw Error(Errc::kProcess, "container " + id + " was restored, but " +
+                                  container_runtime_name(runtime) + " (root " + root +
                                   ") does not list it running");
 }
+
+fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir);
 
 // CRIU's failure, with the lines of its log that say why.
 [[noreturn]] void restore_failed(const RestoreRequest& q, const std::string& how,
@@ -513,10 +561,29 @@ Container runc_restore_from(const RestoreRequest& q) {
   spec["annotations"]["org.criu.config"] = (bundle / "criu.conf").string();
   write_file_atomic(bundle / "config.json", spec.dump(1));
 
-  const fs::path runc_log = q.work / "runc.log";
-  auto argv = runc_argv(r.root);
-  argv.insert(argv.end(), {"--log", runc_log.string(), "--criu", q.criu.string(), "restore",
-                           "--detach", "--image-path", q.images.string(), "--work-path",
+  const std::string name = container_runtime_name(r.runtime);
+  const fs::path runc_log = q.work / (name + ".log");
+  auto argv = runtime_argv(r.runtime, r.root);
+  SpawnOptions so;
+  so.env = q.env;
+  if (r.runtime == Runtime::kCrun) {
+    // crun takes no CRIU binary and reads no configuration file of gpuckpt's (1.8 reads none):
+    // its libcriu runs the `criu` first on its PATH, which here is a wrapper that runs gpuckpt's
+    // CRIU with this restore's configuration.
+    const char* path = std::getenv("PATH");
+    so.env.push_back("PATH=" + criu_wrapper(q, bundle).parent_path().string() + ":" +
+                     (path && *path ? path : "/usr/sbin:/usr/bin:/sbin:/bin"));
+    argv.insert(argv.end(),
+                {"--cgroup-manager=" + r.cgroup_manager, "--log", runc_log.string(), "restore"});
+    // CRIU reads that configuration before crun's request, which sets these four from crun's
+    // own options whatever the file says: crun must be given them.
+    for (const auto& l : q.criu_config)
+      if (l == "tcp-established" || l == "file-locks" || l == "ext-unix-sk" || l == "shell-job")
+        argv.push_back("--" + l);
+  } else {
+    argv.insert(argv.end(), {"--log", runc_log.string(), "--criu", q.criu.string(), "restore"});
+  }
+  argv.insert(argv.end(), {"--detach", "--image-path", q.images.string(), "--work-path",
                            q.work.string(), "--bundle", bundle.string(), q.id});
   // runc hands its stdio to the container (CRIU's inherit-fd for the recorded stdio pipes).
   // A pipe, drained into the log by a process of its own that outlives gpuckpt, as a
@@ -535,8 +602,6 @@ Container runc_restore_from(const RestoreRequest& q) {
     if (!st.ok()) throw Error(Errc::kInternal, "the container's log drain did not start");
   }
   drain.reset();
-  SpawnOptions so;
-  so.env = q.env;
   so.stdout_fd = feed.get();
   so.stderr_fd = feed.get();
   so.new_process_group = true;
@@ -545,9 +610,10 @@ Container runc_restore_from(const RestoreRequest& q) {
   fault_point(fault::kRuntimeStarting);
   Child c = spawn(argv, so);
   feed.reset();
-  const Container made{StateRoot{Runtime::kRunc, r.root, ""}, q.id};
+  const Container made{StateRoot{r.runtime, r.root, ""}, q.id};
   auto undo = [&] {
     destroy(made);
+    if (const std::string why = remove_half_made(made); !why.empty()) spdlog::warn("{}", why);
     remove_restore_bundle(r.root, q.id);
   };
   if (q.on_runc_started) {
@@ -565,16 +631,16 @@ Container runc_restore_from(const RestoreRequest& q) {
     ::kill(-c.pid(), SIGKILL);  // runc and the criu it runs: its own process group
     c.wait();
     undo();
-    throw Error(Errc::kTimeout, "runc restore did not finish within " +
+    throw Error(Errc::kTimeout, name + " restore did not finish within " +
                                     std::to_string(q.timeout.count()) + " s and was killed");
   }
   if (!st->ok()) {
     undo();
-    restore_failed(q, "runc restore of container " + q.id + " failed (" + st->describe() + ")",
+    restore_failed(q, name + " restore of container " + q.id + " failed (" + st->describe() + ")",
                    criu::log_tail(runc_log, 4));
   }
   try {
-    return running_as(r.root, q.id);
+    return running_as(r.runtime, r.root, q.id);
   } catch (...) {
     undo();
     throw;
@@ -714,7 +780,7 @@ Container containerd_restore(const RestoreRequest& q) {
   // Its CRIU has run: nothing names the directory from here on (the shim keeps its own bundle).
   remove_restore_bundle(root, q.id);
   try {
-    return running_as(root, q.id);
+    return running_as(Runtime::kRunc, root, q.id);
   } catch (...) {
     undo();
     throw;
@@ -835,7 +901,7 @@ Container docker_restore(const RestoreRequest& q) {
   std::error_code ec;
   fs::remove_all(dir, ec);
   try {
-    return running_as(r.root, id);
+    return running_as(Runtime::kRunc, r.root, id);
   } catch (...) {
     undo();
     throw;
@@ -851,6 +917,7 @@ Container restore_container(const RestoreRequest& q) {
     case Runtime::kDocker:
       return docker_restore(q);
     case Runtime::kRunc:
+    case Runtime::kCrun:
       break;
   }
   return runc_restore(q);

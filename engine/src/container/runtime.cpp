@@ -9,11 +9,13 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 
+#include "container/record.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
@@ -28,11 +30,21 @@ namespace {
 // A container's state is small; anything larger is not runc's.
 constexpr std::uintmax_t kMaxStateBytes = 16u << 20;
 
+// crun keeps `status` where runc keeps state.json, and its copy of the spec (config.json, which
+// runc keeps none of) from the start, before the status. A root named in $GPUCKPT_RUNC_ROOTS may
+// be either's: each container's own files say whose it is.
+bool crun_state_at(const fs::path& dir) {
+  std::error_code ec;
+  return !fs::exists(dir / "state.json", ec) &&
+         (fs::exists(dir / "status", ec) || fs::exists(dir / "config.json", ec));
+}
+
 std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) {
   const auto j = state_json(root, dir.filename().string());
   if (!j) return std::nullopt;
   Container c;
   c.root = root;
+  if (root.runtime == Runtime::kRunc && crun_state_at(dir)) c.root.runtime = Runtime::kCrun;
   c.id = j->value("id", dir.filename().string());
   const auto pid = j->value("init_process_pid", 0);
   c.init_start = j->value("init_process_start", std::uint64_t{0});
@@ -65,10 +77,88 @@ std::optional<nlohmann::json> state_file(const fs::path& file) {
 
 }  // namespace
 
+namespace {
+
+// OCI's namespace types as libcontainer's configuration names them.
+const char* libcontainer_ns(const std::string& oci) {
+  static const std::map<std::string, const char*> names = {
+      {"pid", "NEWPID"}, {"network", "NEWNET"}, {"mount", "NEWNS"},      {"ipc", "NEWIPC"},
+      {"uts", "NEWUTS"}, {"user", "NEWUSER"},   {"cgroup", "NEWCGROUP"}, {"time", "NEWTIME"}};
+  const auto it = names.find(oci);
+  return it == names.end() ? nullptr : it->second;
+}
+
+// crun's state of the container in `dir` (its `status`, and the OCI spec it ran, which crun
+// keeps beside it) in the shape of runc's state.json, as far as gpuckpt reads that: its init,
+// and of runc's configuration the rootfs, the bundle, the bind mounts, the namespaces, the
+// masked paths and the devices. nullopt where either file is missing or malformed.
+std::optional<nlohmann::json> crun_state(const fs::path& dir) {
+  using nlohmann::json;
+  const auto status = state_file(dir / "status");
+  const auto spec = state_file(dir / "config.json");
+  if (!status || !spec) return std::nullopt;
+  const json& s = *status;
+  // Without its init's start time (an older crun's), a process that reused the pid of an ended
+  // one would be taken for it: such a container is not read.
+  if (!s.contains("pid") || !s["pid"].is_number_integer() || !s.contains("process-start-time") ||
+      !s["process-start-time"].is_number_unsigned() || !s.contains("bundle") ||
+      !s["bundle"].is_string())
+    return std::nullopt;
+  const fs::path bundle = s["bundle"].get<std::string>();
+  const json root = spec->value("root", json::object());
+  if (!root.is_object() || !root.contains("path") || !root["path"].is_string()) return std::nullopt;
+  json config = {{"rootfs", (bundle / root["path"].get<std::string>()).lexically_normal().string()},
+                 {"labels", {"bundle=" + bundle.string()}},
+                 {"mounts", json::array()},
+                 {"namespaces", json::array()},
+                 {"mask_paths", json::array()},
+                 {"devices", json::array()}};
+  for (const auto& m : spec->value("mounts", json::array())) {
+    if (!m.is_object()) continue;
+    const auto opts = m.value("options", std::vector<std::string>{});
+    // crun's own test of a bind mount (criu.c): "bind" or "rbind" among its options.
+    if (std::find(opts.begin(), opts.end(), "bind") == opts.end() &&
+        std::find(opts.begin(), opts.end(), "rbind") == opts.end())
+      continue;
+    // runc's state has each source absolute; crun's spec as it was given (relative: to the
+    // bundle).
+    fs::path source = m.value("source", "");
+    if (source.is_relative()) source = (bundle / source).lexically_normal();
+    config["mounts"].push_back({{"device", "bind"},
+                                {"source", source.string()},
+                                {"destination", m.value("destination", "")}});
+  }
+  const json linux = spec->value("linux", json::object());
+  if (!linux.is_object()) return std::nullopt;
+  for (const auto& n : linux.value("namespaces", json::array()))
+    if (const char* type = n.is_object() ? libcontainer_ns(n.value("type", "")) : nullptr)
+      config["namespaces"].push_back({{"type", type}, {"path", n.value("path", "")}});
+  config["mask_paths"] = linux.value("maskedPaths", std::vector<std::string>{});
+  for (const auto& d : linux.value("devices", json::array()))
+    if (d.is_object()) config["devices"].push_back({{"path", d.value("path", "")}});
+  json state = {{"init_process_pid", s["pid"]},
+                {"init_process_start", s["process-start-time"]},
+                {"config", std::move(config)},
+                {"crun",
+                 {{"cgroup_path", s.value("cgroup-path", "")},
+                  {"systemd_cgroup", s.value("systemd-cgroup", false)}}}};
+  // crun writes the init's fds 0-2 as a JSON array inside a string.
+  const json fds = json::parse(s.value("external_descriptors", ""), nullptr, false);
+  if (fds.is_array()) state["external_descriptors"] = fds;
+  return state;
+}
+
+}  // namespace
+
 std::optional<nlohmann::json> state_json(const StateRoot& root, const std::string& id) {
   if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
     return std::nullopt;
-  return state_file(root.path / id / "state.json");
+  const fs::path dir = root.path / id;
+  // A daemon's root holds runc's state: one of crun's there (dockerd or containerd running
+  // crun) is no container that gpuckpt restores through its daemon, so it is not read.
+  if (root.runtime == Runtime::kCrun || (root.runtime == Runtime::kRunc && crun_state_at(dir)))
+    return crun_state(dir);
+  return state_file(dir / "state.json");
 }
 
 namespace {
@@ -135,17 +225,20 @@ std::vector<fs::path> roots_from_env() {
 }  // namespace
 
 std::vector<StateRoot> state_roots() {
-  std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""}};
+  std::vector<StateRoot> roots{{Runtime::kRunc, kRuncRoot, ""}, {Runtime::kCrun, kCrunRoot, ""}};
   add_docker_roots(roots);
   add_containerd_roots(roots);
   for (auto& p : roots_from_env()) add_root(roots, {Runtime::kRunc, std::move(p), ""});
   return roots;
 }
 
-StateRoot root_at(const fs::path& path) {
+StateRoot root_at(const fs::path& path, const std::string& id) {
+  StateRoot found{Runtime::kRunc, path, ""};
   for (auto& r : state_roots())
-    if (r.path == path) return r;
-  return {Runtime::kRunc, path, ""};
+    if (r.path == path) found = std::move(r);
+  if (found.runtime == Runtime::kRunc && !id.empty() && valid_id(id) && crun_state_at(path / id))
+    found.runtime = Runtime::kCrun;
+  return found;
 }
 
 namespace {
@@ -293,76 +386,15 @@ std::optional<Container> holding(pid_t pid) {
   return holder_of(pid, running());
 }
 
-namespace {
-
-// crun's status file of `dir` (a container's directory under one of its roots), when its init
-// is the process crun started.
-std::optional<CrunContainer> read_crun_status(const fs::path& root, const fs::path& dir) {
-  const auto state = state_file(dir / "status");
-  if (!state) return std::nullopt;
-  const nlohmann::json& j = *state;
-  // Without its init's start time (an older crun's), a process that reused the pid of an ended
-  // one would be taken for it: such a container goes unnamed.
-  if (!j.contains("pid") || !j["pid"].is_number_integer() || !j.contains("process-start-time") ||
-      !j["process-start-time"].is_number_unsigned())
-    return std::nullopt;
-  CrunContainer c;
-  c.root = root;
-  c.id = dir.filename().string();
-  c.init_pid = j["pid"].get<pid_t>();
-  if (c.init_pid <= 0 ||
-      process::start_ticks(c.init_pid) != j["process-start-time"].get<std::uint64_t>() ||
-      !process::alive(c.init_pid))
-    return std::nullopt;
-  c.pid_namespace = process::pid_namespace_inode(c.init_pid).value_or(0);
-  return c;
-}
-
-std::vector<CrunContainer> running_crun() {
-  std::vector<fs::path> roots{kCrunRoot};
-  for (auto& p : roots_from_env())
-    if (std::find(roots.begin(), roots.end(), p) == roots.end()) roots.push_back(std::move(p));
-  std::vector<CrunContainer> out;
-  for (const auto& root : roots) {
-    std::error_code ec;
-    for (const auto& e : fs::directory_iterator(root, ec))
-      if (e.is_directory(ec))
-        if (auto c = read_crun_status(root, e.path())) out.push_back(std::move(*c));
-  }
-  return out;
-}
-
-}  // namespace
-
-std::optional<CrunContainer> crun_container(const std::string& id) {
-  for (auto& c : running_crun())
-    if (c.id == id) return std::move(c);
-  return std::nullopt;
-}
-
-std::optional<CrunContainer> crun_holding(pid_t pid) {
-  return holder_of(pid, running_crun());
-}
-
-std::string CrunContainer::describe() const {
-  return "crun container " + id + (root == kCrunRoot ? "" : " (crun root " + root.string() + ")");
-}
-
-std::string CrunContainer::refusal() const {
-  // crun restores through libcriu, which runs whichever `criu` it finds and reads its images
-  // from a directory: none of what gpuckpt's restore of a runc container relies on (its CRIU,
-  // streamed pages) has been built for it, and Debian's crun has no CRIU support at all.
-  return "gpuckpt dumps the containers of runc, containerd's runc shim and Docker, not crun's "
-         "(podman's and CRI-O's runtime on some distributions). Run it under runc to checkpoint "
-         "it with gpuckpt (podman --runtime runc; a runc handler in CRI-O): nothing was frozen";
-}
-
 std::string Container::describe() const {
   switch (root.runtime) {
     case Runtime::kDocker:
       return "Docker container " + id;
     case Runtime::kContainerd:
       return "containerd container " + id + " (namespace " + root.ns + ")";
+    case Runtime::kCrun:
+      return "crun container " + id +
+             (root.path == kCrunRoot ? "" : " (crun root " + root.path.string() + ")");
     case Runtime::kRunc:
       break;
   }

@@ -1,6 +1,7 @@
 // The containers that OCI runtimes run on this host, read from the runtimes' own state (runc's
-// state.json under its root), never guessed from process names. Docker (dockerd's runc) and
-// containerd (its runc shim, one root per namespace) keep that state under roots of their own.
+// state.json under its root, crun's status), never guessed from process names. Docker (dockerd's
+// runc) and containerd (its runc shim, one root per namespace) keep that state under roots of
+// their own.
 #pragma once
 
 #include <sys/types.h>
@@ -21,21 +22,25 @@ using Runtime = ContainerRuntime;
 
 // runc's own root (runc without --root).
 inline constexpr const char* kRuncRoot = "/run/runc";
+// crun's own root (crun run by root without --root; podman and CRI-O keep theirs there too).
+inline constexpr const char* kCrunRoot = "/run/crun";
 
-// One runc root and whose it is.
+// One runtime root and whose it is.
 struct StateRoot {
   Runtime runtime = Runtime::kRunc;
-  std::filesystem::path path;  // e.g. /run/runc, /run/docker/runtime-runc/moby
+  std::filesystem::path path;  // e.g. /run/runc, /run/crun, /run/docker/runtime-runc/moby
   std::string ns;              // containerd's namespace ("default", "k8s.io"); else empty
 };
 
-// The roots to look in: runc's (kRuncRoot), dockerd's, every containerd namespace's, and each
-// directory of $GPUCKPT_RUNC_ROOTS (colon-separated: runc started with --root).
+// The roots to look in: runc's (kRuncRoot), crun's (kCrunRoot), dockerd's, every containerd
+// namespace's, and each directory of $GPUCKPT_RUNC_ROOTS (colon-separated: runc or crun started
+// with --root), where each container's own state says whether it is runc's or crun's.
 std::vector<StateRoot> state_roots();
 
 // The known root at `path` (its runtime and containerd namespace); a runc root of its own
-// (Runtime::kRunc) for a path that no runtime is known to keep.
-StateRoot root_at(const std::filesystem::path& path);
+// (Runtime::kRunc) for a path that no runtime is known to keep. With `id`: crun's, where that
+// container's state there is crun's.
+StateRoot root_at(const std::filesystem::path& path, const std::string& id = {});
 
 struct Container {
   StateRoot root;
@@ -50,7 +55,10 @@ struct Container {
 };
 
 // runc's state.json of container `id` under `root` (its init's pid and start, runc's own
-// config of it); nullopt if there is none, or it is not JSON.
+// config of it); for crun's, its status and spec read into the same shape (init_process_pid,
+// init_process_start, external_descriptors, and config's rootfs, labels, mounts, namespaces,
+// mask_paths and devices), with crun's cgroup_path and systemd_cgroup under "crun". nullopt if
+// there is none, or it is not JSON.
 std::optional<nlohmann::json> state_json(const StateRoot& root, const std::string& id);
 
 // Every container of those roots whose init runs now (state of a container that has ended, or
@@ -103,30 +111,5 @@ std::string remove_unused_rootfs(const std::filesystem::path& path,
 // The container whose own pid namespace holds `pid` (its init or any process under it); nullopt
 // for a process of this host's pid namespace, or of a namespace no known runtime made.
 std::optional<Container> holding(pid_t pid);
-
-// crun's own root (crun run by root without --root; podman and CRI-O keep theirs there too).
-inline constexpr const char* kCrunRoot = "/run/crun";
-
-// A container that crun runs (the OCI runtime of podman and CRI-O on some distributions), read
-// from crun's state (ROOT/ID/status). gpuckpt does not dump crun's containers: it names them
-// when it refuses one, rather than calling its pid namespace one that nothing made.
-struct CrunContainer {
-  std::filesystem::path root;
-  std::string id;
-  pid_t init_pid = 0;
-  std::uint64_t pid_namespace = 0;
-
-  // "crun container web", with its root where that is not kCrunRoot.
-  std::string describe() const;
-  // Why gpuckpt does not dump it, and what to do instead; ends with "nothing was frozen".
-  std::string refusal() const;
-};
-
-// The crun container `id` whose init runs now, under kCrunRoot or a directory of
-// $GPUCKPT_RUNC_ROOTS (a runtime started with --root DIR); nullopt if there is none.
-std::optional<CrunContainer> crun_container(const std::string& id);
-
-// The crun container whose own pid namespace holds `pid`, as holding() for crun's.
-std::optional<CrunContainer> crun_holding(pid_t pid);
 
 }  // namespace gpuckpt::container

@@ -137,11 +137,6 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
     return where + ". Dump the container whole: `gpuckpt dump --container " + shell_quote(c->id) +
            "`";
   }
-  if (const auto c = container::crun_holding(q))
-    return who + " runs in the " + c->describe() +
-           (c->init_pid == q ? ", as its init"
-                             : " (its init is pid " + std::to_string(c->init_pid) + ")") +
-           ": " + c->refusal();
   std::optional<ProcInfo> init;
   try {
     init = read_proc(host_pid_in_ns(q, 1));
@@ -160,7 +155,7 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
                : std::string()) +
          ", made by no container runtime gpuckpt knows (`unshare --pid`, or a runtime whose "
          "state is not under " +
-         container::kRuncRoot +
+         container::kRuncRoot + ", " + container::kCrunRoot +
          " or $GPUCKPT_RUNC_ROOTS), and gpuckpt does not dump pid namespaces yet: " + whole;
 }
 

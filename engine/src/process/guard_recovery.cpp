@@ -117,7 +117,7 @@ std::string changed_since_the_kill(const Plan& p, const std::map<pid_t, Plan::Co
                ", serves in place of the original, which has ended";
   if (!p.restore_from.empty() && !original_lives)
     for (const auto& c : p.containers) {
-      const auto state = container::state_json({container::Runtime::kRunc, c.root, ""}, c.id);
+      const auto state = container::state_json(container::root_at(c.root, c.id), c.id);
       const pid_t init = state ? state->value("init_process_pid", 0) : 0;
       if (c.init_started > 0 && is(init, c.init_started))
         return "the container " + c.id + ", restored from " + p.restore_from.string() +
@@ -326,7 +326,7 @@ void let_finish(pid_t pid, const std::string& what, bool group, RecoveryLog& log
 void forget_made_record(const container::Container& box, RecoveryLog& log) {
   if (const std::string why = container::remove_record(box); !why.empty())
     fail(log, Errc::kProcess, "the record of the restored container " + box.id + " stays: " + why);
-  else if (box.root.runtime != container::Runtime::kRunc)
+  else if (!container::runs_bundles(box.root.runtime))
     say(log, "the container record made for " + box.id + " was removed");
 }
 
@@ -350,7 +350,7 @@ std::vector<pid_t> shim_runc_restoring(const fs::path& root, const std::string& 
 // replay knows the container by its init alone: an ID taken since is someone else's.
 void end_restored_container(const Plan& p, const Plan::ContainerCopy& c, RecoveryLog& log,
                             const auto& is) {
-  const container::Container box{container::root_at(c.root), c.id};
+  const container::Container box{container::root_at(c.root, c.id), c.id};
   if (!p.replay)
     for (const pid_t q : shim_runc_restoring(c.root, c.id))
       if (q != c.runc)  // gpuckpt's own runc is waited for below, with its process group
@@ -372,6 +372,10 @@ void end_restored_container(const Plan& p, const Plan::ContainerCopy& c, Recover
     // runtime created from the images but never started, and the runtime's record made for
     // it, may be left.
     if (!p.replay) {
+      // crun's directory for it, if its restore failed half-way: before the bundle, which
+      // tells it as this restore's.
+      if (const std::string why = container::remove_half_made(box); !why.empty())
+        fail(log, Errc::kProcess, "the half-made crun container " + c.id + " stays: " + why);
       container::remove_restore_bundle(box.root.path, c.id);
       if (c.kill) {
         if (const std::string why = container::remove_unstarted(box); !why.empty())
@@ -425,7 +429,7 @@ void end_restored_containers(const Plan& p, RecoveryLog& log, const auto& is) {
     // A start that gpuckpt asked dockerd for goes on without it: its outcome first, and the
     // copies of the images that containerd unpacked for it go only once it has ended.
     const bool settled = c.unpacked_token.empty() || p.replay ||
-                         container::await_runtime_start({container::root_at(c.root), c.id},
+                         container::await_runtime_start({container::root_at(c.root, c.id), c.id},
                                                         std::chrono::seconds(60));
     end_restored_container(p, c, log, is);
     remove_runtime_copies(c, settled, log);
