@@ -284,7 +284,12 @@ class E2eCrun : public E2eContainer {
     std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
   }
   void TearDown() override {
-    for (const auto& id : crun_started_) crun_do(crun_, {"delete", "--force", id});
+    for (const auto& id : crun_started_) {
+      crun_do(crun_, {"delete", "--force", id});
+      std::error_code ec;
+      test::remove_container_restore_dirs(id);
+      fs::remove(fs::path("/var/log/gpuckpt/containers") / (id + ".log"), ec);
+    }
     crun_started_.clear();
     E2eContainer::TearDown();
   }
@@ -405,6 +410,10 @@ TEST_F(E2eCrun, ACrunContainerComesBackAsACrunContainerWithItsData) {
   ASSERT_GT(back, 0) << "crun does not know the restored container";
   EXPECT_EQ(rj.value("pid", 0), back);
   EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  // crun's CRIU wrote its init's pid where a failed restore would find it to end it.
+  const auto dirs = test::container_restore_dirs(id);
+  ASSERT_EQ(dirs.size(), 1u);
+  EXPECT_EQ(read_file(dirs.front() / "restored.pid"), std::to_string(back));
   ASSERT_TRUE(crun_do(crun, {"list"}).ok());
   const std::string list = read_file(dir_.path() / "crun.out");
   EXPECT_NE(list.find(id), std::string::npos) << list;

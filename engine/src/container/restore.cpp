@@ -31,6 +31,7 @@
 #include "gpuckpt/names.h"
 #include "gpuckpt/support.h"
 #include "process/proc_info.h"
+#include "process/support.h"
 #include "util/fs.h"
 #include "util/no_sigpipe.h"
 #include "util/pipe.h"
@@ -272,7 +273,39 @@ namespace {
 // crun's directory of container `id` under `root` that has no status (half-made, or being made).
 bool crun_without_status(const fs::path& root, const std::string& id) {
   std::error_code ec;
-  return valid_id(id) && fs::is_directory(root / id, ec) && !fs::exists(root / id / "status", ec);
+  return valid_id(id) && fs::is_directory(root / id, ec) && !fs::exists(root / id / "status", ec) &&
+         !fs::exists(root / id / "state.json", ec);
+}
+
+// Where crun's CRIU writes the restored init's pid (its `pidfile`), in the restore's bundle.
+fs::path crun_pidfile(const fs::path& root, const std::string& id) {
+  return restore_dir(root, id) / "restored.pid";
+}
+
+// Ends the tree whose init a crun restore's CRIU restored (crun_pidfile) where crun failed or was
+// killed before it wrote the container's status: nothing else knows it, and in a migration it
+// would serve beside the original. A pid whose process started after the file was written is
+// another's.
+void end_unlisted_init(const fs::path& pidfile) {
+  std::error_code ec;
+  const auto written = fs::last_write_time(pidfile, ec);
+  if (ec) return;
+  pid_t pid = 0;
+  try {
+    pid = std::stoi(read_file(pidfile));
+  } catch (const std::exception&) {
+    return;
+  }
+  const auto started = process::start_ticks(pid);
+  double uptime = 0;
+  if (pid <= 0 || !started || !(std::ifstream("/proc/uptime") >> uptime)) return;
+  const double age_s =
+      std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
+  const double written_ticks = (uptime - age_s) * static_cast<double>(::sysconf(_SC_CLK_TCK));
+  if (static_cast<double>(*started) > written_ticks + 1) return;
+  spdlog::warn("crun restored container init {} but never listed it: ending it", pid);
+  if (const auto left = process::end_tree(process::process_tree(pid), 10000); !left.empty())
+    spdlog::warn("the restored tree of init {} did not end", pid);
 }
 
 }  // namespace
@@ -290,6 +323,7 @@ std::string remove_half_made(const Container& c) {
   if (!notes.is_object() || notes.value("org.criu.config", json()) !=
                                 (restore_dir(c.root.path, c.id) / "criu.conf").string())
     return {};
+  end_unlisted_init(crun_pidfile(c.root.path, c.id));
   auto argv = runtime_argv(Runtime::kCrun, c.root.path.string());
   argv.insert(argv.end(), {"delete", "--force", c.id});
   const RunResult res = run_capture(argv, std::chrono::seconds(60));
@@ -532,7 +566,8 @@ Container running_as(Runtime runtime, const std::string& root, const std::string
                                   ") does not list it running");
 }
 
-fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir);
+fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir,
+                      const std::vector<std::string>& more = {});
 
 // CRIU's failure, with the lines of its log that say why.
 [[noreturn]] void restore_failed(const RestoreRequest& q, const std::string& how,
@@ -570,8 +605,13 @@ Container runc_restore_from(const RestoreRequest& q) {
     // crun takes no CRIU binary and reads no configuration file of gpuckpt's (1.8 reads none):
     // its libcriu runs the `criu` first on its PATH, which here is a wrapper that runs gpuckpt's
     // CRIU with this restore's configuration.
+    // And its restored init's pid, for the restore that fails before crun lists it.
+    const fs::path pidfile = crun_pidfile(r.root, q.id);
+    std::error_code ec;
+    fs::remove(pidfile, ec);
+    const fs::path wrapper = criu_wrapper(q, bundle, {"pidfile " + pidfile.string()});
     const char* path = std::getenv("PATH");
-    so.env.push_back("PATH=" + criu_wrapper(q, bundle).parent_path().string() + ":" +
+    so.env.push_back("PATH=" + wrapper.parent_path().string() + ":" +
                      (path && *path ? path : "/usr/sbin:/usr/bin:/sbin:/bin"));
     argv.insert(argv.end(),
                 {"--cgroup-manager=" + r.cgroup_manager, "--log", runc_log.string(), "restore"});
@@ -671,8 +711,11 @@ Container runc_restore(const RestoreRequest& q) {
 // For a runtime's shim, which passes CRIU neither gpuckpt's arguments nor its environment: a
 // CRIU that runs with this restore's settings (its configuration file through CRIU_CONFIG_FILE,
 // which `criu swrk` reads before runc's requests) and the plugin's environment.
-fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir) {
-  write_file_atomic(dir / "criu.conf", criu_config_text(q));
+fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir,
+                      const std::vector<std::string>& more) {
+  std::string conf = criu_config_text(q);
+  for (const auto& l : more) conf += l + "\n";
+  write_file_atomic(dir / "criu.conf", conf);
   std::string sh =
       "#!/bin/sh\nexport CRIU_CONFIG_FILE=" + shell_quote((dir / "criu.conf").string()) + "\n";
   for (const auto& e : q.env)

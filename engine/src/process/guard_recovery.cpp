@@ -331,11 +331,13 @@ void forget_made_record(const container::Container& box, RecoveryLog& log) {
 }
 
 // The runc that containerd's shim runs to restore container `id` under `root`: not gpuckpt's
-// child, so never named to the guard, and found by its command line.
+// child, so never named to the guard, and found by its command line. Also gpuckpt's own runc or
+// crun when gpuckpt died before it named that to the guard.
 std::vector<pid_t> shim_runc_restoring(const fs::path& root, const std::string& id) {
   return live_pids_where([&](const ProcInfo& i) {
     const auto& a = i.cmdline;
-    if (a.size() < 3 || fs::path(a.front()).filename() != "runc" || a.back() != id ||
+    if (a.size() < 3 || a.back() != id ||
+        (fs::path(a.front()).filename() != "runc" && fs::path(a.front()).filename() != "crun") ||
         std::find(a.begin(), a.end(), "restore") == a.end())
       return false;
     const std::string r = cmdline_option(a, "root");
@@ -350,7 +352,6 @@ std::vector<pid_t> shim_runc_restoring(const fs::path& root, const std::string& 
 // replay knows the container by its init alone: an ID taken since is someone else's.
 void end_restored_container(const Plan& p, const Plan::ContainerCopy& c, RecoveryLog& log,
                             const auto& is) {
-  const container::Container box{container::root_at(c.root, c.id), c.id};
   if (!p.replay)
     for (const pid_t q : shim_runc_restoring(c.root, c.id))
       if (q != c.runc)  // gpuckpt's own runc is waited for below, with its process group
@@ -358,6 +359,9 @@ void end_restored_container(const Plan& p, const Plan::ContainerCopy& c, Recover
   // runc and its criu: runc leads their process group.
   if (is(c.runc, c.runc_started) && alive(c.runc))
     let_finish(c.runc, "runc restore", /*group=*/true, log);
+  // Once they are done: what they left says whose the container is (crun's copy of its spec,
+  // in a root that both runtimes may use).
+  const container::Container box{container::root_at(c.root, c.id), c.id};
   const auto state = container::state_json(box.root, c.id);
   const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
   const bool ours =
