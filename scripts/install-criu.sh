@@ -72,18 +72,8 @@ cleanup() {
 }
 trap cleanup EXIT
 log=$work/log
-
-# quiet WHAT CMD...: runs CMD with its output in $log; on failure says WHAT failed, shows the
-# tail of that output and exits.
-quiet() {
-  local what=$1
-  shift
-  if ! "$@" >>"$log" 2>&1; then
-    echo "$me: $what failed:" >&2
-    tail -n 25 "$log" | sed 's/^/  /' >&2
-    exit 1
-  fi
-}
+# shellcheck source=scripts/debian-src.sh
+. "$here/scripts/debian-src.sh"
 
 stamp=$prefix/share/gpuckpt-criu/build.txt
 binary=$prefix/bin/criu
@@ -109,30 +99,6 @@ installed_version() {
 # ---------------------------------------------------------------- private apt configuration
 aptdir=$prefix/var/apt
 apt_opts=()
-setup_apt() {
-  mkdir -p "$aptdir"/{etc/sources.list.d,etc/preferences.d,lists/partial,cache/archives/partial}
-  : >"$aptdir/status"
-  local s
-  for s in "${suites[@]}"; do
-    echo "deb-src [signed-by=$keyring] $mirror $s main"
-  done >"$aptdir/etc/sources.list"
-  # Command-line options win over anything in /etc/apt/apt.conf.d (proxies there still apply).
-  apt_opts=(
-    -o "Dir::Etc::SourceList=$aptdir/etc/sources.list"
-    -o "Dir::Etc::SourceParts=$aptdir/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=$aptdir/etc/preferences"
-    -o "Dir::Etc::PreferencesParts=$aptdir/etc/preferences.d"
-    -o "Dir::State::Lists=$aptdir/lists"
-    -o "Dir::State::status=$aptdir/status"
-    -o "Dir::Cache=$aptdir/cache"
-    -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
-    -o "APT::Architecture=amd64" -o "APT::Architectures=amd64"
-    -o "Acquire::Languages=none"
-  )
-  chown -R _apt "$aptdir/lists/partial" "$aptdir/cache/archives/partial" 2>/dev/null || :
-  quiet "apt-get update of the private Debian ${suites[*]} source lists ($mirror)" \
-    apt-get "${apt_opts[@]}" -q update
-}
 
 # The newest source version of criu in the private lists.
 newest_source_version() {
@@ -146,17 +112,9 @@ if [ -n "$have" ] && [ "${GPUCKPT_CRIU_REINSTALL:-0}" != 1 ] \
   && { [ -z "$want_version" ] || [ "$want_version" = "$have" ]; }; then
   : # already installed: only the checks below
 else
-  missing=()
-  for p in "${build_deps[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    quiet "apt-get update" apt-get -q update
-    quiet "installing CRIU's build dependencies (${missing[*]})" \
-      env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-  fi
+  install_missing "CRIU's build dependencies" "${build_deps[@]}"
 
-  setup_apt
+  private_apt "$aptdir" "$mirror" "$keyring" "${suites[@]}"
   version=${want_version:-$(newest_source_version)}
   [ -n "$version" ] || die "no criu source package in Debian ${suites[*]} at $mirror"
   upstream=${version#*:}

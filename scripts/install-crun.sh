@@ -24,6 +24,7 @@ mirror=${GPUCKPT_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 suite=bookworm # the system's own release: its crun builds against its libraries
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
 me=install-crun.sh
+here=$(cd "$(dirname "$0")/.." && pwd)
 
 build_deps=(build-essential pkg-config dpkg-dev libyajl-dev libseccomp-dev libsystemd-dev
   libcap-dev python3)
@@ -46,15 +47,8 @@ flock 9 || die "cannot lock $prefix/.install-crun.lock"
 work=$(mktemp -d /tmp/gpuckpt-install-crun.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 log=$work/log
-quiet() {
-  local what=$1
-  shift
-  if ! "$@" >>"$log" 2>&1; then
-    echo "$me: $what failed:" >&2
-    tail -n 25 "$log" | sed 's/^/  /' >&2
-    exit 1
-  fi
-}
+# shellcheck source=scripts/debian-src.sh
+. "$here/scripts/debian-src.sh"
 
 stamp=$prefix/share/gpuckpt-criu/crun.txt
 binary=$prefix/bin/crun
@@ -65,37 +59,11 @@ if [ "${GPUCKPT_CRUN_REINSTALL:-0}" != 1 ] && [ -x "$binary" ] && [ -f "$stamp" 
   && [ "$(awk '$1 == "libcriu" { print $2 }' "$stamp")" = "$criu_hash" ]; then
   :
 else
-  missing=()
-  for p in "${build_deps[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-  done
-  if [ ${#missing[@]} -gt 0 ]; then
-    quiet "apt-get update" apt-get -q update
-    quiet "installing crun's build dependencies (${missing[*]})" \
-      env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
-  fi
+  install_missing "crun's build dependencies" "${build_deps[@]}"
 
-  # A private apt configuration naming only bookworm's deb-src lines (as install-criu.sh's):
-  # apt checks the source package against the suite's signed Sources index.
-  aptdir=$work/apt
-  mkdir -p "$aptdir"/{etc/sources.list.d,etc/preferences.d,lists/partial,cache/archives/partial}
-  : >"$aptdir/status"
-  echo "deb-src [signed-by=$keyring] $mirror $suite main" >"$aptdir/etc/sources.list"
-  apt_opts=(
-    -o "Dir::Etc::SourceList=$aptdir/etc/sources.list"
-    -o "Dir::Etc::SourceParts=$aptdir/etc/sources.list.d"
-    -o "Dir::Etc::Preferences=$aptdir/etc/preferences"
-    -o "Dir::Etc::PreferencesParts=$aptdir/etc/preferences.d"
-    -o "Dir::State::Lists=$aptdir/lists"
-    -o "Dir::State::status=$aptdir/status"
-    -o "Dir::Cache=$aptdir/cache"
-    -o "Dir::Cache::pkgcache=" -o "Dir::Cache::srcpkgcache="
-    -o "APT::Architecture=amd64" -o "APT::Architectures=amd64"
-    -o "Acquire::Languages=none"
-  )
-  chown -R _apt "$work" 2>/dev/null || :
-  quiet "apt-get update of Debian $suite's source lists ($mirror)" \
-    apt-get "${apt_opts[@]}" -q update
+  # Bookworm's deb-src line alone (as install-criu.sh's for forky and sid).
+  private_apt "$work/apt" "$mirror" "$keyring" "$suite"
+  chown _apt "$work" 2>/dev/null || :
   version=$({ apt-cache "${apt_opts[@]}" showsrc crun 2>>"$log" || :; } \
     | awk '/^Version:/ { print $2 }' | sort -V | tail -n 1)
   [ -n "$version" ] || die "no crun source package in Debian $suite at $mirror"

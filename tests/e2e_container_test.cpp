@@ -121,13 +121,7 @@ class E2eContainer : public ::testing::Test {
     if (files) {
       st = runc_detached({"run", "--detach", id});
     } else {
-      int ends[2];
-      EXPECT_EQ(::pipe2(ends, O_CLOEXEC), 0);
-      UniqueFd drain(ends[0]), feed(ends[1]);
-      SpawnOptions d;
-      d.stdin_fd = drain.get();
-      d.stdout_file = dir_.path() / (id + ".log");
-      drains_.push_back(spawn({"cat"}, d));
+      UniqueFd feed = drained_pipe(id);
       SpawnOptions o;
       o.cwd = bundle_;
       o.stdout_fd = feed.get();
@@ -141,6 +135,19 @@ class E2eContainer : public ::testing::Test {
     const pid_t init = pid_of(id);
     EXPECT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
     return init;
+  }
+
+  // The write end of a pipe that a process of the test drains into DIR/ID.log, as a runtime's
+  // shim drains a container's output.
+  UniqueFd drained_pipe(const std::string& id) {
+    int ends[2];
+    EXPECT_EQ(::pipe2(ends, O_CLOEXEC), 0);
+    UniqueFd drain(ends[0]), feed(ends[1]);
+    SpawnOptions d;
+    d.stdin_fd = drain.get();
+    d.stdout_file = dir_.path() / (id + ".log");
+    drains_.push_back(spawn({"cat"}, d));
+    return feed;
   }
 
   // The host pid of container `id`'s init, as runc says; 0 if runc has no running container.
@@ -316,20 +323,34 @@ class E2eCrun : public E2eContainer {
   // Starts crun container `id` with `crun` and `manager` (its cgroup manager), its stdout and
   // stderr a pipe that a process of the test drains, as a runtime's shim does. Its init's pid.
   pid_t run_crun(const fs::path& crun, const std::string& id, const std::string& manager) {
-    int ends[2];
-    EXPECT_EQ(::pipe2(ends, O_CLOEXEC), 0);
-    UniqueFd drain(ends[0]), feed(ends[1]);
-    SpawnOptions d;
-    d.stdin_fd = drain.get();
-    d.stdout_file = dir_.path() / (id + ".log");
-    drains_.push_back(spawn({"cat"}, d));
-    drain.reset();
+    const UniqueFd feed = drained_pipe(id);
     crun_ = crun;  // any crun deletes what another started
     crun_started_.push_back(id);
     const ExitStatus st =
         crun_do(crun, {"--cgroup-manager=" + manager, "run", "--detach", id}, feed.get());
     EXPECT_TRUE(st.ok()) << st.describe() << read_file(dir_.path() / (id + ".log"));
     return crun_pid(id);
+  }
+
+  // The crun that can checkpoint and restore (container::crun_binary); nullopt, and why in
+  // `no_crun_`, where there is none.
+  std::optional<fs::path> criu_crun() {
+    try {
+      return container::crun_binary();
+    } catch (const Error& e) {
+      no_crun_ = e.what();
+      return std::nullopt;
+    }
+  }
+
+  // A redis with data in a crun container of `crun` with cgroups of its own (crun's cgroupfs
+  // manager), as serving() makes one in runc's.
+  Serving crun_serving(const std::string& tag, const fs::path& crun) {
+    Serving s{unique_id(tag)};
+    s.init = run_crun(crun, s.id, "cgroupfs");
+    if (s.init > 0 && test::wait_until([&] { return redis(s.init, {"PING"}) == "PONG"; }))
+      s.digest = fill(s.init);
+    return s;
   }
 
   // The init of crun container `id` as crun's state has it; 0 if it has none.
@@ -355,6 +376,7 @@ class E2eCrun : public E2eContainer {
   }
 
   fs::path crun_root_, crun_;
+  std::string no_crun_;
   std::vector<std::string> crun_started_;
 };
 
@@ -363,18 +385,10 @@ class E2eCrun : public E2eContainer {
 // through crun's own restore (its libcriu running gpuckpt's CRIU on the streamed images); then
 // a replica beside it, in a network namespace of its own, on the same port.
 TEST_F(E2eCrun, ACrunContainerComesBackAsACrunContainerWithItsData) {
-  fs::path crun;
-  try {
-    crun = container::crun_binary();
-  } catch (const Error& e) {
-    GTEST_SKIP() << e.what();
-  }
-  const std::string id = unique_id("crun");
-  const pid_t init = run_crun(crun, id, "cgroupfs");
+  const auto crun = criu_crun();
+  if (!crun) GTEST_SKIP() << no_crun_;
+  const auto [id, init, digest] = crun_serving("crun", *crun);
   ASSERT_GT(init, 0);
-  ASSERT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
-  ASSERT_EQ(redis(init, {"DEBUG", "POPULATE", "20000"}), "OK");
-  const std::string digest = redis(init, {"DEBUG", "DIGEST"});
   ASSERT_EQ(digest.size(), 40u) << digest;
 
   // A process inside is named with its container, and the command that takes it whole.
@@ -414,7 +428,7 @@ TEST_F(E2eCrun, ACrunContainerComesBackAsACrunContainerWithItsData) {
   const auto dirs = test::container_restore_dirs(id);
   ASSERT_EQ(dirs.size(), 1u);
   EXPECT_EQ(read_file(dirs.front() / "restored.pid"), std::to_string(back));
-  ASSERT_TRUE(crun_do(crun, {"list"}).ok());
+  ASSERT_TRUE(crun_do(*crun, {"list"}).ok());
   const std::string list = read_file(dir_.path() / "crun.out");
   EXPECT_NE(list.find(id), std::string::npos) << list;
   EXPECT_NE(list.find("running"), std::string::npos) << list;
@@ -433,18 +447,11 @@ TEST_F(E2eCrun, ACrunContainerComesBackAsACrunContainerWithItsData) {
 // container runs again with its data, and crun still knows it. Killed while crun restores a
 // copy, or just after: crun keeps no half-made container, and the restore runs again.
 TEST_F(E2eCrun, ACrunContainerKilledAtAnyPhaseRunsAgainAndCrunKeepsNoHalfMadeCopy) {
-  fs::path crun;
-  try {
-    crun = container::crun_binary();
-  } catch (const Error& e) {
-    GTEST_SKIP() << e.what();
-  }
-  const std::string id = unique_id("crun-f");
-  const pid_t init = run_crun(crun, id, "cgroupfs");
+  const auto crun = criu_crun();
+  if (!crun) GTEST_SKIP() << no_crun_;
+  const auto [id, init, digest] = crun_serving("crun-f", *crun);
   ASSERT_GT(init, 0);
-  ASSERT_TRUE(test::wait_until([&] { return redis(init, {"PING"}) == "PONG"; }));
-  ASSERT_EQ(redis(init, {"DEBUG", "POPULATE", "5000"}), "OK");
-  const std::string digest = redis(init, {"DEBUG", "DIGEST"});
+  ASSERT_EQ(digest.size(), 40u) << digest;
   const fs::path ckpt = dir_.path() / "f.ckpt";
   const auto launcher = on_cgroup2({});
   for (const std::string point : {"criu_dump", "compress_write"}) {
