@@ -92,7 +92,18 @@ const char* libcontainer_ns(const std::string& oci) {
 // keeps beside it) in the shape of runc's state.json, as far as gpuckpt reads that: its init,
 // and of runc's configuration the rootfs, the bundle, the bind mounts, the namespaces, the
 // masked paths and the devices. nullopt where either file is missing or malformed.
+std::optional<nlohmann::json> crun_state_of(const fs::path& dir);
 std::optional<nlohmann::json> crun_state(const fs::path& dir) {
+  try {
+    return crun_state_of(dir);
+  } catch (const nlohmann::json::exception& e) {
+    // A field of another type than crun writes: no state of crun's.
+    spdlog::debug("{}: {}", dir.string(), e.what());
+    return std::nullopt;
+  }
+}
+
+std::optional<nlohmann::json> crun_state_of(const fs::path& dir) {
   using nlohmann::json;
   const auto status = state_file(dir / "status");
   const auto spec = state_file(dir / "config.json");
