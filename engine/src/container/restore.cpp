@@ -580,7 +580,6 @@ fs::path criu_wrapper(const RestoreRequest& q, const fs::path& dir,
 Container runc_restore_from(const RestoreRequest& q) {
   const ContainerRecord& r = *q.record;
   const fs::path bundle = make_restore_dir(r.root, q.id);
-  write_file_atomic(bundle / "criu.conf", criu_config_text(q));
   json spec = r.spec;
   join_namespaces(spec, q.joins);
   spec["root"]["path"] = r.rootfs;  // absolute: this bundle is not where the rootfs is
@@ -621,6 +620,7 @@ Container runc_restore_from(const RestoreRequest& q) {
       if (l == "tcp-established" || l == "file-locks" || l == "ext-unix-sk" || l == "shell-job")
         argv.push_back("--" + l);
   } else {
+    write_file_atomic(bundle / "criu.conf", criu_config_text(q));
     argv.insert(argv.end(), {"--log", runc_log.string(), "--criu", q.criu.string(), "restore"});
   }
   argv.insert(argv.end(), {"--detach", "--image-path", q.images.string(), "--work-path",
