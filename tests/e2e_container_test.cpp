@@ -484,6 +484,87 @@ TEST_F(E2eCrun, ACrunContainerKilledAtAnyPhaseRunsAgainAndCrunKeepsNoHalfMadeCop
   EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
 }
 
+// Failover of a crun container over ssh to a spare that has no copy of its bundle (the spare's
+// gpuckpt runs in a mount namespace of its own, where the bundle's directory is an empty tmpfs):
+// with --with-rootfs the rootfs goes with the checkpoint, and crun on the spare lists the copy,
+// serving with its data and the file it wrote into its rootfs; crun here forgets the original.
+TEST_F(E2eCrun, ACrunContainerMigratesOverSshWithItsRootfsToASpareWithoutItsBundle) {
+  const auto crun = criu_crun();
+  if (!crun) GTEST_SKIP() << no_crun_;
+  const auto [id, init, digest] = crun_serving("crun-m", *crun);
+  ASSERT_GT(init, 0);
+  ASSERT_EQ(digest.size(), 40u) << digest;
+  ASSERT_TRUE(crun_do(*crun, {"exec", id, "/usr/bin/sh", "-c", "echo inside > /etc/written"}).ok())
+      << read_file(dir_.path() / "crun.err");
+  test::close_inherited_fds();
+  const test::NetNs host("crunspare");
+  const test::SshHost ssh(host, dir_.path() / "ssh", "spare", "",
+                          {"GPUCKPT_RUNC_ROOTS=" + crun_root_.string()});
+  const fs::path spare = dir_.path() / "spare-gpuckpt";
+  std::ofstream(spare)
+      << "#!/bin/sh\nexec unshare --mount --propagation private /bin/sh -c "
+         "'mount -t tmpfs spare \"$0\" && { [ \"$(stat -f -c %T /sys/fs/cgroup)\" "
+         "= cgroup2fs ] || mount -t cgroup2 none /sys/fs/cgroup; } && exec \"$@\"' "
+      << shell_quote(bundle_.string()) << " " << shell_quote(test::gpuckpt_binary().string())
+      << " \"$@\"\n";
+  fs::permissions(spare, fs::perms::owner_all);
+  const std::string copy = unique_id("crun-m2");
+  crun_started_.push_back(copy);
+  const auto m = cli({"--json", "migrate", "--container", id, "--new-id", copy, "--to", ssh.url(),
+                      "--ssh-config", ssh.config().string(), "--remote-gpuckpt", spare.string(),
+                      "--spool", dir_.path().string(), "--probe",
+                      "tcp:127.0.0.1:" + std::to_string(kRedisPort), "--with-rootfs"});
+  ASSERT_EQ(m.exit_code, 0) << m.err << m.out;
+  const json j = json::parse(m.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << m.out;
+  EXPECT_EQ(j["target_result"].value("container", ""), copy) << m.out;
+  const pid_t there = crun_pid(copy);
+  ASSERT_GT(there, 0) << "crun on the spare does not list the copy";
+  EXPECT_EQ(redis(there, {"DEBUG", "DIGEST"}), digest);
+  ASSERT_TRUE(crun_do(*crun, {"exec", copy, "/usr/bin/cat", "/etc/written"}).ok())
+      << read_file(dir_.path() / "crun.err");
+  EXPECT_EQ(read_file(dir_.path() / "crun.out"), "inside\n");
+  // Its root is the rootfs unpacked on the spare, not the bundle here.
+  struct stat theirs {
+  }, ours{};
+  ASSERT_EQ(::stat(("/proc/" + std::to_string(there) + "/root").c_str(), &theirs), 0);
+  ASSERT_EQ(::stat((bundle_ / "rootfs").c_str(), &ours), 0);
+  EXPECT_NE(theirs.st_dev, ours.st_dev);
+  EXPECT_FALSE(process::alive(init));
+  EXPECT_EQ(crun_pid(id), 0) << "crun here still lists the original";
+  EXPECT_FALSE(fs::exists(crun_root_ / id)) << "crun here keeps the original's directory";
+}
+
+// crun 1.8 enters the container's cgroup after its CRIU has restored the tree, and fails there
+// for a spec whose resources it cannot apply (here a cgroup file no kernel has): crun exits
+// with the tree running, lists nothing, and kills nothing. The restore ends that tree (its
+// init's pid from CRIU's pidfile), and crun keeps no half-made container.
+TEST_F(E2eCrun, ACrunThatFailsAfterItsCriuRestoredTheTreeLeavesNoTreeRunning) {
+  const auto crun = criu_crun();
+  if (!crun) GTEST_SKIP() << no_crun_;
+  const auto [id, init, digest] = crun_serving("crun-u", *crun);
+  ASSERT_GT(init, 0);
+  // The bundle's spec, which the record takes, now asks for a cgroup file no kernel has.
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  spec["linux"]["resources"] = {{"unified", {{"gpuckpt.none", "1"}}}};
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const fs::path ckpt = dir_.path() / "u.ckpt";
+  ASSERT_EQ(cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code, 0);
+  const std::string copy = unique_id("crun-u2");
+  crun_started_.push_back(copy);
+  const auto r = cli({"restore", ckpt.string(), "--container", copy});
+  ASSERT_NE(r.exit_code, 0) << "crun restored a container whose cgroup file no kernel has";
+  const std::string said = "crun restored container init ";
+  const auto at = r.err.find(said);
+  ASSERT_NE(at, std::string::npos) << r.err;
+  const pid_t restored = std::atoi(r.err.c_str() + at + said.size());
+  ASSERT_GT(restored, 0) << r.err;
+  EXPECT_FALSE(process::alive(restored)) << "the tree that crun never listed runs on";
+  EXPECT_FALSE(fs::exists(crun_root_ / copy)) << "crun keeps the half-made container";
+  EXPECT_TRUE(test::container_restore_dirs(copy).empty());
+  EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
+}
+
 // A crun without CRIU (Debian 12's) could not bring a container back: the dump is refused
 // naming it before anything is frozen, as is a restore.
 TEST_F(E2eCrun, ACrunWithoutCriuIsRefusedBeforeAnythingIsFrozen) {
@@ -1210,6 +1291,89 @@ TEST_F(E2eContainer, AContainerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer)
   EXPECT_TRUE(test::wait_until([&] {
     return !runc({"state", copy}).status.ok();
   })) << "the migration's copy was left";
+}
+
+// A process of the container that uses io_uring, which CRIU 4.2 cannot dump: the container is
+// refused before anything is frozen, and serves on.
+TEST_F(E2eContainer, AContainerWithAProcessUsingIoUringIsRefusedBeforeTheFreeze) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  // Beside redis, a process of the container holding an io_uring instance.
+  std::string redis_args;
+  for (const auto& a : spec["process"]["args"]) redis_args += " '" + a.get<std::string>() + "'";
+  spec["process"]["args"] = {
+      "/bin/sh", "-c",
+      "/usr/bin/python3 -c 'import ctypes, time; ctypes.CDLL(None).syscall("
+      "425, 4, ctypes.create_string_buffer(120)); time.sleep(86400)' & exec" +
+          redis_args};
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const std::string id = unique_id("uring");
+  const pid_t init = run_container(id);
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(test::wait_until([&] {
+    for (const pid_t q : process::process_tree(init)) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(q) + "/fd", ec))
+        if (fs::read_symlink(e.path(), ec).string() == "anon_inode:[io_uring]") return true;
+    }
+    return false;
+  })) << "no process of the container set up an io_uring instance";
+  const fs::path ckpt = dir_.path() / "u.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string()});
+  EXPECT_EQ(d.exit_code, 10) << d.err;
+  EXPECT_NE(d.err.find("uses io_uring"), std::string::npos) << d.err;
+  EXPECT_FALSE(fs::exists(ckpt));
+  EXPECT_EQ(test::process_state(init), 'S');
+  EXPECT_EQ(redis(init, {"PING"}), "PONG");
+  EXPECT_EQ(pid_of(id), init);
+}
+
+// Two restores under one ID at once (a failover run twice): the second is refused before it
+// does anything, and the first serves. Without the lock both passed their checks, and the
+// loser's undo killed and deleted the winner's container.
+TEST_F(E2eContainer, ASecondRestoreUnderTheSameIdIsRefusedAndTheFirstServes) {
+  const auto [id, init, digest] = serving("twice");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "t.ckpt";
+  ASSERT_EQ(
+      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
+      0);
+  const std::string copy = unique_id("once");
+  started_.push_back(copy);
+  Child first = test::paused_cli({"restore", ckpt.string(), "--container", copy},
+                                 "runtime_starting", dir_.path(), test::Resume::kWhenUnmarked);
+  const auto second = test::run_cli({"restore", ckpt.string(), "--container", copy});
+  EXPECT_EQ(second.exit_code, 12) << second.err;  // kExists
+  EXPECT_NE(second.err.find("another gpuckpt is restoring a container " + copy), std::string::npos)
+      << second.err;
+  test::resume_paused(dir_.path(), "runtime_starting");
+  const auto st = first.wait_for(120s);
+  ASSERT_TRUE(st && st->ok()) << read_file(dir_.path() / "cli.err");
+  EXPECT_EQ(redis(pid_of(copy), {"DEBUG", "DIGEST"}), digest);
+}
+
+// A container that another made under the ID while a restore was under way (`runc run`, between
+// the restore's check and its runc): the restore fails, and what it undoes is its own only.
+TEST_F(E2eContainer, ARestoreThatLosesItsIdToAnotherContainerLeavesThatContainerRunning) {
+  const auto [id, init, digest] = serving("loses");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "l.ckpt";
+  ASSERT_EQ(
+      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
+      0);
+  const std::string copy = unique_id("taken");
+  Child restore = test::paused_cli({"restore", ckpt.string(), "--container", copy},
+                                   "runtime_starting", dir_.path(), test::Resume::kWhenUnmarked);
+  const pid_t other = run_container(copy);  // its own network namespace: the same port is free
+  ASSERT_GT(other, 0);
+  test::resume_paused(dir_.path(), "runtime_starting");
+  const auto st = restore.wait_for(120s);
+  ASSERT_TRUE(st);
+  EXPECT_FALSE(st->ok()) << "runc restored a second container " << copy;
+  EXPECT_EQ(pid_of(copy), other) << read_file(dir_.path() / "cli.err");
+  EXPECT_EQ(redis(other, {"PING"}), "PONG");
+  EXPECT_NE(redis(other, {"DEBUG", "DIGEST"}), digest) << "the other container is not the copy";
+  EXPECT_TRUE(test::container_restore_dirs(copy).empty()) << "the failed restore left its bundle";
 }
 
 // Failover to a spare host: a container migrated over ssh (the other host is a network

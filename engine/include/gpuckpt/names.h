@@ -80,7 +80,8 @@ inline constexpr const char kUpload[] = "upload";
 inline constexpr const char kUploadManifest[] = "upload_manifest";
 inline constexpr const char kCriuRestore[] = "criu_restore";
 inline constexpr const char kRuntimeCreated[] = "runtime_created";
-// Docker: the start request (dockerd's runc restores) has reached dockerd; no answer yet.
+// A container's runtime is about to restore it: runc or crun is about to start, or the start
+// request (dockerd's runc restores) has reached dockerd and has no answer yet.
 inline constexpr const char kRuntimeStarting[] = "runtime_starting";
 inline constexpr const char kRestorePages[] = "restore_pages";
 inline constexpr const char kFirstAnswer[] = "first_answer";

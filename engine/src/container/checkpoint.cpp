@@ -39,14 +39,17 @@ using nlohmann::json;
 
 namespace gpuckpt::container {
 
-namespace {
-
 std::string bundle_of(const json& config) {
-  for (const auto& l : config.value("labels", json::array()))
-    if (l.is_string() && l.get<std::string>().rfind("bundle=", 0) == 0)
-      return l.get<std::string>().substr(7);
-  return {};
+  // runc's own label comes after one per annotation of the spec, which may be named `bundle`.
+  std::string bundle;
+  if (config.is_object())
+    for (const auto& l : config.value("labels", json::array()))
+      if (l.is_string() && l.get<std::string>().rfind("bundle=", 0) == 0)
+        bundle = l.get<std::string>().substr(7);
+  return bundle;
 }
+
+namespace {
 
 bool has_namespace(const json& config, const char* type, std::string* path = nullptr) {
   for (const auto& n : config.value("namespaces", json::array()))

@@ -27,6 +27,7 @@
 #include "container/runtime.h"
 #include "gpuckpt/process.h"
 #include "gpuckpt/timing.h"
+#include "process/support.h"
 
 namespace gpuckpt::container {
 
@@ -183,6 +184,16 @@ void restore_loopback(const ContainerRecord& r, pid_t init);
 // (runc's bundle, the CRIU wrapper for containerd's shim), if any: a restore that runc left
 // unmade (the container's own deletion, remove_ended, removes it with it).
 void remove_restore_bundle(const std::filesystem::path& root, const std::string& id);
+// Locks the restore of a container under `id` in the runtime root `root`: a file beside the
+// directory that the restore writes for it (restore_dir's, with ".lock"), for two restores under
+// one ID shared that directory, and the loser's undo killed and deleted the winner's container.
+// Error(kExists) while another gpuckpt holds it; Error(kUsage) for an ID no runtime takes.
+process::HeldLockFile lock_restore_target(const std::string& root, const std::string& id);
+// Whether the container that runc or crun lists as `state` under c's ID is one a restore of
+// gpuckpt's made (its bundle is the restore's): another made under that ID meanwhile, with
+// `runc run` say, is not a failed restore's to kill. True for containerd's and Docker's, whose
+// bundles are their shims'.
+bool made_by_restore(const Container& c, const nlohmann::json& state);
 // crun's restore makes ROOT/ID (its copy of the spec) before CRIU runs and its status only once
 // CRIU has restored; one that failed leaves the directory, which holds the ID. Removes it
 // (`crun delete --force`) where it is what a restore of gpuckpt's made for that ID (the spec

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <exception>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,6 +62,10 @@ std::vector<MountInfo> mounts_of(pid_t pid);
 // runc, or crun for Runtime::kCrun, with the root `root`: the start of every command line of a
 // bare runtime.
 std::vector<std::string> runtime_argv(Runtime runtime, const std::string& root);
+
+// The bundle directory that a runtime's copy of a spec (state.json's "config") names in its
+// labels (runc's last one); empty if none.
+std::string bundle_of(const nlohmann::json& config);
 
 // The overlay upper directory among a snapshot's mount options; empty if none.
 std::filesystem::path upper_of(const std::vector<containerd::Mount>& mounts);

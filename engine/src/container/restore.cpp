@@ -333,6 +333,29 @@ std::string remove_half_made(const Container& c) {
   return {};
 }
 
+process::HeldLockFile lock_restore_target(const std::string& root, const std::string& id) {
+  const fs::path dir = restore_dir(root, id);
+  fs::create_directories(dir.parent_path());
+  ::chmod(kBundlesDir, 0700);
+  if (auto lock = process::try_lock_file(dir.string() + ".lock")) return std::move(*lock);
+  throw Error(Errc::kExists, "another gpuckpt is restoring a container " + id + " (root " + root +
+                                 ") now: one restore under an ID at a time. Wait for it, or "
+                                 "restore under another ID (--container NEW_ID). Nothing was "
+                                 "restored");
+}
+
+bool made_by_restore(const Container& c, const json& state) {
+  if (!runs_bundles(c.root.runtime)) return true;
+  const std::string bundle = bundle_of(state.is_object() ? state.value("config", json()) : json());
+  if (!valid_id(c.id) || bundle.empty()) return false;
+  const fs::path ours = restore_dir(c.root.path, c.id);
+  // Lexically first: a replay's bundle directory may be gone. Then as the runtime may have
+  // resolved it (its working directory).
+  std::error_code ec;
+  return fs::path(bundle).lexically_normal() == ours.lexically_normal() ||
+         fs::equivalent(bundle, ours, ec);
+}
+
 void remove_restore_bundle(const fs::path& root, const std::string& id) {
   if (!valid_id(id)) return;
   std::error_code ec;
@@ -652,7 +675,11 @@ Container runc_restore_from(const RestoreRequest& q) {
   feed.reset();
   const Container made{StateRoot{r.runtime, r.root, ""}, q.id};
   auto undo = [&] {
-    destroy(made);
+    if (const auto state = state_json(made.root, made.id); state && made_by_restore(made, *state))
+      destroy(made);
+    else if (state)
+      spdlog::warn("{} lists a container {} that another made meanwhile: it was left as it is",
+                   name, q.id);
     if (const std::string why = remove_half_made(made); !why.empty()) spdlog::warn("{}", why);
     remove_restore_bundle(r.root, q.id);
   };

@@ -19,6 +19,7 @@
 #include <set>
 #include <utility>
 
+#include "container/checkpoint.h"
 #include "container/runtime.h"
 #include "gpuckpt/error.h"
 #include "gpuckpt/process.h"
@@ -228,6 +229,20 @@ void Guard::hold_locks(std::vector<HeldLockFile> locks) {
   }
   if (gone_) throw_guard_died();  // nothing is frozen yet
   for (auto& l : locks) locks_.push_back(std::move(l));
+}
+
+void Guard::lock_container_restore(const std::string& root, const std::string& id) {
+  const std::pair<std::string, std::string> key{root, id};
+  {
+    std::lock_guard lk(mu_);
+    if (std::find(container_locks_.begin(), container_locks_.end(), key) != container_locks_.end())
+      return;
+  }
+  std::vector<HeldLockFile> lock;
+  lock.push_back(container::lock_restore_target(root, id));
+  hold_locks(std::move(lock));
+  std::lock_guard lk(mu_);
+  container_locks_.push_back(key);
 }
 
 void Guard::release_locks_locked() {

@@ -69,6 +69,11 @@ class Guard {
   // has resumed them. Released, their files removed, once the operation is over (done or
   // undone); left to the guard if it still recovers then.
   void hold_locks(std::vector<HeldLockFile> locks);
+  // Locks the restore of container `id` under the runtime root `root`
+  // (container::lock_restore_target) and holds it as the processes' locks: until its recovery
+  // has removed what a failed restore left. Nothing if this operation holds it already (a
+  // migration takes its copy's, and a release's rollback's, before the freeze).
+  void lock_container_restore(const std::string& root, const std::string& id);
   // This dump locked these processes' CUDA state (and checkpointed it): recovery gives it back.
   void cuda(const std::vector<pid_t>& pids);
   // Where the CRIU plugin of the dump about to start reports the tasks it locks: a recovery
@@ -192,6 +197,7 @@ class Guard {
   // recovers from this itself rather than leave a service frozen.
   std::unique_ptr<GuardPlan> mirror_;
   std::vector<HeldLockFile> locks_;  // shared with the guard (hold_locks)
+  std::vector<std::pair<std::string, std::string>> container_locks_;  // (root, ID) among them
   bool finished_ = false;
   bool aborted_ = false;
   bool gone_ = false;

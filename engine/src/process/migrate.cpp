@@ -267,6 +267,13 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   res.checkpoint = o.to_dir / checkpoint_name(info->comm, o.pid);
 
   Guard guard("migrate");
+  // The copy's ID, and the original's that a release's rollback restores it under, are held
+  // against another restore until the migration is over.
+  if (c) {
+    guard.lock_container_restore(c->plan.record.root, c->copy_id);
+    if (res.handoff == MigrateHandoff::kRelease)
+      guard.lock_container_restore(c->plan.record.root, c->box.id);
+  }
   // On failure the original already runs again.
   DumpOutcome dumped =
       dump_keep_stopped(migration_dump(o, res.checkpoint), guard, {}, c ? &c->plan : nullptr);

@@ -331,6 +331,9 @@ MigrateResult migrate_over_ssh(const MigrateOptions& o, const ContainerMove* box
   }
 
   Guard guard("migrate");
+  // A release's rollback restores the original here under its ID: held against another restore
+  // until the migration is over.
+  if (box && release) guard.lock_container_restore(box->plan.record.root, box->box.id);
   const fs::path spool_root = remote::spool_root(o.spool_root);
   TempDir spool = make_staging(spool_root, "gpuckpt-dump-spool");
   guard.remove_on_recovery(spool.path());

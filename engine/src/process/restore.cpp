@@ -669,9 +669,11 @@ void restore_into(const RestoreOptions& o, RestoreResult& out, Guard* guard, boo
       throw Error(Errc::kUsage,
                   "a container comes back in pid namespaces of its own: --container takes no "
                   "--new-pidns or --take-endpoints");
-    container::check_restore_target(*r.rec.container,
-                                    o.container->empty() ? r.rec.container->id : *o.container,
-                                    o.pod_namespaces);
+    const std::string id = o.container->empty() ? r.rec.container->id : *o.container;
+    // Before the target's checks, which then see what a restore under this ID that ends
+    // meanwhile made. Held by the guard until its recovery has removed what a failed one left.
+    if (r.guard) r.guard->lock_container_restore(r.rec.container->root, id);
+    container::check_restore_target(*r.rec.container, id, o.pod_namespaces);
     check_gpu_targets(r);
     prepare_criu(r);
     if (r.rec.cuda)

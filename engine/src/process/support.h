@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -113,6 +114,10 @@ std::vector<HeldLockFile> lock_processes(const std::vector<pid_t>& tree);
 // before criu runs, with Error(kProcess) as for a pid in use. Without a run directory nothing
 // is locked (the pid check that follows still tells most races).
 std::vector<HeldLockFile> lock_restored_pids(const std::vector<pid_t>& pids);
+// An exclusive flock on `path` (created if missing, unless `create` is false); nullopt if another
+// holds it, or if it is missing and not to be created. Errors are kIo: a full tmpfs is not
+// "being dumped" (exit 10), which a script may retry for good.
+std::optional<HeldLockFile> try_lock_file(const std::filesystem::path& path, bool create = true);
 
 // Removes the lock files of lock_processes left by a gpuckpt that was SIGKILLed, once their
 // process has ended (one of a live process is taken over by its next lock): every guarded
