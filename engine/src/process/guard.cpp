@@ -249,6 +249,7 @@ void Guard::release_locks_locked() {
   if (child_.running())
     for (auto& l : locks_) l.leave();
   locks_.clear();
+  container_locks_.clear();
 }
 
 bool Guard::tell_locked(const json& msg) {
@@ -485,6 +486,7 @@ void Guard::disarm() {
     finished_ = true;
     journal_.remove();
     locks_.clear();  // the operation is complete: whatever the guard still holds is moot
+    container_locks_.clear();
   }
   // What the guard was to remove is gpuckpt's again (a snapshot's spool, still uploading): an
   // interrupt from here on removes it itself, as for any command without a guard.

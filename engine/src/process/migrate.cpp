@@ -250,6 +250,14 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   res.old_pid = o.pid;
   res.target = "this host";
   res.handoff = choose_handoff(o, *info, c);
+  Guard guard("migrate");
+  // The copy's ID, and the original's that a release's rollback restores it under, are held
+  // against another restore from before their checks to the end of the migration.
+  if (c) {
+    guard.lock_container_restore(c->plan.record.root, c->copy_id);
+    if (res.handoff == MigrateHandoff::kRelease)
+      guard.lock_container_restore(c->plan.record.root, c->box.id);
+  }
   // A new ID for the copy must be free before the freeze (the original's own is freed by the
   // release; its rootfs and mounts are here, as the original runs).
   if (c && c->copy_id != c->box.id) {
@@ -266,14 +274,6 @@ MigrateResult migrate_tree(const MigrateOptions& o, const process::ContainerMove
   if (ec) throw Error(Errc::kIo, "cannot create " + o.to_dir.string() + ": " + ec.message());
   res.checkpoint = o.to_dir / checkpoint_name(info->comm, o.pid);
 
-  Guard guard("migrate");
-  // The copy's ID, and the original's that a release's rollback restores it under, are held
-  // against another restore until the migration is over.
-  if (c) {
-    guard.lock_container_restore(c->plan.record.root, c->copy_id);
-    if (res.handoff == MigrateHandoff::kRelease)
-      guard.lock_container_restore(c->plan.record.root, c->box.id);
-  }
   // On failure the original already runs again.
   DumpOutcome dumped =
       dump_keep_stopped(migration_dump(o, res.checkpoint), guard, {}, c ? &c->plan : nullptr);

@@ -729,12 +729,17 @@ RestoreResult restore(const RestoreOptions& opts) {
     throw Error(Errc::kUsage,
                 "--join-ns and --netns name the namespaces a container joins: they are for "
                 "--container only");
+  // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
+  process::Guard guard("restore");
   if (!opts.expected_container.is_null()) {
     if (!opts.container)
       throw Error(Errc::kUsage, "an expected container is checked for --container only");
     const auto rec = container::container_record_from_json(opts.expected_container);
-    container::check_restore_target(rec, opts.container->empty() ? rec.id : *opts.container,
-                                    opts.pod_namespaces);
+    const std::string id = opts.container->empty() ? rec.id : *opts.container;
+    // A migration's target: its ID is held from before it says it receives, while the source
+    // is still unfrozen, to the end of the restore (restore_into holds it already then).
+    guard.lock_container_restore(rec.root, id);
+    container::check_restore_target(rec, id, opts.pod_namespaces);
     // The checkpoint to come carries CUDA state: a runtime that restores it with a CRIU of its
     // own must load gpuckpt's plugin, as restore_into checks once the record is read.
     if (opts.expected_container.value("cuda", false))
@@ -742,8 +747,6 @@ RestoreResult restore(const RestoreOptions& opts) {
         container::require_runc_criu_loads_plugin(criu::locate(opts.criu.binary).plugin_dir, why);
   }
   RestoreResult r;
-  // Only the staging to sweep if gpuckpt dies: a restored tree is left running (restored).
-  process::Guard guard("restore");
   if (opts.take_endpoints && !opts.new_pid_ns)
     throw Error(Errc::kUsage,
                 "--take-endpoints hands a live process's socket paths to a copy restored beside "
