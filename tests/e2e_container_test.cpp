@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -1291,6 +1292,67 @@ TEST_F(E2eContainer, AContainerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer)
   EXPECT_TRUE(test::wait_until([&] {
     return !runc({"state", copy}).status.ok();
   })) << "the migration's copy was left";
+}
+
+// A mount that a hook made and the spec does not name, as the NVIDIA container toolkit's hook
+// binds the driver's files into the rootfs before the container starts: CRIU found no mount of
+// the container showing it ("doesn't have a proper root mount") and failed once the container
+// was frozen. It is dumped as an external mount from the host path it shows, recorded, checked
+// on the target, and bound again at the restore, where runc runs the hook again (it finds the
+// rootfs through the spec's root.path, as such hooks do).
+TEST_F(E2eContainer, AMountAHookMadeOutsideTheSpecComesBackFromTheSameHostPath) {
+  if (!fs::exists("/usr/bin/python3")) GTEST_SKIP() << "/usr/bin/python3 is not installed";
+  const fs::path models = dir_.path() / "host-models";
+  fs::create_directories(models);
+  std::ofstream(models / "weights.bin") << "weights\n";
+  fs::create_directories(bundle_ / "rootfs" / "models");
+  const fs::path hook = dir_.path() / "bind-models";
+  std::ofstream(hook) << "#!/usr/bin/python3\n"
+                         "import json, os, subprocess, sys\n"
+                         "state = json.load(sys.stdin)\n"
+                         "spec = json.load(open(os.path.join(state['bundle'], 'config.json')))\n"
+                         "root = os.path.join(state['bundle'], spec['root']['path'])\n"
+                         "subprocess.run(['/usr/bin/nsenter', '--mount=/proc/%d/ns/mnt' % "
+                         "state['pid'], '/usr/bin/mount', '--bind', '-o', 'ro', "
+                      << "'" << models.string() << "'"
+                      << ", root + '/models'], check=True)\n";
+  fs::permissions(hook, fs::perms::owner_all);
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  spec["hooks"]["createRuntime"] = {{{"path", hook.string()}}};
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const auto [id, init, digest] = serving("hook");
+  ASSERT_GT(init, 0);
+  const std::string in_container = "/proc/" + std::to_string(init) + "/root/models/weights.bin";
+  ASSERT_EQ(read_file(in_container), "weights\n") << "the hook bound nothing";
+
+  const fs::path ckpt = dir_.path() / "hook.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const auto i = test::run_cli({"--json", "inspect", ckpt.string()});
+  const json mounts = json::parse(i.out, nullptr, false)["extra"]["process"]["container"]["mounts"];
+  const json expected = {
+      {"destination", "/models"}, {"source", models.string()}, {"outside_spec", true}};
+  EXPECT_NE(std::find(mounts.begin(), mounts.end(), expected), mounts.end()) << mounts.dump();
+
+  // A target without that host path is refused before anything is started.
+  const fs::path away = dir_.path() / "models-away";
+  fs::rename(models, away);
+  const std::string copy = unique_id("hook2");
+  started_.push_back(copy);
+  auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container", copy});
+  EXPECT_EQ(r.exit_code, 3) << r.out << r.err;
+  EXPECT_NE(r.out.find(models.string() + ", the source of one of the container's mounts"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(pid_of(copy), 0);
+  fs::rename(away, models);
+
+  r = test::run_cli({"restore", ckpt.string(), "--container", copy});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = pid_of(copy);
+  ASSERT_GT(back, 0);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_EQ(read_file("/proc/" + std::to_string(back) + "/root/models/weights.bin"), "weights\n");
 }
 
 // A process of the container that uses io_uring, which CRIU 4.2 cannot dump: the container is

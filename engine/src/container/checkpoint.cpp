@@ -14,11 +14,13 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -58,6 +60,37 @@ bool has_namespace(const json& config, const char* type, std::string* path = nul
       return true;
     }
   return false;
+}
+
+// Whether another mount of the container shows what bind mount `m` shows (the same file system,
+// a path at or above m's): CRIU then binds m from it.
+bool reached_through(const MountInfo& m, const std::vector<MountInfo>& mounts) {
+  return std::any_of(mounts.begin(), mounts.end(), [&](const MountInfo& n) {
+    return n.id != m.id && n.dev == m.dev &&
+           (n.root == "/" || m.root == n.root || m.root.rfind(n.root + "/", 0) == 0);
+  });
+}
+
+// The path of this host (gpuckpt's mount namespace) that shows what mount `m` of a container
+// shows, checked to be on m's device; "" if none does.
+std::string host_path_of(const MountInfo& m) {
+  const auto here = mounts_of(::getpid());
+  const MountInfo* best = nullptr;
+  for (const auto& n : here)
+    if (n.dev == m.dev &&
+        (n.root == "/" || m.root == n.root || m.root.rfind(n.root + "/", 0) == 0) &&
+        (!best || n.root.size() > best->root.size()))
+      best = &n;  // the deepest: the fewest mounts on the way
+  if (!best) return {};
+  const std::string rest = best->root == "/" ? m.root : m.root.substr(best->root.size());
+  const std::string path = (fs::path(best->mount_point) / fs::path(rest).relative_path()).string();
+  struct stat st {};
+  unsigned major_no = 0, minor_no = 0;
+  if (::stat(path.c_str(), &st) != 0 ||
+      std::sscanf(m.dev.c_str(), "%u:%u", &major_no, &minor_no) != 2 ||
+      st.st_dev != makedev(major_no, minor_no))
+    return {};
+  return path;
 }
 
 // A host file that CRIU would reach through no mount of the container, and so cannot dump.
@@ -110,7 +143,7 @@ std::vector<MountInfo> mounts_of(pid_t pid) {
     std::istringstream tail(line.substr(dash + 3));
     std::string fstype, source, options;
     tail >> fstype >> source >> options;
-    out.push_back({std::atoi(id.c_str()), point, fstype, options});
+    out.push_back({std::atoi(id.c_str()), point, fstype, options, root, dev});
   }
   return out;
 }
@@ -446,10 +479,13 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
 
   auto& a = p.criu_args;
   a = {"--root", r.rootfs, "--manage-cgroups"};
-  auto external = [&](const std::string& dest, const std::string& key, const std::string& src) {
+  std::set<std::string> named;
+  auto external = [&](const std::string& dest, const std::string& key, const std::string& src,
+                      bool outside_spec = false) {
     a.push_back("--ext-mount-map");
     a.push_back(dest + ":" + key);
-    if (!src.empty()) r.mounts.push_back({dest, src});
+    named.insert(dest);
+    if (!src.empty()) r.mounts.push_back({dest, src, outside_spec});
   };
   for (const auto& m : config.value("mounts", json::array()))
     if (m.value("device", "") == "bind")
@@ -470,6 +506,37 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
   for (const auto& d : config.value("devices", json::array())) {
     const std::string path = d.value("path", "");
     if (!path.empty()) external(path, path, path);
+  }
+  // What a hook bound in, which the spec does not name (the NVIDIA container toolkit's hook binds
+  // the driver's files and device nodes into the rootfs): CRIU finds no mount of the container
+  // that holds what such a bind shows, and would fail once everything is frozen. Each is
+  // external, from the host path it shows.
+  for (const auto& m : mounts) {
+    if (m.mount_point == "/" || m.root == "/" || named.count(m.mount_point) ||
+        reached_through(m, mounts))
+      continue;
+    const std::string src = host_path_of(m);
+    if (src.empty())
+      throw Error(Errc::kUsage, "the " + c.describe() + " has a mount at " + m.mount_point + " (" +
+                                    m.fstype + ", " + m.root + " of device " + m.dev +
+                                    ") that its spec does not name and that shows no path of "
+                                    "this host's mounts, so CRIU could not dump it. Nothing "
+                                    "was frozen");
+    // dockerd's restore reads no CRIU configuration of gpuckpt's, which would map it back.
+    if (c.root.runtime == Runtime::kDocker)
+      throw Error(Errc::kUsage, "the " + c.describe() + " has " + src + " bound at " +
+                                    m.mount_point +
+                                    " by something other than its spec (a hook), which "
+                                    "dockerd's restore could not bind again. Nothing was frozen");
+    // A line of CRIU's configuration maps it back: "ext-mount-map DEST:SOURCE".
+    if ((m.mount_point + src).find_first_of(": \t\n\\") != std::string::npos)
+      throw Error(Errc::kUsage, "the " + c.describe() + " has " + src + " bound at " +
+                                    m.mount_point +
+                                    " by something other than its spec (a hook), a path CRIU's "
+                                    "configuration cannot name. Nothing was frozen");
+    spdlog::info("{}: {} is bound at {} outside its spec: dumped as an external mount",
+                 c.describe(), src, m.mount_point);
+    external(m.mount_point, m.mount_point, src, /*outside_spec=*/true);
   }
   std::string netns, pidns;
   r.own_network = has_namespace(config, "NEWNET", &netns) && netns.empty();

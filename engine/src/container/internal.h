@@ -54,6 +54,8 @@ UniqueFd control_socket();
 struct MountInfo {
   int id = 0;  // the mount's ID, which /proc/PID/fdinfo names as mnt_id
   std::string mount_point, fstype, options;  // options: the file system's own (super options)
+  std::string root;  // the path in its file system that it shows ("/" for a whole one)
+  std::string dev;   // its file system's device, MAJOR:MINOR
 };
 
 // /proc/PID/mountinfo as its process sees it (mount points relative to its root).

@@ -56,8 +56,10 @@ bool valid_id(const std::string& id) {
 
 json to_json(const ContainerRecord& r) {
   json mounts = json::array();
-  for (const auto& m : r.mounts)
+  for (const auto& m : r.mounts) {
     mounts.push_back({{"destination", m.destination}, {"source", m.source}});
+    if (m.outside_spec) mounts.back()["outside_spec"] = true;
+  }
   json j = {{"runtime", container_runtime_name(r.runtime)},
             {"root", r.root},
             {"id", r.id},
@@ -140,8 +142,8 @@ ContainerRecord container_record_from_json(const json& j) {
                       "the container record's spec names a namespace malformed: " + ns.dump());
     r.stdio = j.value("stdio", std::vector<std::string>{});
     for (const auto& m : j.value("mounts", json::array()))
-      r.mounts.push_back(
-          {m.at("destination").get<std::string>(), m.at("source").get<std::string>()});
+      r.mounts.push_back({m.at("destination").get<std::string>(), m.at("source").get<std::string>(),
+                          m.value("outside_spec", false)});
     if (j.contains("network")) {
       r.own_network = j["network"].value("own", false);
       r.loopback_up = j["network"].value("loopback_up", false);

@@ -21,6 +21,9 @@ bool valid_id(const std::string& id);
 struct ExternalMount {
   std::string destination;  // inside the container (CRIU's key)
   std::string source;       // on the host
+  // Not in the spec: a hook made it (the NVIDIA container toolkit's binds the driver's files
+  // in). The runtime maps only the spec's mounts for its CRIU, so the restore maps these.
+  bool outside_spec = false;
 };
 
 // What containerd kept of the container (its record, not its task): what a restore needs to

@@ -573,6 +573,9 @@ void restore_container(RestoreState& r) {
   fs::create_directory(q.work);
   q.criu = r.inst.binary;
   if (!r.inst.plugin_dir.empty()) q.criu_config.push_back("libdir " + r.inst.plugin_dir.string());
+  // What a hook bound in: the runtime maps only its spec's mounts for its CRIU.
+  for (const auto& m : rec.mounts)
+    if (m.outside_spec) q.criu_config.push_back("ext-mount-map " + m.destination + ":" + m.source);
   auto args = criu::tcp_args(r.rec.tcp_established == "established");
   args.insert(args.end(), o.criu.extra_args.begin(), o.criu.extra_args.end());
   for (auto& l : criu_config_lines(args)) q.criu_config.push_back(std::move(l));
