@@ -1355,6 +1355,33 @@ TEST_F(E2eContainer, AMountAHookMadeOutsideTheSpecComesBackFromTheSameHostPath) 
   EXPECT_EQ(read_file("/proc/" + std::to_string(back) + "/root/models/weights.bin"), "weights\n");
 }
 
+// A container with a cgroup namespace of its own: its cgroup file systems read, from the host's
+// namespace, as its cgroup's path rather than "/", and no other mount of it shows them. They
+// are CRIU's to mount again, not external mounts bound from the original's cgroup (which a dump
+// deletes): a replica comes back with its own.
+TEST_F(E2eContainer, AContainerInACgroupNamespaceOfItsOwnComesBackWithCgroupsOfItsOwn) {
+  json spec = json::parse(read_file(bundle_ / "config.json"));
+  spec["linux"]["namespaces"].push_back({{"type", "cgroup"}});
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const auto [id, init, digest] = serving("cgns");
+  ASSERT_GT(init, 0);
+  const fs::path ckpt = dir_.path() / "cgns.ckpt";
+  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const auto i = test::run_cli({"--json", "inspect", ckpt.string()});
+  const json mounts = json::parse(i.out, nullptr, false)["extra"]["process"]["container"]["mounts"];
+  for (const auto& m : mounts) EXPECT_FALSE(m.value("outside_spec", false)) << m.dump();
+  const std::string copy = unique_id("cgns2");
+  started_.push_back(copy);
+  const auto r = test::run_cli({"restore", ckpt.string(), "--container", copy});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = pid_of(copy);
+  ASSERT_GT(back, 0);
+  EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+  EXPECT_NE(read_file("/proc/" + std::to_string(back) + "/cgroup"),
+            read_file("/proc/" + std::to_string(init) + "/cgroup"));
+}
+
 // A process of the container that uses io_uring, which CRIU 4.2 cannot dump: the container is
 // refused before anything is frozen, and serves on.
 TEST_F(E2eContainer, AContainerWithAProcessUsingIoUringIsRefusedBeforeTheFreeze) {

@@ -62,13 +62,33 @@ bool has_namespace(const json& config, const char* type, std::string* path = nul
   return false;
 }
 
-// Whether another mount of the container shows what bind mount `m` shows (the same file system,
-// a path at or above m's): CRIU then binds m from it.
-bool reached_through(const MountInfo& m, const std::vector<MountInfo>& mounts) {
+// Whether CRIU binds mount `m` from another mount of the container (its validate_mounts): a
+// whole file system, or the container's root or an external mount showing a path of the same
+// file system at or above m's.
+bool reached_through(const MountInfo& m, const std::vector<MountInfo>& mounts,
+                     const std::set<std::string>& external) {
   return std::any_of(mounts.begin(), mounts.end(), [&](const MountInfo& n) {
     return n.id != m.id && n.dev == m.dev &&
-           (n.root == "/" || m.root == n.root || m.root.rfind(n.root + "/", 0) == 0);
+           (n.root == "/" || ((n.mount_point == "/" || external.count(n.mount_point)) &&
+                              (m.root == n.root || m.root.rfind(n.root + "/", 0) == 0)));
   });
+}
+
+// A path field of mountinfo as the kernel escapes it (space, tab, newline and backslash as
+// \ooo).
+std::string mountinfo_path(const std::string& field) {
+  auto octal = [&](std::size_t i) { return field[i] >= '0' && field[i] <= '7'; };
+  std::string out;
+  for (std::size_t i = 0; i < field.size(); ++i) {
+    if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
+      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
+                               (field[i + 3] - '0'));
+      i += 3;
+    } else {
+      out += field[i];
+    }
+  }
+  return out;
 }
 
 // The path of this host (gpuckpt's mount namespace) that shows what mount `m` of a container
@@ -143,7 +163,8 @@ std::vector<MountInfo> mounts_of(pid_t pid) {
     std::istringstream tail(line.substr(dash + 3));
     std::string fstype, source, options;
     tail >> fstype >> source >> options;
-    out.push_back({std::atoi(id.c_str()), point, fstype, options, root, dev});
+    out.push_back(
+        {std::atoi(id.c_str()), mountinfo_path(point), fstype, options, mountinfo_path(root), dev});
   }
   return out;
 }
@@ -512,8 +533,11 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
   // that holds what such a bind shows, and would fail once everything is frozen. Each is
   // external, from the host path it shows.
   for (const auto& m : mounts) {
-    if (m.mount_point == "/" || m.root == "/" || named.count(m.mount_point) ||
-        reached_through(m, mounts))
+    // A cgroup file system's root reads relative to the reader's cgroup namespace: the
+    // container's own (its cgroup namespace's) reads here as its cgroup's path, which CRIU
+    // mounts again itself, as it does a namespace file.
+    if (m.mount_point == "/" || m.root == "/" || m.fstype == "cgroup" || m.fstype == "cgroup2" ||
+        m.fstype == "nsfs" || named.count(m.mount_point) || reached_through(m, mounts, named))
       continue;
     const std::string src = host_path_of(m);
     if (src.empty())
