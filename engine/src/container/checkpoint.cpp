@@ -94,23 +94,24 @@ std::string mountinfo_path(const std::string& field) {
 // The path of this host (gpuckpt's mount namespace) that shows what mount `m` of a container
 // shows, checked to be on m's device; "" if none does.
 std::string host_path_of(const MountInfo& m) {
-  const auto here = mounts_of(::getpid());
-  const MountInfo* best = nullptr;
-  for (const auto& n : here)
-    if (n.dev == m.dev &&
-        (n.root == "/" || m.root == n.root || m.root.rfind(n.root + "/", 0) == 0) &&
-        (!best || n.root.size() > best->root.size()))
-      best = &n;  // the deepest: the fewest mounts on the way
-  if (!best) return {};
-  const std::string rest = best->root == "/" ? m.root : m.root.substr(best->root.size());
-  const std::string path = (fs::path(best->mount_point) / fs::path(rest).relative_path()).string();
-  struct stat st {};
   unsigned major_no = 0, minor_no = 0;
-  if (::stat(path.c_str(), &st) != 0 ||
-      std::sscanf(m.dev.c_str(), "%u:%u", &major_no, &minor_no) != 2 ||
-      st.st_dev != makedev(major_no, minor_no))
-    return {};
-  return path;
+  if (std::sscanf(m.dev.c_str(), "%u:%u", &major_no, &minor_no) != 2) return {};
+  auto here = mounts_of(::getpid());
+  // The deepest first (the fewest mounts on the way); a path that another mount hides here is on
+  // another device, and the next is tried.
+  std::stable_sort(here.begin(), here.end(), [](const MountInfo& a, const MountInfo& b) {
+    return a.root.size() > b.root.size();
+  });
+  for (const auto& n : here) {
+    if (n.dev != m.dev ||
+        !(n.root == "/" || m.root == n.root || m.root.rfind(n.root + "/", 0) == 0))
+      continue;
+    const std::string rest = n.root == "/" ? m.root : m.root.substr(n.root.size());
+    const std::string path = (fs::path(n.mount_point) / fs::path(rest).relative_path()).string();
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0 && st.st_dev == makedev(major_no, minor_no)) return path;
+  }
+  return {};
 }
 
 // A host file that CRIU would reach through no mount of the container, and so cannot dump.
