@@ -200,6 +200,17 @@ class E2eContainer : public ::testing::Test {
     return spec;
   }
 
+  // A checkpoint of container `id` that leaves it running (a snapshot), at DIR/`name`; empty,
+  // the failure reported, if the dump failed.
+  fs::path snapshot(const std::string& id, const std::string& name) {
+    const fs::path ckpt = dir_.path() / name;
+    const auto d =
+        test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
+    if (d.exit_code == 0) return ckpt;
+    ADD_FAILURE() << "the snapshot of " << id << " failed: " << d.err;
+    return {};
+  }
+
   std::string unique_id(const std::string& tag) {
     return "gk-" + tag + "-" + std::to_string(::getpid());
   }
@@ -844,9 +855,8 @@ TEST_F(E2eContainer, AChunkFoundDamagedWhileRuncsCriuReadsItLeavesNoContainer) {
 TEST_F(E2eContainer, OneCheckpointRestoredTwiceServesTwoReplicasOnTheSamePort) {
   const auto [id, init, digest] = serving("snap");
   ASSERT_GT(init, 0);
-  const fs::path ckpt = dir_.path() / "snap.ckpt";
-  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
-  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const fs::path ckpt = snapshot(id, "snap.ckpt");
+  ASSERT_FALSE(ckpt.empty());
   EXPECT_EQ(pid_of(id), init) << "a snapshot leaves its container running";
   std::vector<pid_t> replicas;
   for (const char* tag : {"r1", "r2"}) {
@@ -1258,10 +1268,8 @@ TEST_F(E2eContainer, AContainerMigratedOnThisHostServesAsARuncContainerAndTheOri
 TEST_F(E2eContainer, AContainerRestoreKilledAtAnyPointLeavesNoHalfMadeContainer) {
   const auto [id, init, digest] = serving("halfway");
   ASSERT_GT(init, 0);
-  const fs::path ckpt = dir_.path() / "h.ckpt";
-  ASSERT_EQ(
-      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
-      0);
+  const fs::path ckpt = snapshot(id, "h.ckpt");
+  ASSERT_FALSE(ckpt.empty());
   const std::string copy = unique_id("half");
   started_.push_back(copy);
   for (const std::string point : {"criu_restore", "criu_restored"}) {
@@ -1325,9 +1333,8 @@ TEST_F(E2eContainer, AMountAHookMadeOutsideTheSpecComesBackFromTheSameHostPath) 
   const std::string in_container = "/proc/" + std::to_string(init) + "/root/models/weights.bin";
   ASSERT_EQ(read_file(in_container), "weights\n") << "the hook bound nothing";
 
-  const fs::path ckpt = dir_.path() / "hook.ckpt";
-  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
-  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const fs::path ckpt = snapshot(id, "hook.ckpt");
+  ASSERT_FALSE(ckpt.empty());
   const auto i = test::run_cli({"--json", "inspect", ckpt.string()});
   const json mounts = json::parse(i.out, nullptr, false)["extra"]["process"]["container"]["mounts"];
   const json expected = {
@@ -1365,9 +1372,8 @@ TEST_F(E2eContainer, AContainerInACgroupNamespaceOfItsOwnComesBackWithCgroupsOfI
   std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
   const auto [id, init, digest] = serving("cgns");
   ASSERT_GT(init, 0);
-  const fs::path ckpt = dir_.path() / "cgns.ckpt";
-  const auto d = test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"});
-  ASSERT_EQ(d.exit_code, 0) << d.err;
+  const fs::path ckpt = snapshot(id, "cgns.ckpt");
+  ASSERT_FALSE(ckpt.empty());
   const auto i = test::run_cli({"--json", "inspect", ckpt.string()});
   const json mounts = json::parse(i.out, nullptr, false)["extra"]["process"]["container"]["mounts"];
   for (const auto& m : mounts) EXPECT_FALSE(m.value("outside_spec", false)) << m.dump();
@@ -1423,10 +1429,8 @@ TEST_F(E2eContainer, AContainerWithAProcessUsingIoUringIsRefusedBeforeTheFreeze)
 TEST_F(E2eContainer, ASecondRestoreUnderTheSameIdIsRefusedAndTheFirstServes) {
   const auto [id, init, digest] = serving("twice");
   ASSERT_GT(init, 0);
-  const fs::path ckpt = dir_.path() / "t.ckpt";
-  ASSERT_EQ(
-      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
-      0);
+  const fs::path ckpt = snapshot(id, "t.ckpt");
+  ASSERT_FALSE(ckpt.empty());
   const std::string copy = unique_id("once");
   started_.push_back(copy);
   Child first = test::paused_cli({"restore", ckpt.string(), "--container", copy},
@@ -1446,10 +1450,8 @@ TEST_F(E2eContainer, ASecondRestoreUnderTheSameIdIsRefusedAndTheFirstServes) {
 TEST_F(E2eContainer, ARestoreThatLosesItsIdToAnotherContainerLeavesThatContainerRunning) {
   const auto [id, init, digest] = serving("loses");
   ASSERT_GT(init, 0);
-  const fs::path ckpt = dir_.path() / "l.ckpt";
-  ASSERT_EQ(
-      test::run_cli({"dump", "--container", id, "-o", ckpt.string(), "--leave-running"}).exit_code,
-      0);
+  const fs::path ckpt = snapshot(id, "l.ckpt");
+  ASSERT_FALSE(ckpt.empty());
   const std::string copy = unique_id("taken");
   Child restore = test::paused_cli({"restore", ckpt.string(), "--container", copy},
                                    "runtime_starting", dir_.path(), test::Resume::kWhenUnmarked);
