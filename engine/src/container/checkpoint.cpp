@@ -62,6 +62,11 @@ bool has_namespace(const json& config, const char* type, std::string* path = nul
   return false;
 }
 
+// Whether `path` is `root` or under it, in one file system ("/" holds every path).
+bool at_or_under(const std::string& path, const std::string& root) {
+  return root == "/" || path == root || path.rfind(root + "/", 0) == 0;
+}
+
 // Whether CRIU binds mount `m` from another mount of the container (its validate_mounts): a
 // whole file system, or the container's root or an external mount showing a path of the same
 // file system at or above m's.
@@ -70,7 +75,7 @@ bool reached_through(const MountInfo& m, const std::vector<MountInfo>& mounts,
   return std::any_of(mounts.begin(), mounts.end(), [&](const MountInfo& n) {
     return n.id != m.id && n.dev == m.dev &&
            (n.root == "/" || ((n.mount_point == "/" || external.count(n.mount_point)) &&
-                              (m.root == n.root || m.root.rfind(n.root + "/", 0) == 0)));
+                              at_or_under(m.root, n.root)));
   });
 }
 
@@ -103,9 +108,7 @@ std::string host_path_of(const MountInfo& m) {
     return a.root.size() > b.root.size();
   });
   for (const auto& n : here) {
-    if (n.dev != m.dev ||
-        !(n.root == "/" || m.root == n.root || m.root.rfind(n.root + "/", 0) == 0))
-      continue;
+    if (n.dev != m.dev || !at_or_under(m.root, n.root)) continue;
     const std::string rest = n.root == "/" ? m.root : m.root.substr(n.root.size());
     const std::string path = (fs::path(n.mount_point) / fs::path(rest).relative_path()).string();
     struct stat st {};

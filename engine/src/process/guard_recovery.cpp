@@ -364,15 +364,14 @@ void end_restored_container(const Plan& p, const Plan::ContainerCopy& c, Recover
   const container::Container box{container::root_at(c.root, c.id), c.id};
   const auto state = container::state_json(box.root, c.id);
   const auto start = state ? state->value("init_process_start", std::uint64_t{0}) : 0;
+  const bool made = state && container::made_by_restore(box, *state);
   const bool ours =
-      state && (c.init_started > 0 ? start == c.init_started : !p.replay && start >= c.after) &&
-      container::made_by_restore(box, *state);
+      made && (c.init_started > 0 ? start == c.init_started : !p.replay && start >= c.after);
   if (state && !ours) {
     say(log, "container " + c.id + " (runc root " + c.root.string() +
                  ") is not the one this restore made, and was left as it is");
     // Another's, made under the ID meanwhile: the bundle this restore wrote is no container's.
-    if (!p.replay && !container::made_by_restore(box, *state))
-      container::remove_restore_bundle(box.root.path, c.id);
+    if (!p.replay && !made) container::remove_restore_bundle(box.root.path, c.id);
     return;
   }
   if (!state) {

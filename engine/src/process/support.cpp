@@ -184,33 +184,24 @@ void remove_abandoned_locks() noexcept try {
   // Best effort: what is left is swept by a later run, or taken over by the next lock.
 }
 
-namespace {
-
-// The restore lock `name` in the run directory `run`; nullopt if another gpuckpt holds it.
-std::optional<HeldLockFile> lock_restore_name(const fs::path& run, const std::string& name) {
-  const fs::path path = run / (restore_lock_prefix() + name);
-  auto lock = try_lock_file(path);
-  // A sweep (remove_abandoned_locks) holds an unheld file for a moment while it removes it.
-  for (int i = 0; i < 5 && !lock; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    lock = try_lock_file(path);
-  }
-  return lock;
-}
-
-}  // namespace
-
 std::vector<HeldLockFile> lock_restored_pids(const std::vector<pid_t>& pids) {
   std::string why;
   const std::optional<fs::path> run = run_directory(why);
   std::vector<HeldLockFile> locks;
   if (!run) return locks;
+  const std::string prefix = restore_lock_prefix();
   for (pid_t q : pids) {
-    auto lock = lock_restore_name(*run, std::to_string(q));
+    const fs::path path = *run / (prefix + std::to_string(q));
+    auto lock = try_lock_file(path);
+    // A sweep (remove_abandoned_locks) holds an unheld file for a moment while it removes it.
+    for (int i = 0; i < 5 && !lock; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      lock = try_lock_file(path);
+    }
     if (!lock)
       throw Error(Errc::kProcess,
                   "pid " + std::to_string(q) + " is being restored by another gpuckpt (" +
-                      (*run / (restore_lock_prefix() + std::to_string(q))).string() +
+                      path.string() +
                       " is locked): CRIU restores a process with its checkpointed pid, so one "
                       "restore at a time; wait for it, or restore into a new pid namespace "
                       "(--new-pidns)");
