@@ -7,6 +7,7 @@
 // refused before anything is frozen or started.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -273,11 +274,15 @@ class E2eRuntimes : public ::testing::Test {
     return std::atoi(r.output.c_str() + 5);
   }
 
-  Serving docker_serving(const std::string& tag) {
+  // `with`: more options of `docker run`.
+  Serving docker_serving(const std::string& tag, const std::vector<std::string>& with = {}) {
     Serving s{tag + "-" + std::to_string(::getpid())};
     docker_names_.push_back(s.id);
-    const RunResult r = docker({"run", "-d", "--name", s.id, "--network", "none", "-v",
-                                "/usr:/usr:ro", "localhost/gk-redis:d"});
+    std::vector<std::string> run{"run",       "-d",   "--name", s.id,
+                                 "--network", "none", "-v",     "/usr:/usr:ro"};
+    run.insert(run.end(), with.begin(), with.end());
+    run.push_back("localhost/gk-redis:d");
+    const RunResult r = docker(run);
     EXPECT_TRUE(r.status.ok()) << r.output << read_file(dir_.path() / "docker.err");
     EXPECT_TRUE(test::wait_until([&] {
       s.init = docker_pid(s.id);
@@ -960,4 +965,48 @@ TEST_F(E2eRuntimes, ADockerContainerMovesToAnotherHostOverSsh) {
   EXPECT_TRUE(has_layer(there));
   EXPECT_FALSE(process::alive(init));
   EXPECT_TRUE(test::wait_until([&] { return docker_pid(name) == 0; }));
+}
+
+// dockerd gives each container a /dev/shm of its own: a tmpfs in its spec (IPC mode "private",
+// the default), or one it mounts itself and binds in ("shareable", older daemons' default), and
+// unmounts once the container ends. Either way, what the container kept there comes back with
+// it, in a tmpfs of the size it was given, in place and in a replica, each with its own.
+TEST_F(E2eRuntimes, WhatADockerContainerKeptInItsDevShmComesBackWithIt) {
+  if (const std::string why = docker_missing(); !why.empty()) GTEST_SKIP() << why;
+  start_docker();
+  const auto shm = [](pid_t pid) {
+    return fs::path("/proc/" + std::to_string(pid) + "/root/dev/shm");
+  };
+  const auto size_of = [](const fs::path& dir) {
+    struct statvfs st {};
+    return ::statvfs(dir.c_str(), &st) == 0 ? st.f_blocks * st.f_frsize : 0;
+  };
+  for (const std::string mode : {"private", "shareable"}) {
+    SCOPED_TRACE(mode);
+    const auto [name, init, digest] =
+        docker_serving("dshm-" + mode, {"--ipc", mode, "--shm-size", "48m"});
+    ASSERT_GT(init, 0);
+    ASSERT_EQ(size_of(shm(init)), 48u << 20);
+    std::ofstream(shm(init) / "kept") << "in the container's /dev/shm\n";
+    const fs::path ckpt = dir_.path() / (mode + ".ckpt");
+    auto d = test::run_cli({"--json", "dump", "--container", name, "-o", ckpt.string()});
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    auto r = test::run_cli({"--json", "restore", ckpt.string(), "--container"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const pid_t back = docker_pid(name);
+    ASSERT_GT(back, 0);
+    EXPECT_EQ(redis(back, {"DEBUG", "DIGEST"}), digest);
+    EXPECT_EQ(read_file(shm(back) / "kept"), "in the container's /dev/shm\n");
+    EXPECT_EQ(size_of(shm(back)), 48u << 20);
+    if (mode != "shareable") continue;
+    const std::string replica = "dshmr-" + std::to_string(::getpid());
+    docker_names_.push_back(replica);
+    r = test::run_cli({"restore", ckpt.string(), "--container", replica});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const pid_t twin = docker_pid(replica);
+    ASSERT_GT(twin, 0);
+    EXPECT_EQ(read_file(shm(twin) / "kept"), "in the container's /dev/shm\n");
+    std::ofstream(shm(twin) / "twin") << "x";
+    EXPECT_FALSE(fs::exists(shm(back) / "twin")) << "the replica shares its /dev/shm";
+  }
 }

@@ -407,6 +407,18 @@ DockerRecord docker_part(const Container& c, fs::path& upper) {
           docker::string_at(*j, {"Image"})};
 }
 
+// Whether runc's mount `m` of the Docker container `c` is the tmpfs dockerd made for that
+// container's own /dev/shm (an IPC mode of "shareable", the default of older daemons): dockerd
+// unmounts it once the container ends, and its restore binds a fresh one, so what the container
+// kept there would be lost as an external mount. CRIU dumps it as the tmpfs it is, contents
+// and all, and mounts it again at the restore.
+bool own_docker_shm(const Container& c, const json& m) {
+  if (c.root.runtime != Runtime::kDocker || m.value("destination", "") != "/dev/shm") return false;
+  const fs::path src = fs::path(m.value("source", "")).lexically_normal();
+  return src.filename() == "shm" && src.parent_path().filename() == "mounts" &&
+         src.parent_path().parent_path().filename() == c.id;
+}
+
 }  // namespace
 
 DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) {
@@ -513,7 +525,7 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
     if (!src.empty()) r.mounts.push_back({dest, src, outside_spec});
   };
   for (const auto& m : config.value("mounts", json::array()))
-    if (m.value("device", "") == "bind")
+    if (m.value("device", "") == "bind" && !own_docker_shm(c, m))
       external(m.value("destination", ""), m.value("destination", ""), m.value("source", ""));
   // cgroup v1 without a cgroup namespace: runc bind-mounts the host's hierarchies.
   if (!has_namespace(config, "NEWCGROUP"))
