@@ -1424,21 +1424,38 @@ TEST_F(E2eContainer, AContainerWithAProcessUsingIoUringIsRefusedBeforeTheFreeze)
 }
 
 // Two restores under one ID at once (a failover run twice): the second is refused before it
-// does anything, and the first serves. Without the lock both passed their checks, and the
-// loser's undo killed and deleted the winner's container.
+// does anything, and the first serves, whether or not the two checkpoints spell the runc root
+// alike. Without the lock both passed their checks, and the loser's undo killed and deleted the
+// winner's container.
 TEST_F(E2eContainer, ASecondRestoreUnderTheSameIdIsRefusedAndTheFirstServes) {
   const auto [id, init, digest] = serving("twice");
   ASSERT_GT(init, 0);
   const fs::path ckpt = snapshot(id, "t.ckpt");
   ASSERT_FALSE(ckpt.empty());
+  // A checkpoint that names the same runc root another way (a link to it, with a slash), as
+  // $GPUCKPT_RUNC_ROOTS may: the same root to the lock.
+  const fs::path link = dir_.path() / "runc-root-link";
+  fs::create_directory_symlink(root_, link);
+  fs::path spelled;
+  {
+    test::ScopedEnv roots("GPUCKPT_RUNC_ROOTS", link.string() + "/");
+    spelled = snapshot(id, "t2.ckpt");
+  }
+  ASSERT_FALSE(spelled.empty());
+  const json rec = json::parse(test::run_cli({"--json", "inspect", spelled.string()}).out, nullptr,
+                               false)["extra"]["process"]["container"];
+  ASSERT_EQ(rec.value("root", ""), link.string() + "/");
   const std::string copy = unique_id("once");
   started_.push_back(copy);
   Child first = test::paused_cli({"restore", ckpt.string(), "--container", copy},
                                  "runtime_starting", dir_.path(), test::Resume::kWhenUnmarked);
-  const auto second = test::run_cli({"restore", ckpt.string(), "--container", copy});
-  EXPECT_EQ(second.exit_code, 12) << second.err;  // kExists
-  EXPECT_NE(second.err.find("another gpuckpt is restoring a container " + copy), std::string::npos)
-      << second.err;
+  for (const auto& c : {ckpt, spelled}) {
+    const auto second = test::run_cli({"restore", c.string(), "--container", copy});
+    EXPECT_EQ(second.exit_code, 12) << second.err;  // kExists
+    EXPECT_NE(second.err.find("another gpuckpt is restoring a container " + copy),
+              std::string::npos)
+        << second.err;
+  }
   test::resume_paused(dir_.path(), "runtime_starting");
   const auto st = first.wait_for(120s);
   ASSERT_TRUE(st && st->ok()) << read_file(dir_.path() / "cli.err");

@@ -251,8 +251,12 @@ CarriedRootfs place_carried_rootfs(const RestoreRequest& q) {
 fs::path restore_dir(const fs::path& root, const std::string& id) {
   if (!valid_id(id)) throw Error(Errc::kUsage, "'" + id + "' is no container ID runc accepts");
   // One directory per runc root: the same ID under two (two containerd namespaces, runc's and
-  // Docker's) names two containers.
-  const std::string& r = root.native();
+  // Docker's) names two containers. And one root however it is spelled (/var/run/runc and
+  // /run/runc/ are /run/runc), for this directory's lock is what keeps two restores apart.
+  std::error_code ec;
+  std::string r = fs::weakly_canonical(root, ec).native();
+  if (ec) r = root.lexically_normal().native();
+  while (r.size() > 1 && r.back() == '/') r.pop_back();
   char key[17];
   std::snprintf(key, sizeof key, "%016llx",
                 static_cast<unsigned long long>(XXH3_64bits(r.data(), r.size())));
