@@ -600,6 +600,28 @@ TEST_F(E2eCrun, ACrunWithoutCriuIsRefusedBeforeAnythingIsFrozen) {
   EXPECT_EQ(redis(init, {"PING"}), "PONG");
 }
 
+// crun's state names no freezer: the init's own cgroup (cgroup.events, through the cgroup2
+// mount that gpuckpt's mount table shows) says that crun paused it. Refused, and left paused.
+TEST_F(E2eCrun, APausedCrunContainerIsRefusedAndLeftPaused) {
+  const auto crun = criu_crun();
+  if (!crun) GTEST_SKIP() << no_crun_;
+  const auto [id, init, digest] = crun_serving("cpaused", *crun);
+  ASSERT_GT(init, 0);
+  ASSERT_TRUE(crun_do(*crun, {"pause", id}).ok()) << read_file(dir_.path() / "crun.err");
+  const fs::path out = dir_.path() / "p.ckpt";
+  const auto r = cli({"--json", "dump", "--container", id, "-o", out.string()});
+  EXPECT_EQ(r.exit_code, 10) << r.out << r.err;
+  EXPECT_NE(json::parse(r.out, nullptr, false)["error"].value("message", "").find("is paused"),
+            std::string::npos)
+      << r.out;
+  EXPECT_FALSE(fs::exists(out));
+  ASSERT_TRUE(crun_do(*crun, {"state", id}).ok());
+  EXPECT_EQ(json::parse(read_file(dir_.path() / "crun.out"), nullptr, false).value("status", ""),
+            "paused");
+  ASSERT_TRUE(crun_do(*crun, {"resume", id}).ok()) << read_file(dir_.path() / "crun.err");
+  EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
+}
+
 // `unshare --pid --fork --mount-proc`: a pid namespace that no runtime's state names.
 TEST_F(E2eContainer, AProcessInAPidNamespaceNoRuntimeMadeIsNamedAsSuch) {
   SpawnOptions o;

@@ -15,6 +15,7 @@
 #include "gpuckpt/timing.h"
 #include "test_support.h"
 #include "util/fd_passing.h"
+#include "util/mountinfo.h"
 #include "util/subprocess.h"
 #include "util/unique_fd.h"
 #include "util/utf8.h"
@@ -222,6 +223,46 @@ TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOrHandedOverOne) {
 
 // What the guard relies on: a lock passed to it is the sender's very lock, which lives on in
 // the receiver once the sender has closed its own descriptor (or died).
+// The kernel escapes a space, tab, newline or backslash in a path as \ooo; optional fields
+// (none, one, several) come before the " - " that the file system's type follows.
+TEST(Mountinfo, EachFieldComesBackInItsPlaceAndPathsUnescaped) {
+  TempDir d = test::scratch_dir("gpuckpt-mountinfo");
+  const fs::path file = d.path() / "mountinfo";
+  std::ofstream(file)
+      << "22 1 0:21 / / rw,relatime shared:1 - ext4 /dev/vda1 rw,errors=remount-ro\n"
+      << "31 22 0:27 /a\\040dir /mnt/with\\040space\\011tab rw - tmpfs tmpfs rw,size=1024k\n"
+      << "35 22 0:30 /kubepods/x /sys/fs/cgroup/freezer rw master:2 shared:9 - cgroup cgroup "
+         "rw,freezer\n"
+      << "36 22 0:31 /back\\134slash /b rw - overlay overlay rw,upperdir=/u\n"
+      << "not a mountinfo line\n";
+  const auto m = read_mountinfo(file);
+  ASSERT_EQ(m.size(), 4u);
+  EXPECT_EQ(m[0].id, 22);
+  EXPECT_EQ(m[0].mount_point, "/");
+  EXPECT_EQ(m[0].fstype, "ext4");
+  EXPECT_EQ(m[0].options, "rw,errors=remount-ro");
+  EXPECT_EQ(m[0].dev, "0:21");
+  EXPECT_EQ(m[1].root, "/a dir");
+  EXPECT_EQ(m[1].mount_point, "/mnt/with space\ttab");
+  EXPECT_EQ(m[2].fstype, "cgroup");
+  EXPECT_EQ(m[2].root, "/kubepods/x");
+  EXPECT_EQ(m[2].options, "rw,freezer");
+  EXPECT_EQ(m[3].root, "/back\\slash");
+  EXPECT_TRUE(read_mountinfo(d.path() / "gone").empty());
+  // This process's own table has its root.
+  const auto self = read_mountinfo("/proc/self/mountinfo");
+  EXPECT_TRUE(std::any_of(self.begin(), self.end(),
+                          [](const MountInfo& i) { return i.mount_point == "/"; }));
+}
+
+TEST(Mountinfo, APathIsAtOrUnderARootOnlyAtAComponentBoundary) {
+  EXPECT_TRUE(at_or_under("/a/b", "/"));
+  EXPECT_TRUE(at_or_under("/a", "/a"));
+  EXPECT_TRUE(at_or_under("/a/b", "/a"));
+  EXPECT_FALSE(at_or_under("/ab", "/a"));
+  EXPECT_FALSE(at_or_under("/a", "/a/b"));
+}
+
 TEST(FdPassing, APassedLockStaysHeldByTheReceiverAfterTheSenderLetsGo) {
   const auto dir = test::scratch_dir("gpuckpt-fdpass");
   const std::string path = (dir.path() / "lock").string();

@@ -62,11 +62,6 @@ bool has_namespace(const json& config, const char* type, std::string* path = nul
   return false;
 }
 
-// Whether `path` is `root` or under it, in one file system ("/" holds every path).
-bool at_or_under(const std::string& path, const std::string& root) {
-  return root == "/" || path == root || path.rfind(root + "/", 0) == 0;
-}
-
 // Whether CRIU binds mount `m` from another mount of the container (its validate_mounts): a
 // whole file system, or the container's root or an external mount showing a path of the same
 // file system at or above m's.
@@ -77,23 +72,6 @@ bool reached_through(const MountInfo& m, const std::vector<MountInfo>& mounts,
            (n.root == "/" || ((n.mount_point == "/" || external.count(n.mount_point)) &&
                               at_or_under(m.root, n.root)));
   });
-}
-
-// A path field of mountinfo as the kernel escapes it (space, tab, newline and backslash as
-// \ooo).
-std::string mountinfo_path(const std::string& field) {
-  auto octal = [&](std::size_t i) { return field[i] >= '0' && field[i] <= '7'; };
-  std::string out;
-  for (std::size_t i = 0; i < field.size(); ++i) {
-    if (field[i] == '\\' && i + 3 < field.size() && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
-      out += static_cast<char>((field[i + 1] - '0') * 64 + (field[i + 2] - '0') * 8 +
-                               (field[i + 3] - '0'));
-      i += 3;
-    } else {
-      out += field[i];
-    }
-  }
-  return out;
 }
 
 // The path of this host (gpuckpt's mount namespace) that shows what mount `m` of a container
@@ -156,21 +134,7 @@ UniqueFd control_socket() {
 }
 
 std::vector<MountInfo> mounts_of(pid_t pid) {
-  std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
-  std::vector<MountInfo> out;
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream f(line);
-    std::string id, parent, dev, root, point;
-    f >> id >> parent >> dev >> root >> point;
-    const auto dash = line.find(" - ");
-    if (dash == std::string::npos) continue;
-    std::istringstream tail(line.substr(dash + 3));
-    std::string fstype, source, options;
-    tail >> fstype >> source >> options;
-    out.push_back(
-        {std::atoi(id.c_str()), mountinfo_path(point), fstype, options, mountinfo_path(root), dev});
-  }
-  return out;
+  return read_mountinfo("/proc/" + std::to_string(pid) + "/mountinfo");
 }
 
 std::vector<std::string> runtime_argv(Runtime runtime, const std::string& root) {

@@ -18,6 +18,7 @@
 #include "container/containerd.h"
 #include "container/docker.h"
 #include "gpuckpt/error.h"
+#include "util/mountinfo.h"
 #include "util/unique_fd.h"
 
 namespace gpuckpt::container {
@@ -50,13 +51,6 @@ short loopback_flags(int sock);
 
 // A datagram socket for the interface ioctls. Throws Error(kProcess).
 UniqueFd control_socket();
-
-struct MountInfo {
-  int id = 0;  // the mount's ID, which /proc/PID/fdinfo names as mnt_id
-  std::string mount_point, fstype, options;  // options: the file system's own (super options)
-  std::string root;  // the path in its file system that it shows ("/" for a whole one)
-  std::string dev;   // its file system's device, MAJOR:MINOR
-};
 
 // /proc/PID/mountinfo as its process sees it (mount points relative to its root).
 std::vector<MountInfo> mounts_of(pid_t pid);

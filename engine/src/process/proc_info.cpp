@@ -17,6 +17,7 @@
 
 #include "gpuckpt/error.h"
 #include "util/fs.h"
+#include "util/mountinfo.h"
 
 namespace fs = std::filesystem;
 
@@ -259,38 +260,38 @@ namespace {
 
 // Where cgroup filesystems are mounted (from /proc/self/mountinfo): the v1 freezer hierarchy's
 // and the unified (v2) one's, each with the cgroup its mount shows as its root (not "/" in a
-// container that sees only its own part of the hierarchy).
+// container that sees only its own part of the hierarchy). The latest first: one mounted over
+// another's path (a cgroup2 at /sys/fs/cgroup hiding a hybrid host's /sys/fs/cgroup/unified)
+// is the one whose files are there.
 struct CgroupMount {
   fs::path point;
   std::string root;
 };
 struct CgroupMounts {
-  std::optional<CgroupMount> freezer_v1, unified;
+  std::vector<CgroupMount> freezer_v1, unified;
 };
 CgroupMounts cgroup_mounts() {
   CgroupMounts m;
-  std::istringstream in(slurp("/proc/self/mountinfo"));
-  for (std::string line; std::getline(in, line);) {
-    std::istringstream f(line);
-    std::string id, parent, dev, root, point, field;
-    f >> id >> parent >> dev >> root >> point;
-    while (f >> field && field != "-") {
-    }
-    std::string type, source, options;
-    f >> type >> source >> options;
-    if (type == "cgroup2" && !m.unified) m.unified = CgroupMount{point, root};
-    if (type == "cgroup" && !m.freezer_v1 &&
-        ("," + options + ",").find(",freezer,") != std::string::npos)
-      m.freezer_v1 = CgroupMount{point, root};
+  for (const auto& n : read_mountinfo("/proc/self/mountinfo")) {
+    if (n.fstype == "cgroup2") m.unified.insert(m.unified.begin(), {n.mount_point, n.root});
+    if (n.fstype == "cgroup" && ("," + n.options + ",").find(",freezer,") != std::string::npos)
+      m.freezer_v1.insert(m.freezer_v1.begin(), {n.mount_point, n.root});
   }
   return m;
 }
 
-// The directory of cgroup `path` under mount `m`; nullopt if the mount does not show it.
-std::optional<fs::path> cgroup_dir(const CgroupMount& m, const std::string& path) {
-  if (m.root == "/") return m.point / fs::path(path).relative_path();
-  if (path != m.root && !path.starts_with(m.root + "/")) return std::nullopt;
-  return m.point / fs::path(path.substr(m.root.size())).relative_path();
+// The directory of cgroup `path` under the first of `mounts` that shows it; nullopt if none
+// does (a hidden mount's path shows another file system's, where it is not).
+std::optional<fs::path> cgroup_dir(const std::vector<CgroupMount>& mounts,
+                                   const std::string& path) {
+  for (const auto& m : mounts) {
+    if (!at_or_under(path, m.root)) continue;
+    const std::string rest = m.root == "/" ? path : path.substr(m.root.size());
+    fs::path dir = m.point / fs::path(rest).relative_path();
+    std::error_code ec;
+    if (fs::is_directory(dir, ec)) return dir;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -303,15 +304,15 @@ std::string frozen_cgroup(pid_t pid) {
     const auto a = line.find(':'), b = line.find(':', a + 1);
     if (a == std::string::npos || b == std::string::npos) continue;
     const std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
-    if (controllers.empty() && m.unified) {
+    if (controllers.empty()) {
       // cgroup.events says whether the cgroup is frozen, by its own setting or an ancestor's.
-      const auto dir = cgroup_dir(*m.unified, path);
+      const auto dir = cgroup_dir(m.unified, path);
       if (!dir) continue;
       std::istringstream ev(slurp(*dir / "cgroup.events"));
       for (std::string key, value; ev >> key >> value;)
         if (key == "frozen" && value == "1") return path;
-    } else if (("," + controllers + ",").find(",freezer,") != std::string::npos && m.freezer_v1) {
-      const auto dir = cgroup_dir(*m.freezer_v1, path);
+    } else if (("," + controllers + ",").find(",freezer,") != std::string::npos) {
+      const auto dir = cgroup_dir(m.freezer_v1, path);
       if (!dir) continue;
       const std::string state = trim(slurp(*dir / "freezer.state"));
       if (state == "FROZEN" || state == "FREEZING") return path;
