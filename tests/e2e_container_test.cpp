@@ -280,15 +280,6 @@ TEST_F(E2eContainer, ADumpOfAProcessInAContainerNamesTheContainerAndFreezesNothi
   EXPECT_EQ(state.value("status", ""), "running");
 }
 
-// crun (podman's and CRI-O's runtime on some distributions) refuses this machine's hybrid
-// cgroups. `on_cgroup2(argv)` runs argv as on a host of cgroup v2 alone, crun's and gpuckpt's
-// alike: in a mount namespace of its own whose /sys/fs/cgroup is the unified hierarchy.
-std::vector<std::string> on_cgroup2(std::vector<std::string> argv) {
-  argv.insert(argv.begin(), {"unshare", "--mount", "--propagation", "private", "sh", "-c",
-                             "mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"", "sh"});
-  return argv;
-}
-
 class E2eCrun : public E2eContainer {
  protected:
   void SetUp() override {
@@ -326,7 +317,7 @@ class E2eCrun : public E2eContainer {
       o.stdout_file = dir_.path() / "crun.out";
       o.stderr_file = dir_.path() / "crun.err";
     }
-    Child c = spawn(on_cgroup2(args), o);
+    Child c = spawn(test::on_cgroup2(args), o);
     if (auto st = c.wait_for(60s)) return *st;
     c.kill(SIGKILL);
     return c.wait();
@@ -380,7 +371,7 @@ class E2eCrun : public E2eContainer {
     SpawnOptions o;
     o.stderr_file = dir_.path() / "cli.err";
     test::CliResult r;
-    const RunResult rr = run_capture(on_cgroup2(argv), 300s, o);
+    const RunResult rr = run_capture(test::on_cgroup2(argv), 300s, o);
     r.exit_code = rr.status.exited ? rr.status.code : 128 + rr.status.code;
     r.out = rr.output;
     r.err = read_file(o.stderr_file);
@@ -465,7 +456,7 @@ TEST_F(E2eCrun, ACrunContainerKilledAtAnyPhaseRunsAgainAndCrunKeepsNoHalfMadeCop
   ASSERT_GT(init, 0);
   ASSERT_EQ(digest.size(), 40u) << digest;
   const fs::path ckpt = dir_.path() / "f.ckpt";
-  const auto launcher = on_cgroup2({});
+  const auto launcher = test::on_cgroup2({});
   for (const std::string point : {"criu_dump", "compress_write"}) {
     SCOPED_TRACE(point);
     EXPECT_FALSE(test::signalled_at({"dump", "--container", id, "-o", ckpt.string()}, point,

@@ -138,8 +138,9 @@ class E2eRuntimes : public ::testing::Test {
   }
 
   // containerd on a socket and root of the test's own; its shims find gpuckpt's CRIU first on
-  // their PATH, as docs/OPERATORS.md has an operator set up.
-  void start_containerd() {
+  // their PATH, as docs/OPERATORS.md has an operator set up. `cgroup2`: it and its shims see
+  // cgroup v2 alone (test::on_cgroup2), as crun needs.
+  void start_containerd(bool cgroup2 = false) {
     const fs::path w = dir_.path();
     sock_ = w / "containerd.sock";
     std::ofstream(w / "containerd.toml")
@@ -157,7 +158,8 @@ class E2eRuntimes : public ::testing::Test {
              "XDG_RUNTIME_DIR=", "TMPDIR=" + (w / "ctd-tmp").string()};
     o.stdout_file = o.stderr_file = w / "containerd.log";
     o.new_session = true;
-    containerd_ = spawn({"containerd", "--config", (w / "containerd.toml").string()}, o);
+    std::vector<std::string> argv{"containerd", "--config", (w / "containerd.toml").string()};
+    containerd_ = spawn(cgroup2 ? test::on_cgroup2(argv) : argv, o);
     ASSERT_TRUE(test::wait_until([&] { return ctr({"version"}).status.ok(); }))
         << read_file(w / "containerd.log");
     address_.emplace("CONTAINERD_ADDRESS", sock_.string());
@@ -525,6 +527,56 @@ TEST_F(E2eRuntimes, WhatContainerdCannotTakeIsRefusedBeforeAnythingStarts) {
   EXPECT_TRUE(has_container(id));
   EXPECT_EQ(redis(task_pid(id), {"DEBUG", "DIGEST"}), digest);
   EXPECT_TRUE(has_layer(task_pid(id)));
+}
+
+// containerd's shim may run crun instead of runc (`ctr run --runc-binary`, a runtime class or
+// a dockerd runtime naming crun): crun's state, under the daemon's root. gpuckpt restores a
+// daemon's container through that daemon's shim, which would run crun's restore without
+// gpuckpt's CRIU: the container is named for what it is, and refused before the freeze.
+TEST_F(E2eRuntimes, AContainerdContainerThatCrunRunsIsNamedAndRefusedBeforeTheFreeze) {
+  const auto crun = find_executable("crun");
+  if (!crun) GTEST_SKIP() << "crun is not installed (scripts/setup.sh installs it)";
+  // crun refuses this machine's hybrid cgroups: a containerd that sees cgroup v2 alone.
+  containerd_->kill(SIGTERM);
+  containerd_->wait();
+  start_containerd(/*cgroup2=*/true);
+  // crun's cgroup manager here may not raise RLIMIT_MEMLOCK for a devices program: ctr's own
+  // spec without its resources, on the image's layer unpacked.
+  json spec = json::parse(run_capture({"ctr", "oci", "spec"}, 60s).output);
+  spec["linux"].erase("resources");
+  spec["process"]["args"] = kRedisArgs;
+  spec["root"] = {{"path", (dir_.path() / "layer").string()}, {"readonly", false}};
+  spec["mounts"].push_back({{"destination", "/usr"},
+                            {"type", "bind"},
+                            {"source", "/usr"},
+                            {"options", {"rbind", "ro"}}});
+  const fs::path config = dir_.path() / "crun-spec.json";
+  std::ofstream(config) << spec.dump();
+  const std::string id = "bycrun-" + std::to_string(::getpid());
+  ctr_ids_.push_back(id);
+  const RunResult run =
+      ctr({"run", "-d", "--runc-binary", crun->string(), "--config", config.string(), id});
+  ASSERT_TRUE(run.status.ok()) << run.output << read_file(dir_.path() / "ctr.err");
+  pid_t init = 0;
+  ASSERT_TRUE(test::wait_until([&] {
+    init = task_pid(id);
+    return init > 0 && redis(init, {"PING"}) == "PONG";
+  }));
+  const std::string digest = fill(init);
+  const fs::path ckpt = dir_.path() / "crun.ckpt";
+  auto r = test::run_cli({"--json", "dump", "--container", id, "-o", ckpt.string()});
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  const std::string msg = json::parse(r.out, nullptr, false)["error"].value("message", "");
+  EXPECT_NE(msg.find("containerd container " + id), std::string::npos) << msg;
+  EXPECT_NE(msg.find("runs under crun"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Nothing was frozen"), std::string::npos) << msg;
+  // By a pid of its: the container is named.
+  r = test::run_cli({"--json", "dump", "--pid", std::to_string(init), "-o", ckpt.string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.out.find("containerd container " + id), std::string::npos) << r.out;
+  EXPECT_FALSE(fs::exists(ckpt));
+  EXPECT_TRUE(test::runs_again(init));
+  EXPECT_EQ(redis(init, {"DEBUG", "DIGEST"}), digest);
 }
 
 // containerd's native snapshotter copies the image into a directory, with no overlay upper

@@ -794,4 +794,10 @@ bool FakeCudaTree::reap(pid_t pid) {
   });
 }
 
+std::vector<std::string> on_cgroup2(std::vector<std::string> argv) {
+  argv.insert(argv.begin(), {"unshare", "--mount", "--propagation", "private", "sh", "-c",
+                             "mount -t cgroup2 none /sys/fs/cgroup && exec \"$@\"", "sh"});
+  return argv;
+}
+
 }  // namespace gpuckpt::test

@@ -198,6 +198,11 @@ int free_tcp_port();
 // A unix stream socket listening on `path` (throws Error(kInternal) if it cannot).
 UniqueFd unix_listener(const std::filesystem::path& path);
 
+// crun (podman's and CRI-O's runtime on some distributions) refuses this machine's hybrid
+// cgroups. `on_cgroup2(argv)` runs argv as on a host of cgroup v2 alone, crun's and gpuckpt's
+// alike: in a mount namespace of its own whose /sys/fs/cgroup is the unified hierarchy.
+std::vector<std::string> on_cgroup2(std::vector<std::string> argv);
+
 // Polls `cond` (every few ms) until it holds or `timeout` passes; returns whether it held.
 bool wait_until(const std::function<bool()>& cond,
                 std::chrono::milliseconds timeout = std::chrono::seconds(30));

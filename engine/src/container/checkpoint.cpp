@@ -175,6 +175,16 @@ Container find(const std::string& name) {
   }
   for (auto& c : running())
     if (c.id == id) {
+      // Its restore would go through the daemon's shim, which runs crun's own restore: crun
+      // takes no CRIU binary, and its libcriu would run whatever `criu` the shim finds first on
+      // its PATH, with none of gpuckpt's configuration.
+      if (c.under_crun)
+        throw Error(Errc::kUsage,
+                    "the " + c.describe() +
+                        " runs under crun (its runtime's binary): gpuckpt dumps containerd's "
+                        "and Docker's containers only where their shim runs runc, whose restore "
+                        "takes gpuckpt's CRIU. Run it with runc, or run it with crun itself "
+                        "(gpuckpt takes crun's own containers). Nothing was frozen");
       // runc's "paused": its cgroup frozen. CRIU would wait on it, and a dump that ends it
       // would end a container its operator stopped on purpose.
       const auto state = state_json(c.root, id);

@@ -44,7 +44,10 @@ std::optional<Container> read_state(const StateRoot& root, const fs::path& dir) 
   if (!j) return std::nullopt;
   Container c;
   c.root = root;
-  if (root.runtime == Runtime::kRunc && crun_state_at(dir)) c.root.runtime = Runtime::kCrun;
+  if (crun_state_at(dir)) {
+    if (root.runtime == Runtime::kRunc) c.root.runtime = Runtime::kCrun;
+    c.under_crun = root.runtime == Runtime::kContainerd || root.runtime == Runtime::kDocker;
+  }
   c.id = j->value("id", dir.filename().string());
   const auto pid = j->value("init_process_pid", 0);
   c.init_start = j->value("init_process_start", std::uint64_t{0});
@@ -165,10 +168,9 @@ std::optional<nlohmann::json> state_json(const StateRoot& root, const std::strin
   if (id.empty() || id.find('/') != std::string::npos || id == "." || id == "..")
     return std::nullopt;
   const fs::path dir = root.path / id;
-  // A daemon's root holds runc's state: one of crun's there (dockerd or containerd running
-  // crun) is no container that gpuckpt restores through its daemon, so it is not read.
-  if (root.runtime == Runtime::kCrun || (root.runtime == Runtime::kRunc && crun_state_at(dir)))
-    return crun_state(dir);
+  // Also one of crun's under a daemon's root (its shim running crun): read, so that it is
+  // named for what it is (Container::under_crun), though not dumped.
+  if (root.runtime == Runtime::kCrun || crun_state_at(dir)) return crun_state(dir);
   return state_file(dir / "state.json");
 }
 

@@ -49,6 +49,8 @@ struct Container {
   std::uint64_t init_start = 0;     // its start tick, as runc recorded it
   std::uint64_t pid_namespace = 0;  // the inode of its init's pid namespace
   std::filesystem::path rootfs;     // its rootfs on the host, as runc's config has it
+  // containerd's or Docker's, its shim running crun rather than runc: not dumped (find()).
+  bool under_crun = false;
 
   // How the operator names it to its runtime: "runc container web", "Docker container 3f2a...".
   std::string describe() const;

@@ -134,6 +134,10 @@ std::string pid_namespace_refusal(pid_t q, const ProcInfo& p) {
         (c->init_pid == q ? ", as its init"
                           : " (its init is pid " + std::to_string(c->init_pid) + ")") +
         ": " + whole;
+    if (c->under_crun)
+      return where +
+             ". It runs under crun, whose containers gpuckpt takes only from crun "
+             "itself, not through containerd or Docker";
     return where + ". Dump the container whole: `gpuckpt dump --container " + shell_quote(c->id) +
            "`";
   }
