@@ -221,8 +221,6 @@ TEST(Fs, AnInterruptRemovesTheLiveTempDirsButNotAReleasedOrHandedOverOne) {
   fs::remove_all(parent);
 }
 
-// What the guard relies on: a lock passed to it is the sender's very lock, which lives on in
-// the receiver once the sender has closed its own descriptor (or died).
 // The kernel escapes a space, tab, newline or backslash in a path as \ooo; optional fields
 // (none, one, several) come before the " - " that the file system's type follows.
 TEST(Mountinfo, EachFieldComesBackInItsPlaceAndPathsUnescaped) {
@@ -263,6 +261,8 @@ TEST(Mountinfo, APathIsAtOrUnderARootOnlyAtAComponentBoundary) {
   EXPECT_FALSE(at_or_under("/a", "/a/b"));
 }
 
+// What the guard relies on: a lock passed to it is the sender's very lock, which lives on in
+// the receiver once the sender has closed its own descriptor (or died).
 TEST(FdPassing, APassedLockStaysHeldByTheReceiverAfterTheSenderLetsGo) {
   const auto dir = test::scratch_dir("gpuckpt-fdpass");
   const std::string path = (dir.path() / "lock").string();

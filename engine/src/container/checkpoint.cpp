@@ -498,9 +498,18 @@ DumpPlan plan_dump(const Container& c, bool tcp_established, bool carry_rootfs) 
     named.insert(dest);
     if (!src.empty()) r.mounts.push_back({dest, src, outside_spec});
   };
-  for (const auto& m : config.value("mounts", json::array()))
-    if (m.value("device", "") == "bind" && !own_docker_shm(c, m))
-      external(m.value("destination", ""), m.value("destination", ""), m.value("source", ""));
+  for (const auto& m : config.value("mounts", json::array())) {
+    if (m.value("device", "") != "bind") continue;
+    if (own_docker_shm(c, m)) {
+      spdlog::info(
+          "{}: its /dev/shm (dockerd's tmpfs, IPC mode shareable) is dumped with its files; the "
+          "restored container has a /dev/shm of its own, which a container that joins its IPC "
+          "namespace afterwards does not share",
+          c.describe());
+      continue;
+    }
+    external(m.value("destination", ""), m.value("destination", ""), m.value("source", ""));
+  }
   // cgroup v1 without a cgroup namespace: runc bind-mounts the host's hierarchies.
   if (!has_namespace(config, "NEWCGROUP"))
     for (const auto& m : mounts)

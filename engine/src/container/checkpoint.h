@@ -184,6 +184,10 @@ void restore_loopback(const ContainerRecord& r, pid_t init);
 // (runc's bundle, the CRIU wrapper for containerd's shim), if any: a restore that runc left
 // unmade (the container's own deletion, remove_ended, removes it with it).
 void remove_restore_bundle(const std::filesystem::path& root, const std::string& id);
+// The directory that a restore writes for container `id` under the runtime root `root` (the
+// bundle, the CRIU wrapper, crun's pidfile): one per root as the kernel resolves it. Its lock
+// is beside it (lock_restore_target). Error(kUsage) for an ID no runtime takes.
+std::filesystem::path restore_dir(const std::filesystem::path& root, const std::string& id);
 // Locks the restore of a container under `id` in the runtime root `root`: a file beside the
 // directory that the restore writes for it (restore_dir's, with ".lock"), for two restores under
 // one ID shared that directory, and the loser's undo killed and deleted the winner's container.

@@ -248,6 +248,8 @@ CarriedRootfs place_carried_rootfs(const RestoreRequest& q) {
   return {dest, std::move(held)};
 }
 
+}  // namespace
+
 fs::path restore_dir(const fs::path& root, const std::string& id) {
   if (!valid_id(id)) throw Error(Errc::kUsage, "'" + id + "' is no container ID runc accepts");
   // One directory per runc root: the same ID under two (two containerd namespaces, runc's and
@@ -262,6 +264,8 @@ fs::path restore_dir(const fs::path& root, const std::string& id) {
                 static_cast<unsigned long long>(XXH3_64bits(r.data(), r.size())));
   return fs::path(kBundlesDir) / key / id;
 }
+
+namespace {
 
 fs::path make_restore_dir(const fs::path& root, const std::string& id) {
   const fs::path dir = restore_dir(root, id);

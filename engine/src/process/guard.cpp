@@ -232,7 +232,8 @@ void Guard::hold_locks(std::vector<HeldLockFile> locks) {
 }
 
 void Guard::lock_container_restore(const std::string& root, const std::string& id) {
-  const std::pair<std::string, std::string> key{root, id};
+  // The same lock however `root` is spelled: a second take of it here would be refused.
+  const std::string key = container::restore_dir(root, id).string();
   {
     std::lock_guard lk(mu_);
     if (std::find(container_locks_.begin(), container_locks_.end(), key) != container_locks_.end())

@@ -196,8 +196,8 @@ class Guard {
   // Everything the guard was told: should it die (killed, out of memory), gpuckpt, still alive,
   // recovers from this itself rather than leave a service frozen.
   std::unique_ptr<GuardPlan> mirror_;
-  std::vector<HeldLockFile> locks_;  // shared with the guard (hold_locks)
-  std::vector<std::pair<std::string, std::string>> container_locks_;  // (root, ID) among them
+  std::vector<HeldLockFile> locks_;           // shared with the guard (hold_locks)
+  std::vector<std::string> container_locks_;  // among them, by container::restore_dir
   bool finished_ = false;
   bool aborted_ = false;
   bool gone_ = false;

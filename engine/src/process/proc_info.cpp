@@ -2,9 +2,11 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -266,6 +268,7 @@ namespace {
 struct CgroupMount {
   fs::path point;
   std::string root;
+  std::string dev;  // MAJOR:MINOR
 };
 struct CgroupMounts {
   std::vector<CgroupMount> freezer_v1, unified;
@@ -273,23 +276,27 @@ struct CgroupMounts {
 CgroupMounts cgroup_mounts() {
   CgroupMounts m;
   for (const auto& n : read_mountinfo("/proc/self/mountinfo")) {
-    if (n.fstype == "cgroup2") m.unified.insert(m.unified.begin(), {n.mount_point, n.root});
+    if (n.fstype == "cgroup2") m.unified.insert(m.unified.begin(), {n.mount_point, n.root, n.dev});
     if (n.fstype == "cgroup" && ("," + n.options + ",").find(",freezer,") != std::string::npos)
-      m.freezer_v1.insert(m.freezer_v1.begin(), {n.mount_point, n.root});
+      m.freezer_v1.insert(m.freezer_v1.begin(), {n.mount_point, n.root, n.dev});
   }
   return m;
 }
 
 // The directory of cgroup `path` under the first of `mounts` that shows it; nullopt if none
-// does (a hidden mount's path shows another file system's, where it is not).
+// does (a hidden mount's path shows what covers it: no such directory, or another device's).
 std::optional<fs::path> cgroup_dir(const std::vector<CgroupMount>& mounts,
                                    const std::string& path) {
   for (const auto& m : mounts) {
     if (!at_or_under(path, m.root)) continue;
     const std::string rest = m.root == "/" ? path : path.substr(m.root.size());
     fs::path dir = m.point / fs::path(rest).relative_path();
-    std::error_code ec;
-    if (fs::is_directory(dir, ec)) return dir;
+    struct stat st {};
+    unsigned major_no = 0, minor_no = 0;
+    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
+        std::sscanf(m.dev.c_str(), "%u:%u", &major_no, &minor_no) == 2 &&
+        st.st_dev == makedev(major_no, minor_no))
+      return dir;
   }
   return std::nullopt;
 }
