@@ -591,6 +591,45 @@ TEST_F(E2eCrun, ACrunWithoutCriuIsRefusedBeforeAnythingIsFrozen) {
   EXPECT_EQ(redis(init, {"PING"}), "PONG");
 }
 
+// crun in a CRI pod: its container joins the pod's network namespace by its bind mount and the
+// pod's ipc and uts namespaces by the sandbox's pid. crun's own restore joins what the spec
+// names (its libcriu's inherit-fd for the network, join-ns for ipc and uts): back into the same
+// pod, and with --join-ns into another, whose hostname it leaves as it is.
+TEST_F(E2eCrun, ACrunContainerInACriPodComesBackIntoItAndMovesIntoAnother) {
+  const auto crun = criu_crun();
+  if (!crun) GTEST_SKIP() << no_crun_;
+  const test::PodSandbox a("gk-cpod-a");
+  const json spec = in_pod(a);  // read before the file is opened for writing, which empties it
+  std::ofstream(bundle_ / "config.json", std::ios::trunc) << spec.dump(1);
+  const auto [id, init, digest] = crun_serving("cpod", *crun);
+  ASSERT_GT(init, 0);
+  ASSERT_EQ(a.outside(init), "");
+  const fs::path ckpt = dir_.path() / "cpod.ckpt";
+  const auto d = cli({"dump", "--container", id, "-o", ckpt.string()});
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_TRUE(test::wait_until([&] { return !process::alive(init); }));
+  const auto r = cli({"restore", ckpt.string(), "--container"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const pid_t back = crun_pid(id);
+  ASSERT_GT(back, 0);
+  EXPECT_EQ(a.outside(back), "") << "restored outside the pod's namespaces";
+  EXPECT_EQ(digest_in(a.net()), digest + "\n");
+
+  const test::PodSandbox b("gk-cpod-b");
+  const std::string rid = unique_id("cpod2");
+  crun_started_.push_back(rid);
+  const auto r2 =
+      cli({"restore", ckpt.string(), "--container", rid, "--join-ns", "network=" + b.netns_path(),
+           "--join-ns", "ipc=" + b.ns_path("ipc"), "--join-ns", "uts=" + b.ns_path("uts")});
+  ASSERT_EQ(r2.exit_code, 0) << r2.err;
+  const pid_t copy = crun_pid(rid);
+  ASSERT_GT(copy, 0);
+  EXPECT_EQ(b.outside(copy), "") << "the copy is outside pod b's namespaces";
+  EXPECT_EQ(b.hostname(), "gk-cpod-b\n") << "the restore renamed pod b";
+  EXPECT_EQ(digest_in(b.net()), digest + "\n");
+  EXPECT_EQ(a.outside(crun_pid(id)), "") << "the first pod's container moved";
+}
+
 // crun's state names no freezer: the init's own cgroup (cgroup.events, through the cgroup2
 // mount that gpuckpt's mount table shows) says that crun paused it. Refused, and left paused.
 TEST_F(E2eCrun, APausedCrunContainerIsRefusedAndLeftPaused) {

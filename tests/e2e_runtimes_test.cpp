@@ -546,13 +546,14 @@ TEST_F(E2eRuntimes, AContainerdContainerThatCrunRunsIsNamedAndRefusedBeforeTheFr
   spec["linux"].erase("resources");
   spec["process"]["args"] = kRedisArgs;
   spec["root"] = {{"path", (dir_.path() / "layer").string()}, {"readonly", false}};
+  const std::string id = "bycrun-" + std::to_string(::getpid());
+  spec["linux"]["cgroupsPath"] = "/" + ns_ + "/" + id;  // ctr's spec names no ID: "/default"
   spec["mounts"].push_back({{"destination", "/usr"},
                             {"type", "bind"},
                             {"source", "/usr"},
                             {"options", {"rbind", "ro"}}});
   const fs::path config = dir_.path() / "crun-spec.json";
   std::ofstream(config) << spec.dump();
-  const std::string id = "bycrun-" + std::to_string(::getpid());
   ctr_ids_.push_back(id);
   const RunResult run =
       ctr({"run", "-d", "--runc-binary", crun->string(), "--config", config.string(), id});

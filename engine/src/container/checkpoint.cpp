@@ -173,7 +173,10 @@ Container find(const std::string& name) {
       std::none_of(all.begin(), all.end(), [&](const Container& c) { return c.id == id; })) {
     if (std::string full = docker_full_id(name); !full.empty()) id = std::move(full);
   }
-  for (auto& c : running())
+  auto all = running();
+  // Under one ID in two roots, a container that gpuckpt can take before a daemon's crun one.
+  std::stable_partition(all.begin(), all.end(), [](const Container& c) { return !c.under_crun; });
+  for (auto& c : all)
     if (c.id == id) {
       // Its restore would go through the daemon's shim, which runs crun's own restore: crun
       // takes no CRIU binary, and its libcriu would run whatever `criu` the shim finds first on
