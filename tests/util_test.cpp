@@ -3,6 +3,7 @@
 #include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -259,6 +260,21 @@ TEST(Mountinfo, APathIsAtOrUnderARootOnlyAtAComponentBoundary) {
   EXPECT_TRUE(at_or_under("/a/b", "/a"));
   EXPECT_FALSE(at_or_under("/ab", "/a"));
   EXPECT_FALSE(at_or_under("/a", "/a/b"));
+}
+
+TEST(Mountinfo, APathShowsThroughAMountOfItsFileSystemBelowTheRootItShows) {
+  EXPECT_EQ(shown_at("/sys/fs/cgroup", "/", "/kubepods/x"), fs::path("/sys/fs/cgroup/kubepods/x"));
+  EXPECT_EQ(shown_at("/sys/fs/cgroup", "/kubepods", "/kubepods/x"), fs::path("/sys/fs/cgroup/x"));
+  EXPECT_EQ(shown_at("/mnt", "/a", "/ab"), std::nullopt);
+  EXPECT_EQ(device_number("0:21"), makedev(0, 21));
+  EXPECT_EQ(device_number("259:3"), makedev(259, 3));
+  EXPECT_EQ(device_number("vda1"), std::nullopt);
+  struct stat st {};
+  ASSERT_EQ(::stat("/proc/self", &st), 0);
+  const auto self = read_mountinfo("/proc/self/mountinfo");
+  EXPECT_TRUE(std::any_of(self.begin(), self.end(), [&](const MountInfo& m) {
+    return m.mount_point == "/proc" && device_number(m.dev) == st.st_dev;
+  })) << "/proc's mount is not on the device that stat gives for /proc/self";
 }
 
 // What the guard relies on: a lock passed to it is the sender's very lock, which lives on in

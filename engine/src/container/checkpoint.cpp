@@ -77,8 +77,8 @@ bool reached_through(const MountInfo& m, const std::vector<MountInfo>& mounts,
 // The path of this host (gpuckpt's mount namespace) that shows what mount `m` of a container
 // shows, checked to be on m's device; "" if none does.
 std::string host_path_of(const MountInfo& m) {
-  unsigned major_no = 0, minor_no = 0;
-  if (std::sscanf(m.dev.c_str(), "%u:%u", &major_no, &minor_no) != 2) return {};
+  const auto dev = device_number(m.dev);
+  if (!dev) return {};
   auto here = mounts_of(::getpid());
   // The deepest first (the fewest mounts on the way); a path that another mount hides here is on
   // another device, and the next is tried.
@@ -86,11 +86,10 @@ std::string host_path_of(const MountInfo& m) {
     return a.root.size() > b.root.size();
   });
   for (const auto& n : here) {
-    if (n.dev != m.dev || !at_or_under(m.root, n.root)) continue;
-    const std::string rest = n.root == "/" ? m.root : m.root.substr(n.root.size());
-    const std::string path = (fs::path(n.mount_point) / fs::path(rest).relative_path()).string();
+    if (n.dev != m.dev) continue;
+    const auto path = shown_at(n.mount_point, n.root, m.root);
     struct stat st {};
-    if (::stat(path.c_str(), &st) == 0 && st.st_dev == makedev(major_no, minor_no)) return path;
+    if (path && ::stat(path->c_str(), &st) == 0 && st.st_dev == *dev) return path->string();
   }
   return {};
 }
@@ -169,11 +168,9 @@ std::string docker_full_id(const std::string& name) {
 
 Container find(const std::string& name) {
   std::string id = name;
-  if (const auto all = running();
-      std::none_of(all.begin(), all.end(), [&](const Container& c) { return c.id == id; })) {
-    if (std::string full = docker_full_id(name); !full.empty()) id = std::move(full);
-  }
   auto all = running();
+  if (std::none_of(all.begin(), all.end(), [&](const Container& c) { return c.id == id; }))
+    if (std::string full = docker_full_id(name); !full.empty()) id = std::move(full);
   // Under one ID in two roots, a container that gpuckpt can take before a daemon's crun one.
   std::stable_partition(all.begin(), all.end(), [](const Container& c) { return !c.under_crun; });
   for (auto& c : all)

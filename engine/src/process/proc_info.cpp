@@ -2,11 +2,9 @@
 
 #include <signal.h>
 #include <sys/stat.h>
-#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -268,7 +266,7 @@ namespace {
 struct CgroupMount {
   fs::path point;
   std::string root;
-  std::string dev;  // MAJOR:MINOR
+  dev_t dev = 0;
 };
 struct CgroupMounts {
   std::vector<CgroupMount> freezer_v1, unified;
@@ -276,9 +274,11 @@ struct CgroupMounts {
 CgroupMounts cgroup_mounts() {
   CgroupMounts m;
   for (const auto& n : read_mountinfo("/proc/self/mountinfo")) {
-    if (n.fstype == "cgroup2") m.unified.insert(m.unified.begin(), {n.mount_point, n.root, n.dev});
+    const auto dev = device_number(n.dev);
+    if (!dev) continue;
+    if (n.fstype == "cgroup2") m.unified.insert(m.unified.begin(), {n.mount_point, n.root, *dev});
     if (n.fstype == "cgroup" && ("," + n.options + ",").find(",freezer,") != std::string::npos)
-      m.freezer_v1.insert(m.freezer_v1.begin(), {n.mount_point, n.root, n.dev});
+      m.freezer_v1.insert(m.freezer_v1.begin(), {n.mount_point, n.root, *dev});
   }
   return m;
 }
@@ -288,14 +288,9 @@ CgroupMounts cgroup_mounts() {
 std::optional<fs::path> cgroup_dir(const std::vector<CgroupMount>& mounts,
                                    const std::string& path) {
   for (const auto& m : mounts) {
-    if (!at_or_under(path, m.root)) continue;
-    const std::string rest = m.root == "/" ? path : path.substr(m.root.size());
-    fs::path dir = m.point / fs::path(rest).relative_path();
+    auto dir = shown_at(m.point, m.root, path);
     struct stat st {};
-    unsigned major_no = 0, minor_no = 0;
-    if (::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) &&
-        std::sscanf(m.dev.c_str(), "%u:%u", &major_no, &minor_no) == 2 &&
-        st.st_dev == makedev(major_no, minor_no))
+    if (dir && ::stat(dir->c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_dev == m.dev)
       return dir;
   }
   return std::nullopt;

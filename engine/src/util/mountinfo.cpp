@@ -1,5 +1,8 @@
 #include "util/mountinfo.h"
 
+#include <sys/sysmacros.h>
+
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -46,6 +49,19 @@ std::vector<MountInfo> read_mountinfo(const std::filesystem::path& file) {
 bool at_or_under(std::string_view path, std::string_view root) {
   if (root == "/" || path == root) return true;
   return path.size() > root.size() && path.starts_with(root) && path[root.size()] == '/';
+}
+
+std::optional<std::filesystem::path> shown_at(const std::filesystem::path& point,
+                                              std::string_view root, std::string_view path) {
+  if (!at_or_under(path, root)) return std::nullopt;
+  const std::string_view rest = root == "/" ? path : path.substr(root.size());
+  return point / std::filesystem::path(rest).relative_path();
+}
+
+std::optional<dev_t> device_number(const std::string& major_minor) {
+  unsigned major_no = 0, minor_no = 0;
+  if (std::sscanf(major_minor.c_str(), "%u:%u", &major_no, &minor_no) != 2) return std::nullopt;
+  return makedev(major_no, minor_no);
 }
 
 }  // namespace gpuckpt

@@ -2,7 +2,10 @@
 // container dump's mounts, the rootfs checks and the cgroup mounts that the freezer reads.
 #pragma once
 
+#include <sys/types.h>
+
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,5 +27,14 @@ std::vector<MountInfo> read_mountinfo(const std::filesystem::path& file);
 
 // Whether `path` is `root` or under it, in one file system ("/" holds every path).
 bool at_or_under(std::string_view path, std::string_view root);
+
+// Where `path`, a path in a file system, shows through a mount of it at `point` that shows the
+// file system's `root`; nullopt if `path` is not at or under `root`.
+std::optional<std::filesystem::path> shown_at(const std::filesystem::path& point,
+                                              std::string_view root, std::string_view path);
+
+// The device number of a MountInfo's `dev` (MAJOR:MINOR), as stat's st_dev gives it for a file
+// on that mount; nullopt if it is no such pair.
+std::optional<dev_t> device_number(const std::string& major_minor);
 
 }  // namespace gpuckpt
